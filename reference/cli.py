@@ -1,0 +1,186 @@
+"""`moelab configs` and `moelab golden`, and the config options every subcommand shares."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from . import golden, plan, presets, routing, weights
+from .config import Config, ConfigError, field_names
+from .numerics import PATHS
+
+
+def add_config_args(p: argparse.ArgumentParser, default: str = presets.DEFAULT) -> None:
+    """--config NAME|FILE, --gpus N and --set FIELD=VALUE, shared by every subcommand."""
+    p.add_argument("--config", default=default,
+                   help=f"a preset name (see `moelab configs`) or a .toml/.json file (default: {default})")
+    p.add_argument("--gpus", type=int, metavar="N", help="override the number of ranks (GPUs)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a config field, e.g. --set tokens=1024 (repeatable); fields: "
+                        + ", ".join(field_names()))
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    cfg = presets.get(args.config)
+    changes = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError("--set", item, "FIELD=VALUE")
+        changes[key] = _parse_value(value)
+    if args.gpus is not None:
+        changes["ranks"] = args.gpus
+    return Config.from_dict({**cfg.to_dict(), **changes}) if changes else cfg
+
+
+def _parse_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+class Progress:
+    """Stage messages with elapsed time on stderr, for work that takes more than a moment."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled, self.t0 = enabled, time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.enabled:
+            print(f"[{time.perf_counter() - self.t0:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def cmd_configs(args: argparse.Namespace) -> int:
+    rows = [(c.name, c.tokens, c.hidden, c.ffn, c.experts, c.top_k,
+             "none" if c.capacity_factor is None else f"{c.capacity_factor:g}", c.ranks, c.nodes,
+             c.gate, c.activation, c.dtype) for c in presets.PRESETS.values()]
+    head = ("name", "T/rank", "H", "I", "E", "k", "cf", "GPUs", "nodes", "gate", "act", "dtype")
+    if args.json:
+        print(json.dumps([dict(zip(head, r)) for r in rows], indent=2))
+        return 0
+    print(format_table(head, rows))
+    print("\nsweeps: " + "; ".join(f"{k}: {', '.join(c.name for c in v)}" for k, v in presets.SWEEPS.items()))
+    return 0
+
+
+def format_table(head, rows) -> str:
+    """A plain text table, columns right-aligned except the first."""
+    cells = [[str(h) for h in head]] + [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in r]
+                                        for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = [" ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    lines.insert(1, " ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def compute(cfg: Config, progress: Progress, paths=PATHS) -> dict:
+    """Inputs, weights, routing, plan and outputs of `cfg` on each precision path."""
+    progress(f"drawing inputs and weights ({cfg.experts + cfg.shared_experts} experts, "
+             f"{cfg.ranks} x {cfg.tokens} tokens)")
+    w = weights.draw(cfg)
+    progress("routing and tile plan")
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    tp = plan.build(cfg, r)
+    out = {"weights": w, "routing": r, "plan": tp}
+    for path in paths:
+        progress(f"dense forward, {path}")
+        out[f"y_{path}"] = golden.dense(cfg, w, r, path)
+    return out
+
+
+def save_golden(cfg: Config, result: dict, path: str) -> None:
+    w, r, tp = result["weights"], result["routing"], result["plan"]
+    np.savez_compressed(
+        path, config=json.dumps(cfg.to_dict()), plan_summary=json.dumps(tp.summary()),
+        **{f"w_{k}": getattr(w, k) for k in ("x", "wg", "gate_bias", "w1", "b1", "w2", "b2")},
+        route_expert=r.expert, route_weight=r.weight, route_slot=r.slot,
+        **{k: v for k, v in result.items() if k.startswith("y_")})
+
+
+def check_golden(path: str, progress: Progress) -> dict:
+    """Recompute a golden file from its stored inputs and from its config's seed; max rel. errors."""
+    with np.load(path) as f:
+        data = {k: f[k] for k in f.files}
+    cfg = Config.from_dict(json.loads(str(data["config"])))
+    stored = weights.Weights(**{k[2:]: data[k] for k in data if k.startswith("w_")})
+    fresh = compute(cfg, progress, paths=[k[2:] for k in data if k.startswith("y_")])
+    errors = {}
+    for k in data:
+        if k.startswith("w_"):
+            errors[f"inputs:{k[2:]}"] = golden.max_rel_error(getattr(fresh["weights"], k[2:]), data[k])
+    r = fresh["routing"]
+    errors["routing"] = float(not (np.array_equal(r.expert, data["route_expert"])
+                                   and np.array_equal(r.slot, data["route_slot"])))
+    errors["routing_weight"] = golden.max_rel_error(r.weight, data["route_weight"])
+    stored_r = routing.Routing(data["route_expert"], data["route_weight"], data["route_slot"])
+    for k in data:
+        if k.startswith("y_"):
+            progress(f"recomputing {k[2:]} from the stored inputs")
+            recomputed = golden.dense(cfg, stored, stored_r, k[2:])
+            errors[f"output:{k[2:]}"] = golden.max_rel_error(recomputed, data[k])
+            errors[f"regenerated:{k[2:]}"] = golden.max_rel_error(fresh[k], data[k])
+    return {"config": cfg.name, "errors": errors}
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    progress = Progress(not args.quiet)
+    if args.check:
+        report = check_golden(args.check, progress)
+        worst = max(report["errors"].values())
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print(format_table(("quantity", "max rel. error"), sorted(report["errors"].items())))
+        ok = worst <= args.tolerance
+        print(f"{'OK' if ok else 'MISMATCH'}: worst {worst:.3g} (tolerance {args.tolerance:g})")
+        return 0 if ok else 1
+    cfg = config_from_args(args)
+    result = compute(cfg, progress)
+    tp = result["plan"]
+    progress("tile walk, float64")
+    walk = golden.tile_walk(cfg, result["weights"], tp, "float64")
+    summary = {"config": cfg.name, **tp.summary(), "dropped": result["routing"].dropped,
+               "tile_walk_vs_dense_float64": golden.max_rel_error(walk, result["y_float64"]),
+               **{f"{p}_vs_float64": golden.max_rel_error(result[f"y_{p}"], result["y_float64"])
+                  for p in PATHS if p != "float64"}}
+    if args.out:
+        progress(f"writing {args.out}")
+        save_golden(cfg, result, args.out)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_table(("quantity", "value"), list(summary.items())))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("configs", help="list the preset configurations",
+                       description="List the named presets with their key numbers, and the sweeps.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_configs)
+
+    p = sub.add_parser("golden", help="run the golden MoE forward (NumPy) on a config",
+                       description="Compute the golden MoE layer (dense formula in float64, float32 "
+                                   "and emulated bf16, plus the tile walk) and optionally save it.")
+    add_config_args(p)
+    p.add_argument("--out", metavar="FILE.npz", help="write inputs, weights, routing and outputs")
+    p.add_argument("--check", metavar="FILE.npz",
+                   help="recompute a saved golden and report the max relative errors")
+    p.add_argument("--tolerance", type=float, default=1e-12,
+                   help="--check fails above this max relative error (default 1e-12)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
+    p.set_defaults(func=cmd_golden)

@@ -1,0 +1,208 @@
+"""The one MoE configuration: the layer, the parallel layout and the tile shape.
+
+Every part of moelab (golden, simulator, kernel, app) is driven by a `Config`. It is validated
+when built: a bad value raises `ConfigError` naming the field, the value and what is allowed.
+Configs load from and save to TOML or JSON files with the same flat keys as the dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias")
+ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu", "swiglu")
+DTYPES = ("float32", "bfloat16", "float64")
+PLACEMENTS = ("contiguous",)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
+
+
+class ConfigError(ValueError):
+    """A config field holds a value that is not allowed."""
+
+    def __init__(self, name: str, value, allowed: str):
+        self.field, self.value, self.allowed = name, value, allowed
+        super().__init__(f"config field '{name}' = {value!r} is not allowed: {allowed}")
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(name, value, "a positive integer")
+
+
+def _choice(name, value, choices):
+    if value not in choices:
+        raise ConfigError(name, value, "one of " + ", ".join(choices))
+
+
+@dataclass(frozen=True)
+class Config:
+    """An MoE layer run by `ranks` GPUs; T tokens live on each rank."""
+
+    name: str = "custom"
+    # the layer
+    tokens: int = 128  # T: tokens per rank
+    hidden: int = 64  # H: model dim
+    ffn: int = 128  # I: expert FFN dim
+    experts: int = 8  # E: routed experts
+    top_k: int = 2  # k
+    gate: str = "softmax_topk"
+    capacity_factor: float | None = 1.0  # None: no dropping
+    activation: str = "relu"
+    bias: bool = True
+    shared_experts: int = 0  # dense experts every token goes through with weight 1
+    skew: float = 0.0  # load imbalance: -skew * ln(1 + e) is added to expert e's gate logit
+    dtype: str = "float32"
+    seed: int = 0
+    # the parallel layout
+    ranks: int = 1  # P: GPUs holding experts, one process each
+    gpus_per_node: int = 8
+    placement: str = "contiguous"
+    # the tile shape
+    tile_m: int = 128  # bM: token rows per tile
+    tile_n: int = 64  # bN: output columns per GEMM task
+    tile_k: int = 8  # bK: reduction depth per step inside a task
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("name", self.name, "a non-empty string")
+        for f in ("tokens", "hidden", "ffn", "experts", "top_k", "ranks", "gpus_per_node",
+                  "tile_m", "tile_n", "tile_k"):
+            _positive_int(f, getattr(self, f))
+        if self.top_k > self.experts:
+            raise ConfigError("top_k", self.top_k, f"at most experts = {self.experts}")
+        _choice("gate", self.gate, GATES)
+        _choice("activation", self.activation, ACTIVATIONS)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("placement", self.placement, PLACEMENTS)
+        cf = self.capacity_factor
+        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float))
+                               or not math.isfinite(cf) or cf <= 0):
+            raise ConfigError("capacity_factor", cf, "a positive number, or None for no dropping")
+        if isinstance(self.skew, bool) or not isinstance(self.skew, (int, float)) \
+                or not math.isfinite(self.skew) or self.skew < 0:
+            raise ConfigError("skew", self.skew, "a finite number >= 0 (0: no imbalance)")
+        if not isinstance(self.bias, bool):
+            raise ConfigError("bias", self.bias, "true or false")
+        if isinstance(self.shared_experts, bool) or not isinstance(self.shared_experts, int) \
+                or self.shared_experts < 0:
+            raise ConfigError("shared_experts", self.shared_experts, "an integer >= 0")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ConfigError("seed", self.seed, "an integer in [0, 2**63)")
+        if self.experts % self.ranks:
+            raise ConfigError("experts", self.experts,
+                              f"a multiple of ranks = {self.ranks} (contiguous placement gives "
+                              "every rank experts/ranks experts; uneven splits are not supported)")
+        if self.ranks > self.gpus_per_node and self.ranks % self.gpus_per_node:
+            raise ConfigError("ranks", self.ranks,
+                              f"at most gpus_per_node = {self.gpus_per_node}, or a multiple of it "
+                              "(whole nodes)")
+        if self.hidden % self.tile_n:
+            raise ConfigError("hidden", self.hidden, f"a multiple of tile_n = {self.tile_n}")
+        if self.ffn % self.tile_n:
+            raise ConfigError("ffn", self.ffn, f"a multiple of tile_n = {self.tile_n}")
+        if self.hidden % self.tile_k or self.ffn % self.tile_k:
+            raise ConfigError("tile_k", self.tile_k, "a divisor of both hidden and ffn")
+
+    # derived layout
+    @property
+    def nodes(self) -> int:
+        return -(-self.ranks // self.gpus_per_node)
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.ranks
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def capacity(self) -> int | None:
+        """Slots per (source rank, expert): C = ceil(capacity_factor * T * k / E); None: no cap."""
+        if self.capacity_factor is None:
+            return None
+        # round before ceil so that e.g. 1.1 * 10 does not become 11.000000000000002 -> 12
+        return max(1, math.ceil(round(self.capacity_factor * self.tokens * self.top_k / self.experts, 9)))
+
+    def owner(self, expert: int) -> int:
+        """Rank holding `expert` (contiguous blocks of experts / ranks)."""
+        return expert // self.local_experts
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def replace(self, **changes) -> Config:
+        """A copy with `changes` applied and validated again."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], changes[sorted(unknown)[0]],
+                              "a known field: " + ", ".join(field_names()))
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in field_names()}
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        d = self.to_dict()
+        if path.suffix == ".json":
+            path.write_text(json.dumps(d, indent=2) + "\n")
+        elif path.suffix == ".toml":
+            path.write_text(_to_toml(d))
+        else:
+            raise ConfigError("path", str(path), "a file ending in .toml or .json")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Config:
+        if not isinstance(d, dict):
+            raise ConfigError("config", d, "a table of config fields")
+        unknown = sorted(set(d) - set(field_names()))
+        if unknown:
+            raise ConfigError(unknown[0], d[unknown[0]], "a known field: " + ", ".join(field_names()))
+        d = dict(d)
+        if d.get("capacity_factor") == "none":
+            d["capacity_factor"] = None
+        for f in ("capacity_factor", "skew"):
+            if isinstance(d.get(f), int) and not isinstance(d[f], bool):
+                d[f] = float(d[f])
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Config:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError("path", str(path), "an existing .toml or .json file")
+        text = path.read_text()
+        try:
+            if path.suffix == ".json":
+                d = json.loads(text)
+            elif path.suffix == ".toml":
+                d = tomllib.loads(text)
+            else:
+                raise ConfigError("path", str(path), "a file ending in .toml or .json")
+        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError("path", str(path), f"a well-formed {path.suffix[1:].upper()} file ({e})") from e
+        return cls.from_dict(d)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Config)]
+
+
+def _to_toml(d: dict) -> str:
+    lines = []
+    for k, v in d.items():
+        if v is None:
+            v = "none"
+        if isinstance(v, bool):
+            lines.append(f"{k} = {'true' if v else 'false'}")
+        elif isinstance(v, (int, float)):
+            lines.append(f"{k} = {v!r}")
+        else:
+            lines.append(f"{k} = {json.dumps(str(v))}")
+    return "\n".join(lines) + "\n"

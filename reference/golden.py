@@ -1,0 +1,115 @@
+"""The golden forward: the numbers every other part of moelab must reproduce.
+
+Two computations of one layer call, which must agree:
+- `dense`: y[t] = sum_j weight[t, j] * FFN_{e_j}(x[t]) over kept assignments (plus shared
+  experts with weight 1), FFN(x) = act(x W1 + b1) W2 + b2, grouped by expert;
+- `tile_walk`: the same output reached by executing the tile plan rank by rank: dispatch the
+  routed rows into per-(source, expert) buffers on the expert's owner, run each tile's GEMM0
+  tasks (column blocks of W1, bias, activation) and GEMM1 tasks (column blocks of W2), send the
+  rows back and combine at the home rank.
+Both accumulate a token's contributions in one fixed order (choice 0, 1, .., k-1, then shared
+experts), as the kernel must, so results are deterministic. Precision paths: float64 (the
+truth), float32, and bfloat16 (operands and the GEMM0 output rounded to bf16, float32
+accumulation, float32 output).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import plan as tile_plan
+from .config import Config
+from .numerics import activate, compute_dtype, round_bf16, to_path
+from .routing import Routing
+from .weights import Weights
+
+
+def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| over max |want|: the error measure used everywhere in moelab."""
+    want = np.asarray(want, np.float64)
+    scale = float(np.abs(want).max()) or 1.0
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / scale)
+
+
+def _gemm0(cfg: Config, rows, w1, b1, cols: np.ndarray, path: str):
+    """act(rows W1[:, cols] + b1[cols]); for swiglu the gate and up columns of `cols` together."""
+    if cfg.activation == "swiglu":
+        cols = np.concatenate([cols, cfg.ffn + cols])
+    h = activate(cfg.activation, rows @ w1[:, cols] + b1[cols])
+    return round_bf16(h) if path == "bfloat16" else h
+
+
+def _expert_ffn(cfg: Config, rows, w1, b1, w2, b2, path: str):
+    h = _gemm0(cfg, rows, w1, b1, np.arange(cfg.ffn), path)
+    return h @ w2 + b2
+
+
+def _ordered_sum(contrib: np.ndarray) -> np.ndarray:
+    """Sum over the choice axis (-2) in choice order, the fixed order of the kernel's combine."""
+    y = contrib[..., 0, :].copy()
+    for j in range(1, contrib.shape[-2]):
+        y += contrib[..., j, :]
+    return y
+
+
+def _expert_operands(cfg: Config, w: Weights, e: int, path: str):
+    return (to_path(w.w1[e], path), to_path(w.b1[e], path), to_path(w.w2[e], path),
+            to_path(w.b2[e], path))
+
+
+def dense(cfg: Config, w: Weights, routing: Routing, path: str = "float64") -> np.ndarray:
+    """(P, T, H) output by the dense formula, grouped by expert."""
+    dt = compute_dtype(path)
+    p, t, k = routing.expert.shape
+    x = to_path(w.x, path)
+    contrib = np.zeros((p, t, k + cfg.shared_experts, cfg.hidden), dt)
+    for e in range(cfg.experts + cfg.shared_experts):
+        if e < cfg.experts:
+            rr, tt, jj = np.nonzero((routing.expert == e) & routing.kept)
+            weight = routing.weight[rr, tt, jj].astype(dt)[:, None]
+        else:
+            rr, tt = (a.ravel() for a in np.indices((p, t)))
+            jj = np.full(rr.size, k + e - cfg.experts)
+            weight = dt(1)
+        if rr.size:
+            out = _expert_ffn(cfg, x[rr, tt], *_expert_operands(cfg, w, e, path), path)
+            contrib[rr, tt, jj] = weight * out
+    return _ordered_sum(contrib)
+
+
+def _task_columns(plan, lo: int, hi: int, kind: int) -> np.ndarray:
+    """Output columns covered by the tasks [lo, hi) of `kind` (the plan's column blocks)."""
+    sel = np.nonzero(plan.task_kind[lo:hi] == kind)[0] + lo
+    starts, widths = plan.task_col0[sel], plan.task_cols[sel]
+    return np.concatenate([np.arange(s, s + n) for s, n in zip(starts, widths)])
+
+
+def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarray:
+    """(P, T, H) output by executing the tile plan rank by rank."""
+    dt = compute_dtype(path)
+    x = to_path(w.x, path)
+    k_all = cfg.top_k + cfg.shared_experts
+    # each home rank keeps one float32/64 row per (token, choice): the combine target
+    combine_buf = np.zeros((cfg.ranks, cfg.tokens, k_all, cfg.hidden), dt)
+    task_lo = np.searchsorted(plan.task_tile, np.arange(plan.tile_src.size + 1))
+    for owner in range(cfg.ranks):
+        cache: dict[int, tuple] = {}
+        for tile in np.nonzero(plan.tile_owner == owner)[0]:
+            src, e = int(plan.tile_src[tile]), int(plan.tile_expert[tile])
+            rows = slice(int(plan.tile_row0[tile]), int(plan.tile_row0[tile] + plan.tile_rows[tile]))
+            # dispatch: the source rank's token rows land in the owner's buffer for (src, e)
+            a = x[src, plan.row_token[rows]]
+            if e not in cache:
+                cache[e] = _expert_operands(cfg, w, e, path)
+            w1, b1, w2, b2 = cache[e]
+            lo, hi = int(task_lo[tile]), int(task_lo[tile + 1])
+            h = np.empty((a.shape[0], cfg.ffn), dt)
+            cols0 = _task_columns(plan, lo, hi, tile_plan.GEMM0)
+            h[:, cols0] = _gemm0(cfg, a, w1, b1, cols0, path)
+            out = np.empty((a.shape[0], cfg.hidden), dt)
+            cols1 = _task_columns(plan, lo, hi, tile_plan.GEMM1)
+            out[:, cols1] = h @ w2[:, cols1] + b2[cols1]
+            # combine: the rows go back to the home rank, weighted into their (token, choice) row
+            weight = plan.row_weight[rows].astype(dt)[:, None]
+            combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = weight * out
+    return _ordered_sum(combine_buf)

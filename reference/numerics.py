@@ -1,0 +1,64 @@
+"""Elementwise numerics shared by the golden paths: bfloat16 rounding, activations, softmax.
+
+bfloat16 is emulated in NumPy: values are rounded to the nearest bfloat16 (ties to even) and held
+in float32, which is what a tensor-core kernel with bf16 operands and fp32 accumulation sees.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PATHS = ("float64", "float32", "bfloat16")
+_COMPUTE = {"float64": np.float64, "float32": np.float32, "bfloat16": np.float32}
+
+
+def compute_dtype(path: str) -> type:
+    """The NumPy dtype arithmetic runs in on a precision path."""
+    return _COMPUTE[path]
+
+
+def round_bf16(a: np.ndarray) -> np.ndarray:
+    """Round to the nearest bfloat16 (ties to even); returns float32."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    bits = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+    return (bits & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def to_path(a: np.ndarray, path: str) -> np.ndarray:
+    """An operand as the path stores it: float64, float32, or bf16-rounded float32."""
+    if path == "bfloat16":
+        return round_bf16(a)
+    return np.asarray(a, dtype=_COMPUTE[path])
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # NumPy has no erf; math.erf per element is exact to float64 and slow, which a golden can afford.
+    from math import erf
+
+    return np.vectorize(erf, otypes=[np.float64])(x)
+
+
+def activate(name: str, h: np.ndarray) -> np.ndarray:
+    """Apply the activation. For `swiglu` the last axis holds [gate | up] halves."""
+    if name == "relu":
+        return np.maximum(h, 0)
+    if name == "gelu_tanh":
+        c = h.dtype.type(np.sqrt(2 / np.pi))
+        return 0.5 * h * (1 + np.tanh(c * (h + h.dtype.type(0.044715) * h ** 3)))
+    if name == "gelu":
+        return (0.5 * h * (1 + _erf(h / np.sqrt(2)))).astype(h.dtype)
+    if name == "silu":
+        return h / (1 + np.exp(-h))
+    if name == "swiglu":
+        g, u = np.split(h, 2, axis=-1)
+        return g / (1 + np.exp(-g)) * u
+    raise ValueError(f"activation {name!r} unknown")
+
+
+def softmax(z: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(z - z.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-z))

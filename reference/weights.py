@@ -1,0 +1,83 @@
+"""Inputs and weights of a layer, drawn reproducibly from the config's seed.
+
+Every array has its own random stream keyed by (seed, array, index), so one rank can draw its own
+tokens, or the experts it owns, without drawing anything else; the values are float32 (exact in
+float64, so the float64 truth and the float32 path see the same numbers). Scales keep activations
+O(1): x ~ N(0, 1), W1 ~ N(0, 1/H), W2 ~ N(0, 1/I), Wg ~ N(0, 1/H), biases ~ N(0, 0.1^2).
+Shared experts are experts E .. E+S-1 of the weight arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import Config
+
+_X, _WG, _GATE_BIAS, _W1, _B1, _W2, _B2 = range(7)
+
+
+def _normal(cfg: Config, stream: int, index: int, shape, scale: float) -> np.ndarray:
+    rng = np.random.default_rng([cfg.seed, stream, index])
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+
+
+def ffn_in_width(cfg: Config) -> int:
+    """Columns of W1: I, or 2I for swiglu ([gate | up])."""
+    return 2 * cfg.ffn if cfg.activation == "swiglu" else cfg.ffn
+
+
+@dataclass(frozen=True)
+class Weights:
+    """x: (P, T, H); wg: (H, E); gate_bias: (E,); w1: (E+S, H, I'); b1: (E+S, I'); w2: (E+S, I, H);
+    b2: (E+S, H). Biases are zeros when the config has bias = false."""
+
+    x: np.ndarray
+    wg: np.ndarray
+    gate_bias: np.ndarray
+    w1: np.ndarray
+    b1: np.ndarray
+    w2: np.ndarray
+    b2: np.ndarray
+
+
+def tokens(cfg: Config, rank: int) -> np.ndarray:
+    """The T x H tokens that live on `rank`."""
+    return _normal(cfg, _X, rank, (cfg.tokens, cfg.hidden), 1.0)
+
+
+def gate(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """Gate weights Wg (H, E) and the selection-only expert bias (E,) of the sigmoid_bias gate."""
+    wg = _normal(cfg, _WG, 0, (cfg.hidden, cfg.experts), cfg.hidden ** -0.5)
+    bias = _normal(cfg, _GATE_BIAS, 0, (cfg.experts,), 0.1)
+    return wg, bias
+
+
+def expert(cfg: Config, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(W1, b1, W2, b2) of expert `e` (e >= E: shared expert e - E)."""
+    n_in = ffn_in_width(cfg)
+    w1 = _normal(cfg, _W1, e, (cfg.hidden, n_in), cfg.hidden ** -0.5)
+    w2 = _normal(cfg, _W2, e, (cfg.ffn, cfg.hidden), cfg.ffn ** -0.5)
+    if cfg.bias:
+        b1 = _normal(cfg, _B1, e, (n_in,), 0.1)
+        b2 = _normal(cfg, _B2, e, (cfg.hidden,), 0.1)
+    else:
+        b1 = np.zeros(n_in, np.float32)
+        b2 = np.zeros(cfg.hidden, np.float32)
+    return w1, b1, w2, b2
+
+
+def draw(cfg: Config) -> Weights:
+    """All inputs and weights of the layer."""
+    x = np.stack([tokens(cfg, r) for r in range(cfg.ranks)])
+    wg, gate_bias = gate(cfg)
+    n, n_in = cfg.experts + cfg.shared_experts, ffn_in_width(cfg)
+    # filled in place: np.stack of the parts would hold every weight twice at the paper's sizes
+    w1 = np.empty((n, cfg.hidden, n_in), np.float32)
+    b1 = np.empty((n, n_in), np.float32)
+    w2 = np.empty((n, cfg.ffn, cfg.hidden), np.float32)
+    b2 = np.empty((n, cfg.hidden), np.float32)
+    for e in range(n):
+        w1[e], b1[e], w2[e], b2[e] = expert(cfg, e)
+    return Weights(x, wg, gate_bias, w1, b1, w2, b2)

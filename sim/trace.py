@@ -1,0 +1,134 @@
+"""The trace schema: one event table shared by the simulator, the kernel's telemetry and the app.
+
+One row per interval: on GPU `rank` (on `node`), actor `lane` of `role` (a processor block, a
+scheduler or subscriber warp, a node's proxy thread, a NIC, a link), doing `kind` of work from
+`start` to `end` nanoseconds, about `expert`, `tile` and `peer` (-1 where none), moving `bytes`.
+`lane` numbers the actors of one role on one rank (processor block 0.., subscriber warp 0..,
+link lane = peer rank). Saved as `.npz` columns plus a JSON `meta` (who produced it, config,
+preset); exported to Chrome/Perfetto JSON (`ph: "X"`, microseconds) for ui.perfetto.dev.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROLES = ("processor", "scheduler", "subscriber", "proxy", "nic", "link")
+KINDS = ("gate", "dispatch", "gemm0", "gemm1", "combine", "put", "fence", "signal", "wait", "idle")
+COLUMNS = {
+    "rank": np.int32, "node": np.int32, "lane": np.int32, "role": np.int8, "kind": np.int8,
+    "start": np.float64, "end": np.float64, "expert": np.int32, "tile": np.int32,
+    "peer": np.int32, "bytes": np.int64,
+}
+ROLE = {name: i for i, name in enumerate(ROLES)}
+KIND = {name: i for i, name in enumerate(KINDS)}
+
+
+class TraceError(ValueError):
+    """A trace file or table that does not follow the schema."""
+
+
+@dataclass(eq=False)
+class Trace:
+    """Columns of equal length (see COLUMNS) and a JSON-able `meta` dict."""
+
+    columns: dict[str, np.ndarray]
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        missing = [c for c in COLUMNS if c not in self.columns]
+        if missing:
+            raise TraceError(f"trace column(s) {missing} missing: a trace has {list(COLUMNS)}")
+        n = {len(v) for v in self.columns.values()}
+        if len(n) > 1:
+            raise TraceError(f"trace columns have different lengths {sorted(n)}")
+        self.columns = {c: np.asarray(self.columns[c], dt) for c, dt in COLUMNS.items()}
+
+    def __len__(self) -> int:
+        return len(self.columns["start"])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def select(self, mask: np.ndarray) -> Trace:
+        return Trace({c: v[mask] for c, v in self.columns.items()}, dict(self.meta))
+
+    def where(self, role: str | None = None, kind: str | None = None) -> Trace:
+        mask = np.ones(len(self), bool)
+        if role is not None:
+            mask &= self["role"] == ROLE[role]
+        if kind is not None:
+            mask &= self["kind"] == KIND[kind]
+        return self.select(mask)
+
+    def sorted(self) -> Trace:
+        """Rows in (rank, role, lane, start) order: a canonical order for comparisons."""
+        order = np.lexsort((self["end"], self["start"], self["lane"], self["role"], self["rank"]))
+        return self.select(order)
+
+    def save(self, path: str | Path) -> None:
+        """`.npz` columns, or Perfetto JSON when the path ends in `.json`."""
+        path = Path(path)
+        if path.suffix == ".json":
+            path.write_text(json.dumps(self.to_perfetto()))
+        else:
+            np.savez_compressed(path, meta=json.dumps(self.meta, sort_keys=True), **self.columns)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        path = Path(path)
+        try:
+            with np.load(path) as f:
+                cols = {c: f[c] for c in COLUMNS if c in f.files}
+                meta = json.loads(str(f["meta"])) if "meta" in f.files else {}
+        except (OSError, ValueError) as e:
+            raise TraceError(f"trace file {str(path)!r} is not a readable .npz trace ({e})") from e
+        return cls(cols, meta)
+
+    def to_perfetto(self) -> dict:
+        """Chrome trace-event JSON: one process per rank, one thread per (role, lane)."""
+        events = []
+        tids: dict[tuple[int, int, int], int] = {}
+        for i in range(len(self)):
+            rank, role, lane = int(self["rank"][i]), int(self["role"][i]), int(self["lane"][i])
+            key = (rank, role, lane)
+            if key not in tids:
+                tids[key] = role * 100_000 + lane
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[key],
+                               "args": {"name": f"{ROLES[role]} {lane}"}})
+            args = {c: int(self[c][i]) for c in ("expert", "tile", "peer", "bytes") if self[c][i] >= 0}
+            events.append({"ph": "X", "name": KINDS[self["kind"][i]], "cat": ROLES[role],
+                           "pid": rank, "tid": tids[key], "ts": float(self["start"][i]) / 1e3,
+                           "dur": float(self["end"][i] - self["start"][i]) / 1e3, "args": args})
+        for rank in sorted({k[0] for k in tids}):
+            events.append({"ph": "M", "name": "process_name", "pid": rank,
+                           "args": {"name": f"GPU {rank}"}})
+        return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": self.meta}
+
+
+class TraceBuilder:
+    """Appends rows one at a time (as a simulation or a log decoder produces them)."""
+
+    def __init__(self):
+        self._rows: list[tuple] = []
+
+    def add(self, rank: int, node: int, lane: int, role: str, kind: str, start: float, end: float,
+            expert: int = -1, tile: int = -1, peer: int = -1, nbytes: int = 0) -> None:
+        self._rows.append((rank, node, lane, ROLE[role], KIND[kind], start, end, expert, tile,
+                           peer, nbytes))
+
+    def build(self, meta: dict | None = None) -> Trace:
+        if self._rows:
+            cols = dict(zip(COLUMNS, (np.array(c) for c in zip(*self._rows))))
+        else:
+            cols = {c: np.empty(0, dt) for c, dt in COLUMNS.items()}
+        return Trace(cols, meta or {})
+
+
+def concat(traces: list[Trace], meta: dict | None = None) -> Trace:
+    cols = {c: np.concatenate([t[c] for t in traces]) if traces else np.empty(0, dt)
+            for c, dt in COLUMNS.items()}
+    return Trace(cols, meta if meta is not None else (dict(traces[0].meta) if traces else {}))
