@@ -1,0 +1,103 @@
+"""Config validation (one test per rule), presets, and TOML/JSON round trips and failures."""
+
+import json
+
+import pytest
+
+from reference import Config, ConfigError, presets
+from reference.cli import _parse_value
+
+BAD_FIELDS = [
+    ("name", ""), ("tokens", 0), ("tokens", 1.5), ("tokens", True), ("hidden", -64), ("ffn", 0),
+    ("experts", 0), ("top_k", 0), ("ranks", 0), ("gpus_per_node", 0), ("tile_m", 0),
+    ("tile_n", 0), ("tile_k", 0), ("gate", "argmax"), ("activation", "tanh"), ("dtype", "fp8"),
+    ("placement", "random"), ("capacity_factor", 0.0), ("capacity_factor", -1.0),
+    ("capacity_factor", float("inf")), ("capacity_factor", "none"), ("bias", 1),
+    ("shared_experts", -1), ("skew", -0.5), ("skew", float("nan")), ("seed", -1),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_FIELDS)
+def test_bad_field_names_field_value_and_rule(field, value):
+    with pytest.raises(ConfigError) as err:
+        Config(**{field: value})
+    assert err.value.field == field
+    assert repr(value) in str(err.value) and "allowed" in str(err.value)
+
+
+@pytest.mark.parametrize("changes,field", [
+    (dict(top_k=9, experts=8), "top_k"),
+    (dict(experts=6, ranks=4), "experts"),
+    (dict(ranks=12, gpus_per_node=8, experts=24), "ranks"),
+    (dict(hidden=100, tile_n=64), "hidden"),
+    (dict(ffn=96, tile_n=64, hidden=128), "ffn"),
+    (dict(hidden=64, ffn=64, tile_n=32, tile_k=24), "tile_k"),
+])
+def test_cross_field_rules(changes, field):
+    with pytest.raises(ConfigError) as err:
+        Config(**changes)
+    assert err.value.field == field
+
+
+def test_capacity_rule():
+    c = Config(tokens=100, experts=8, top_k=2, capacity_factor=1.0)
+    assert c.capacity == 25  # ceil(1.0 * 100 * 2 / 8)
+    assert c.replace(capacity_factor=1.1).capacity == 28  # ceil(27.5)
+    assert c.replace(capacity_factor=None).capacity is None
+    assert Config(tokens=10, experts=10, top_k=1, capacity_factor=1.1).capacity == 2  # 1.1 not 1.1000..01
+
+
+def test_layout():
+    c = Config(experts=64, ranks=16, gpus_per_node=8)
+    assert (c.nodes, c.local_experts, c.owner(0), c.owner(63), c.node_of(9)) == (2, 4, 0, 15, 1)
+    assert Config(ranks=2, gpus_per_node=8).nodes == 1
+
+
+def test_replace_unknown_field():
+    with pytest.raises(ConfigError, match="known field"):
+        Config().replace(tokns=3)
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".json"])
+def test_save_load_round_trip(tmp_path, suffix):
+    for c in (presets.get("tiny"), presets.get("tiny-nodrop"), presets.get("tiny-deepseek")):
+        path = tmp_path / f"c{suffix}"
+        c.save(path)
+        assert Config.load(path) == c
+        assert presets.get(str(path)) == c
+
+
+@pytest.mark.parametrize("name,text,field", [
+    ("bad.toml", "tokens = [1, 2\n", "path"),
+    ("bad.json", "{\"tokens\": 3,", "path"),
+    ("unknown.toml", "tokenz = 3\n", "tokenz"),
+    ("wrong.json", json.dumps({"tokens": "many"}), "tokens"),
+    ("list.json", "[1, 2]", "config"),
+    ("config.yaml", "tokens: 3\n", "path"),
+])
+def test_malformed_files(tmp_path, name, text, field):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        Config.load(path)
+    assert err.value.field == field
+
+
+def test_missing_file_and_unknown_preset(tmp_path):
+    with pytest.raises(ConfigError, match="existing"):
+        Config.load(tmp_path / "none.toml")
+    with pytest.raises(ConfigError, match="preset"):
+        presets.get("no-such-preset")
+
+
+def test_presets_hold_the_papers_configs():
+    d = presets.get("flashmoe")
+    assert (d.hidden, d.ffn, d.experts, d.top_k, d.tokens, d.capacity_factor) == (2048, 2048, 64, 2, 8192, 1.0)
+    assert [c.tokens for c in presets.SWEEPS["tokens"]] == [1024, 2048, 4096, 8192, 16384]
+    assert [c.experts for c in presets.SWEEPS["experts"]] == [8, 16, 32, 64, 128]
+    assert [c.ranks for c in presets.SWEEPS["gpus"]] == [1, 2, 4, 8]
+    assert all(c.name in presets.PRESETS for s in presets.SWEEPS.values() for c in s)
+
+
+def test_cli_value_parsing():
+    assert [_parse_value(v) for v in ("3", "1.5", "true", "None", "gelu")] == [3, 1.5, True, None, "gelu"]
