@@ -31,10 +31,16 @@ def max_rel_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / scale)
 
 
+def _columns(cols: np.ndarray, width: int):
+    """`cols` as an index; all columns in order become a slice, so no weight copy is made."""
+    return slice(None) if cols.size == width and np.array_equal(cols, np.arange(width)) else cols
+
+
 def _gemm0(cfg: Config, rows, w1, b1, cols: np.ndarray, path: str):
     """act(rows W1[:, cols] + b1[cols]); for swiglu the gate and up columns of `cols` together."""
     if cfg.activation == "swiglu":
         cols = np.concatenate([cols, cfg.ffn + cols])
+    cols = _columns(cols, w1.shape[1])
     h = activate(cfg.activation, rows @ w1[:, cols] + b1[cols])
     return round_bf16(h) if path == "bfloat16" else h
 
@@ -105,9 +111,9 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             lo, hi = int(task_lo[tile]), int(task_lo[tile + 1])
             h = np.empty((a.shape[0], cfg.ffn), dt)
             cols0 = _task_columns(plan, lo, hi, tile_plan.GEMM0)
-            h[:, cols0] = _gemm0(cfg, a, w1, b1, cols0, path)
+            h[:, _columns(cols0, cfg.ffn)] = _gemm0(cfg, a, w1, b1, cols0, path)
             out = np.empty((a.shape[0], cfg.hidden), dt)
-            cols1 = _task_columns(plan, lo, hi, tile_plan.GEMM1)
+            cols1 = _columns(_task_columns(plan, lo, hi, tile_plan.GEMM1), cfg.hidden)
             out[:, cols1] = h @ w2[:, cols1] + b2[cols1]
             # combine: the rows go back to the home rank, weighted into their (token, choice) row
             weight = plan.row_weight[rows].astype(dt)[:, None]
