@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-PARTS = ("reference.cli",)
+PARTS = ("reference.cli", "app.cli")
 
 
 def parser() -> argparse.ArgumentParser:

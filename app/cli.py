@@ -1,0 +1,53 @@
+"""`moelab app`: start the Streamlit visualizer (streamlit is imported by the app, not here)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import webbrowser
+from pathlib import Path
+
+MAIN = Path(__file__).resolve().parent / "main.py"
+
+
+def command(port: int) -> list[str]:
+    """The `streamlit run` command line that serves the app on `port`. Streamlit always runs
+    headless: otherwise its first start stops to ask for an e-mail address on the terminal."""
+    return [sys.executable, "-m", "streamlit", "run", str(MAIN), "--server.port", str(port),
+            "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+
+
+def _open_when_up(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                webbrowser.open(url)
+                return
+        except OSError:
+            time.sleep(0.5)
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    url = f"http://localhost:{args.port}"
+    print(f"moelab app: {url} (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    if not args.headless:
+        threading.Thread(target=_open_when_up, args=(url,), daemon=True).start()
+    try:
+        return subprocess.call(command(args.port))
+    except KeyboardInterrupt:
+        return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("app", help="start the Streamlit timeline visualizer",
+                       description="Serve the visualizer (Simulate, Compare, Fences, Golden) on a "
+                                   "local port and open it in a browser; it never needs a GPU.")
+    p.add_argument("--port", type=int, default=8501, help="port to serve on (default: 8501)")
+    p.add_argument("--headless", action="store_true",
+                   help="serve only, open no browser (for servers and tests)")
+    p.set_defaults(func=cmd_app)
