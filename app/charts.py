@@ -66,7 +66,8 @@ def _bar_traces(rows: Rows, bars: Bars, row_offset: int) -> list[go.Bar]:
                      "%{customdata[3]}<extra></extra>")
             opacity = np.clip(bars.busy[m], 0.25, 1.0)
         out.append(go.Bar(
-            y=bars.row[m] + row_offset, x=dur, base=start, orientation="h", name=kind,
+            # an explicit width: plotly would size bars by the gap between a trace's rows
+            y=bars.row[m] + row_offset, x=dur, base=start, orientation="h", name=kind, width=0.8,
             legendgroup=kind, customdata=custom, hovertemplate=hover,
             marker={"color": KIND_COLORS[kind], "opacity": opacity, "line": {"width": 0}}))
     return out
@@ -75,12 +76,12 @@ def _bar_traces(rows: Rows, bars: Bars, row_offset: int) -> list[go.Bar]:
 def _style_gantt(fig: go.Figure, labels: list[str], title: str, edges: list[float]) -> None:
     """Axes, size and GPU separators of a Gantt figure whose rows are `labels`, top to bottom."""
     fig.update_layout(
-        title={"text": title}, barmode="overlay", bargap=0.15, height=140 + ROW_PX * len(labels),
-        margin={"l": 10, "r": 10, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.02,
-                                                              "yanchor": "top"},
+        title={"text": title}, barmode="overlay", bargap=0.15, height=160 + ROW_PX * len(labels),
+        margin={"l": 10, "r": 10, "t": 70, "b": 40},
+        legend={"orientation": "h", "x": 0, "y": 1.0, "xanchor": "left", "yanchor": "bottom"},
         xaxis={"title": {"text": "time (µs)"}, "zeroline": False},
         yaxis={"tickmode": "array", "tickvals": list(range(len(labels))), "ticktext": labels,
-               "autorange": "reversed", "tickfont": {"size": 10}, "fixedrange": False},
+               "range": [len(labels) - 0.5, -0.5], "tickfont": {"size": 10}, "fixedrange": False},
         hoverlabel={"align": "left"}, uirevision=title)
     for y in edges:
         fig.add_hline(y=y, line={"color": "#888", "width": 1})
