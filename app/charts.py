@@ -171,9 +171,10 @@ def heatmap(matrix: np.ndarray, title: str, x_title: str, y_title: str, unit: st
         z=matrix, x=list(range(n_x)), y=list(range(n_y)), colorscale="Viridis", text=text,
         colorbar={"title": {"text": unit}},
         hovertemplate=f"{y_title} %{{y}} → {x_title} %{{x}}: %{{z:,}} {unit}{extra}<extra></extra>"))
-    fig.update_layout(title={"text": title}, xaxis={"title": {"text": x_title}},
-                      yaxis={"title": {"text": y_title}, "autorange": "reversed"},
-                      margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    ticks = {"dtick": 1} if max(n_x, n_y) <= 16 else {}  # label every GPU while they fit
+    fig.update_layout(title={"text": title}, xaxis={"title": {"text": x_title}, **ticks},
+                      yaxis={"title": {"text": y_title}, "autorange": "reversed", **ticks},
+                      height=520, margin={"l": 10, "r": 10, "t": 50, "b": 40})
     return fig
 
 

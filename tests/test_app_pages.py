@@ -1,0 +1,117 @@
+"""Every page of the app under streamlit.testing's AppTest: it runs on the default config without
+exceptions, a changed widget reruns it and changes what it shows, a bad config shows its error."""
+
+from pathlib import Path
+
+import pytest
+from app_traces import pipeline_trace
+from streamlit.testing.v1 import AppTest
+
+import sim
+
+# the Simulate, Compare and Fences pages run the simulator (sim.simulate, being written)
+needs_sim = pytest.mark.skipif(not hasattr(sim, "simulate"), reason="sim.simulate has not landed")
+
+MAIN = str(Path(__file__).resolve().parent.parent / "app" / "main.py")
+
+
+def page(name: str, timeout: float = 120) -> AppTest:
+    at = AppTest.from_file(MAIN, default_timeout=timeout).run()
+    if name != "simulate":
+        at.switch_page(f"views/{name}.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def table(at: AppTest) -> list[dict]:
+    """The page's one table, as records."""
+    return at.dataframe[0].value.to_dict("records")
+
+
+def metrics(at: AppTest) -> dict:
+    return {m.label: m.value for m in at.metric}
+
+
+def set_field(at: AppTest, field: str, value, form: str = "cfg") -> AppTest:
+    at.sidebar.number_input(key=f"{form}.{field}").set_value(value).run()
+    return at
+
+
+def test_golden_page_routes_the_default_config_and_follows_the_form():
+    at = page("golden")
+    before = metrics(at)
+    assert int(before["routed rows"].replace(",", "")) > 0
+    set_field(at, "tokens", 2048)
+    assert not at.exception and metrics(at)["routed rows"] != before["routed rows"]
+
+
+def test_golden_page_shows_a_bad_config_next_to_its_field():
+    at = set_field(page("golden"), "hidden", 100)
+    assert not at.exception and not at.metric
+    messages = [e.value for e in at.error]
+    assert any("'hidden' = 100" in m and "multiple of tile_n" in m for m in messages)
+    assert any("'hidden' = 100" in e.value for e in at.sidebar.error)
+
+
+@needs_sim
+def test_compare_page_says_plainly_when_nothing_was_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("compare")
+    assert any("No measured runs yet" in i.value for i in at.info)
+
+
+@needs_sim
+def test_simulate_page_draws_the_timeline_and_metrics_of_the_default_config():
+    at = page("simulate")
+    chart = at.get("plotly_chart")[0].proto.spec
+    assert '"Timeline: small' in chart
+    before = table(at)
+    assert before and all(set(r) == {"metric", "value"} for r in before)
+    set_field(at, "tokens", 2048)
+    assert not at.exception and table(at) != before
+
+
+@needs_sim
+def test_simulate_page_reruns_on_transport_and_shows_a_bad_config():
+    at = page("simulate")
+    before = table(at)
+    at.sidebar.checkbox(key="sim.baseline").check().run()
+    assert not at.exception and table(at) != before
+    set_field(at, "experts", 6)
+    assert any("'experts' = 6" in e.value for e in at.sidebar.error)
+    assert not at.get("plotly_chart")
+
+
+@needs_sim
+def test_compare_page_puts_a_measured_run_beside_its_prediction(tmp_path, monkeypatch):
+    pipeline_trace(ranks=2, blocks=8, config="tiny").save(tmp_path / "tiny-run.npz")
+    (tmp_path / "not-a-trace.npz").write_bytes(b"junk")
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("compare")
+    assert '"Timeline: tiny measured vs simulated' in at.get("plotly_chart")[0].proto.spec
+    errors = table(at)
+    assert errors and {"metric", "predicted", "measured", "relative error"} <= set(errors[0])
+    at.selectbox[2].set_value("ibrc").run()
+    assert not at.exception
+
+
+@needs_sim
+def test_compare_page_names_a_measured_run_whose_config_is_bad(tmp_path, monkeypatch):
+    tr = pipeline_trace(ranks=1, blocks=2, tasks=2)
+    tr.meta["config"]["tokens"] = 0
+    tr.save(tmp_path / "bad-run.npz")
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("compare")
+    assert any("bad-run.npz" in e.value and "'tokens' = 0" in e.value for e in at.error)
+
+
+@needs_sim
+def test_fences_page_sets_ibrc_beside_perseus_and_follows_the_form():
+    at = page("fences")
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any('"Timeline: node 0 proxy and NIC, ibrc' in s for s in specs)
+    before = table(at)
+    set_field(at, "tokens", 192, "fences")
+    assert not at.exception and table(at) != before
+    set_field(at, "gpus_per_node", 3, "fences")
+    assert any("'ranks' = 4" in e.value for e in at.sidebar.error)
