@@ -51,7 +51,7 @@ if cfg is not None:
                 st.caption(f"{len(bars):,} intervals in {len(rows)} lanes, each drawn as it is.")
             else:
                 st.caption(
-                    f"{int(np.isin(sub['rank'], shown).sum()):,} intervals in {len(rows)} rows drawn "
+                    f"{len(sub):,} intervals in {len(rows)} rows drawn "
                     f"as {len(bars):,} bars: each row is cut into {bars.bin_ns / 1e3:.3g} µs bins "
                     f"(at most {lanes.MAX_BARS:,} bars in all, the bound that stays responsive); a "
                     "bar's colour is the busiest kind, its opacity the share of the row's lanes "
