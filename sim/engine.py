@@ -1,0 +1,113 @@
+"""`simulate`: one layer call of a config on simulated GPUs, as a trace and its metrics.
+
+The fused run builds one `FusedKernel` per GPU on a `Fabric` (NVLink ports, NICs, proxies of the
+chosen transport) and runs them together; the baseline run builds the bulk-synchronous layer.
+The tile plan comes from `reference.plan_of`: the simulator never routes tokens its own way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+import reference
+from reference import Config, ConfigError, TilePlan
+
+from . import costs, metrics
+from .baseline import Baseline
+from .hardware import Hardware
+from .hardware import get as get_hardware
+from .kernel import FusedKernel, TilePhases
+from .network import TRANSPORTS, Fabric
+from .trace import Trace, TraceBuilder
+
+
+class SimError(ValueError):
+    """A simulator option that is not allowed."""
+
+    def __init__(self, name: str, value, allowed: str):
+        self.field, self.value, self.allowed = name, value, allowed
+        super().__init__(f"simulator option '{name}' = {value!r} is not allowed: {allowed}")
+
+
+@dataclass(frozen=True, eq=False)
+class Result:
+    trace: Trace
+    metrics: dict
+    events: int  # SimPy events processed
+    wall_s: float
+
+
+def with_nodes(cfg: Config, nodes: int) -> Config:
+    """`cfg` spread over `nodes` nodes of ranks / nodes GPUs each."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or cfg.ranks % nodes:
+        raise ConfigError("nodes", nodes, f"a positive divisor of the number of GPUs ({cfg.ranks})")
+    return cfg.replace(gpus_per_node=cfg.ranks // nodes)
+
+
+class _CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it processes (for the speed table)."""
+
+    events = 0
+
+    def step(self) -> None:
+        self.events += 1
+        super().step()
+
+
+def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
+             baseline: bool = False, progress: Callable[[str], None] | None = None,
+             plan: TilePlan | None = None) -> Result:
+    """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known."""
+    if transport not in TRANSPORTS:
+        raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
+    if not isinstance(baseline, bool):
+        raise SimError("baseline", baseline, "true or false")
+    hw = get_hardware(hardware)
+    say = progress or (lambda _: None)
+    t0 = time.perf_counter()
+    if plan is None:
+        say(f"routing and tile plan of {cfg.name} ({cfg.ranks} GPUs on {cfg.nodes} node(s))")
+        plan = reference.plan_of(cfg)
+    env = _CountingEnvironment()
+    rec = TraceBuilder()
+    what = "bulk-synchronous baseline" if baseline else f"fused kernel, {transport}"
+    say(f"simulating {plan.tile_src.size} tiles, {plan.task_kind.size} tasks ({what}, {hw.name})")
+    if baseline:
+        Baseline(env, cfg, plan, hw, rec).start()
+        processors, left = hw.sms, [0]
+    else:
+        left = _run_fused(env, cfg, plan, hw, transport, rec)
+        processors = hw.processors
+    env.run()
+    if left[0]:
+        raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} tiles not combined")
+    say(f"{env.events:,} events; building the trace")
+    meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
+            "transport": transport, "baseline": baseline, "processors": processors}
+    trace = rec.build(meta).sorted()
+    m = metrics.compute(trace, cfg)
+    return Result(trace, m, env.events, time.perf_counter() - t0)
+
+
+def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder) -> list[int]:
+    """Set up every GPU's kernel on the fabric; returns [tiles not yet combined]."""
+    phases = TilePhases(plan)
+    durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
+                              plan.task_bytes.astype(np.float64))
+    left = [plan.tile_src.size]
+
+    def tile_done(_tile: int) -> None:
+        left[0] -= 1
+
+    kernels: list[FusedKernel] = []
+    fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
+    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, tile_done)
+                   for r in range(cfg.ranks))
+    for k in kernels:
+        k.start()
+    return left

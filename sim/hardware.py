@@ -1,0 +1,207 @@
+"""Hardware presets: every figure the simulator's costs come from, each with its source.
+
+`PRESETS` holds `h100-sxm` and `h200-sxm`. A calibration JSON file overrides figures of a preset
+(a later issue fills such files from GPU measurements):
+
+    {"base": "h100-sxm", "name": "h100-lab", "nic_latency_ns": 1800,
+     "sources": {"nic_latency_ns": "measurements/nic/ib_write_lat.json"}}
+
+Without "base" the file must give every field. A bad field raises `HardwareError` naming the
+field, the value and what is allowed. Units: ns, GB/s (= bytes per ns), TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class HardwareError(ValueError):
+    """A hardware figure or file that is not allowed."""
+
+    def __init__(self, name: str, value, allowed: str):
+        self.field, self.value, self.allowed = name, value, allowed
+        super().__init__(f"hardware field '{name}' = {value!r} is not allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU model and its node: compute, memory, NVLink, NIC, PCIe, proxy and kernel costs."""
+
+    name: str
+    sms: int
+    blocks_per_sm: int  # resident blocks of the persistent kernel per SM
+    tflops_float32: float
+    tflops_bfloat16: float
+    tflops_float64: float
+    matrix_efficiency: float  # share of the peak matrix rate a tile GEMM reaches
+    hbm_gbps: float
+    l2_hit_fraction: float  # share of GEMM operand bytes served by L2 instead of HBM
+    nvlink_gbps: float  # per GPU, one direction, shared by its concurrent puts
+    nvlink_latency_ns: float
+    nic_gbps: float  # per GPU
+    nic_latency_ns: float  # one way, GPU memory to remote GPU memory
+    pcie_gbps: float
+    pcie_latency_ns: float  # GPU to the proxy's ring in host memory
+    proxy_op_ns: float  # proxy thread: take one request and post one work request to the NIC
+    fence_ns: float  # proxy fence: poll the completion queue once all writes are done
+    gpu_post_ns: float  # IBGDA: a GPU thread builds a work request and rings the NIC's doorbell
+    task_overhead_ns: float  # per task: scheduler hand-off, operand setup, completion signal
+    subscriber_ns: float  # subscriber warp: decode one tile's arrival flag, enqueue its tasks
+    kernel_launch_ns: float  # gap between dependent kernels of the bulk-synchronous baseline
+    collective_latency_ns: float  # fixed cost of one NCCL all-to-all call
+    alltoall_gbps: float  # bandwidth an NCCL all-to-all reaches per GPU over NVLink
+    sources: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise HardwareError("name", self.name, "a non-empty string")
+        for f in number_fields():
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise HardwareError(f, v, "a finite number >= 0")
+        for f in ("sms", "blocks_per_sm"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise HardwareError(f, v, "a positive integer")
+        for f in ("tflops_float32", "tflops_bfloat16", "tflops_float64", "hbm_gbps", "nvlink_gbps",
+                  "nic_gbps", "pcie_gbps", "matrix_efficiency", "alltoall_gbps"):
+            if getattr(self, f) <= 0:
+                raise HardwareError(f, getattr(self, f), "a number > 0")
+        for f in ("matrix_efficiency", "l2_hit_fraction"):
+            if getattr(self, f) > 1 or (f == "l2_hit_fraction" and getattr(self, f) >= 1):
+                raise HardwareError(f, getattr(self, f), "a fraction in [0, 1)" if f == "l2_hit_fraction"
+                                    else "a fraction in (0, 1]")
+
+    @property
+    def processors(self) -> int:
+        """Processor blocks of the persistent kernel: every resident block but the OS block."""
+        return self.sms * self.blocks_per_sm - 1
+
+    def tflops(self, dtype: str) -> float:
+        return getattr(self, f"tflops_{dtype}")
+
+    def source(self, name: str) -> str:
+        return self.sources.get(name, "")
+
+    def replace(self, **changes) -> Hardware:
+        unknown = sorted(set(changes) - set(field_names()) - {"sources"})
+        if unknown:
+            raise HardwareError(unknown[0], changes[unknown[0]], "a known field: " + ", ".join(field_names()))
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in field_names()}
+
+
+def field_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Hardware) if f.name != "sources"]
+
+
+def number_fields() -> list[str]:
+    return [f for f in field_names() if f != "name"]
+
+
+_DATASHEET_H100 = "NVIDIA H100 Tensor Core GPU datasheet, SXM5 column"
+_DATASHEET_H200 = "NVIDIA H200 Tensor Core GPU datasheet, SXM column"
+_ESTIMATE = "estimate, to be replaced by a calibration file from measurements/"
+
+_H100 = {
+    "name": ("h100-sxm", ""),
+    "sms": (132, "NVIDIA H100 whitepaper: 132 SMs on H100 SXM5"),
+    "blocks_per_sm": (4, "FlashMoE csrc/include/flashmoe/arch.cuh, Hardware<900, 128>: 4 blocks per SM"),
+    "tflops_float32": (67.0, _DATASHEET_H100 + ": FP32 67 TFLOPS (FlashMoE computes FP32 on CUDA cores)"),
+    "tflops_bfloat16": (989.4, _DATASHEET_H100 + ": BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense"),
+    "tflops_float64": (67.0, _DATASHEET_H100 + ": FP64 Tensor Core 67 TFLOPS"),
+    "matrix_efficiency": (0.8, "DESIGN.md floors of the FlashMoE default's expert math: fp32 5.4 ms is 0.76 "
+                               "and bf16 0.34 ms is 0.82 of peak"),
+    "hbm_gbps": (3350.0, _DATASHEET_H100 + ": GPU memory bandwidth 3.35 TB/s"),
+    "l2_hit_fraction": (0.9, "estimate: a tile's rows are reread by all its column tasks (32 at the FlashMoE "
+                             "default) and an expert's weight block by all its tiles, within the 50 MB L2"),
+    "nvlink_gbps": (450.0, _DATASHEET_H100 + ": NVLink 900 GB/s bidirectional, 450 GB/s each way"),
+    "nvlink_latency_ns": (1000.0, "estimate: order of NVSHMEM's put-with-signal latency over NVLink 4; "
+                                  + _ESTIMATE),
+    "nic_gbps": (50.0, "ConnectX-7 NDR InfiniBand, 400 Gb/s per GPU (DGX H100 user guide)"),
+    "nic_latency_ns": (1500.0, "estimate: one-way RDMA write through one NDR switch; " + _ESTIMATE),
+    "pcie_gbps": (64.0, _DATASHEET_H100 + ": PCIe Gen5 128 GB/s bidirectional, 64 GB/s each way"),
+    "pcie_latency_ns": (1000.0, "estimate: GPU write into host memory plus the proxy's polling; " + _ESTIMATE),
+    "proxy_op_ns": (300.0, "estimate: one ibv_post_send by the proxy thread; " + _ESTIMATE),
+    "fence_ns": (1000.0, "estimate: the proxy's quiet polls the completion queue; " + _ESTIMATE),
+    "gpu_post_ns": (300.0, "estimate: IBGDA work request built and doorbell rung by a GPU thread; " + _ESTIMATE),
+    "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
+    "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
+    "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
+    "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),
+    "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (DESIGN.md's torch "
+                             "layer spends ~2.3 ms beyond its GEMMs at the default on 4 H200); " + _ESTIMATE),
+}
+_H200 = {
+    **_H100,
+    "name": ("h200-sxm", ""),
+    "sms": (132, "H200 is the GH100 chip of H100 SXM5: 132 SMs"),
+    "tflops_float32": (67.0, _DATASHEET_H200 + ": FP32 67 TFLOPS"),
+    "tflops_bfloat16": (989.4, _DATASHEET_H200 + ": BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense"),
+    "tflops_float64": (67.0, _DATASHEET_H200 + ": FP64 Tensor Core 67 TFLOPS"),
+    "hbm_gbps": (4800.0, _DATASHEET_H200 + ": GPU memory bandwidth 4.8 TB/s"),
+    "nvlink_gbps": (450.0, _DATASHEET_H200 + ": NVLink 900 GB/s bidirectional, 450 GB/s each way"),
+}
+
+
+def _preset(table: dict) -> Hardware:
+    return Hardware(**{k: v for k, (v, _) in table.items()},
+                    sources={k: s for k, (_, s) in table.items() if s})
+
+
+PRESETS: dict[str, Hardware] = {hw.name: hw for hw in (_preset(_H100), _preset(_H200))}
+DEFAULT = "h100-sxm"
+
+
+def load_calibration(path: str | Path) -> Hardware:
+    """A preset overridden by a calibration JSON file (see the module text for the format)."""
+    path = Path(path)
+    if not path.is_file():
+        raise HardwareError("path", str(path), "an existing .json calibration file")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise HardwareError("path", str(path), f"a well-formed JSON file ({e})") from e
+    if not isinstance(d, dict):
+        raise HardwareError("path", str(path), "a JSON object of hardware fields")
+    return from_dict(d, origin=str(path))
+
+
+def from_dict(d: dict, origin: str = "calibration") -> Hardware:
+    """A Hardware from a dict of fields, on top of d["base"] when given."""
+    d = dict(d)
+    base_name = d.pop("base", None)
+    sources = d.pop("sources", {})
+    if not isinstance(sources, dict):
+        raise HardwareError("sources", sources, "an object mapping field names to sources")
+    unknown = sorted(set(d) - set(field_names()))
+    if unknown:
+        raise HardwareError(unknown[0], d[unknown[0]], "a known field: " + ", ".join(field_names()))
+    if base_name is None:
+        missing = [f for f in field_names() if f not in d]
+        if missing:
+            raise HardwareError(missing[0], None, f"present in {origin} (or give \"base\": a preset to "
+                                                  "start from: " + ", ".join(PRESETS) + ")")
+        return Hardware(**d, sources={f: sources.get(f, origin) for f in field_names()})
+    if base_name not in PRESETS:
+        raise HardwareError("base", base_name, "one of " + ", ".join(PRESETS))
+    base = PRESETS[base_name]
+    merged = {**base.sources, **{f: sources.get(f, origin) for f in d}}
+    return base.replace(**{"name": f"{base.name}+{Path(origin).stem}", **d}, sources=merged)
+
+
+def get(name_or_path: str | Hardware) -> Hardware:
+    """A preset by name, or a calibration .json file."""
+    if isinstance(name_or_path, Hardware):
+        return name_or_path
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    if isinstance(name_or_path, str | Path) and str(name_or_path).endswith(".json"):
+        return load_calibration(name_or_path)
+    raise HardwareError("hardware", name_or_path, "a preset (" + ", ".join(PRESETS) + ") or a .json calibration file")

@@ -1,0 +1,131 @@
+"""FlashMoE's persistent kernel on one GPU: gate, dispatch, then processors fed by the OS block.
+
+Every block runs the gate, then the processor blocks pack this GPU's outgoing token tiles (tile
+i by block i mod processors) and put each with its signal. Then the OS block's subscriber warps
+watch the arrival flags and turn each arrived tile into tasks for the scheduler warp, which
+hands them to processor blocks in arrival order:
+
+- a dispatched tile arrives at its expert's owner: its GEMM0 tasks (one per tile_n columns of I);
+- the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
+- the one finishing its last GEMM1 puts the tile back to its source rank;
+- the returned tile arrives at the source: one combine task, and the tile is done.
+
+The scheduler is a FIFO ready queue served by identical processors, so each task goes to the
+processor that frees first. `Scheduler` computes that assignment when the tasks are enqueued,
+which gives the same schedule as processor processes polling the queue, with one simulation
+event per tile phase instead of several per task (the trace still has one row per task).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from reference import Config, TilePlan
+from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, RETURN, TASK_KINDS
+
+from . import costs
+from .hardware import Hardware
+from .trace import TraceBuilder
+
+SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber warps
+
+
+class Scheduler:
+    """Processor blocks as a heap of (time free, lane); tasks go to the earliest free one."""
+
+    def __init__(self, free_at: list[float]):
+        self.free = [(t, lane) for lane, t in enumerate(free_at)]
+        heapq.heapify(self.free)
+
+    def assign(self, now: float, durations) -> list[tuple[int, float, float]]:
+        """(lane, start, end) of tasks enqueued at `now`, in queue order."""
+        out = []
+        for d in durations:
+            t, lane = heapq.heappop(self.free)
+            start = max(now, t)
+            end = start + d
+            heapq.heappush(self.free, (end, lane))
+            out.append((lane, start, end))
+        return out
+
+
+class TilePhases:
+    """The tasks of each tile grouped by phase: tasks[tile][kind] -> task ids in plan order."""
+
+    def __init__(self, plan: TilePlan):
+        order = np.lexsort((np.arange(plan.task_kind.size), plan.task_kind, plan.task_tile))
+        tile, kind = plan.task_tile[order], plan.task_kind[order]
+        cut = np.flatnonzero((np.diff(tile) != 0) | (np.diff(kind) != 0)) + 1
+        self.tasks: list[dict[int, np.ndarray]] = [{} for _ in range(plan.tile_src.size)]
+        for group in np.split(order, cut):
+            if group.size:
+                self.tasks[int(plan.task_tile[group[0]])][int(plan.task_kind[group[0]])] = group
+        self.transfer = np.full((plan.tile_src.size, 2), -1, np.int64)
+        self.transfer[plan.transfer_tile, plan.transfer_kind] = np.arange(plan.transfer_tile.size)
+
+
+class FusedKernel:
+    """One GPU running the layer as one persistent kernel."""
+
+    def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
+                 phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
+                 send: Callable[[int], None], on_tile_done: Callable[[int], None]):
+        self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
+        self.node = cfg.node_of(rank)
+        self.phases, self.durations, self.rec = phases, durations, rec
+        self.send, self.on_tile_done = send, on_tile_done
+        self.processors = hw.processors
+        self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
+        self.scheduler: Scheduler | None = None
+
+    def start(self) -> None:
+        """Gate on every block, then each processor block packs and puts its share of the tiles."""
+        gate = costs.gate_ns(self.hw, self.cfg) + self.hw.task_overhead_ns
+        for lane in range(self.processors):
+            self.rec.add(self.rank, self.node, lane, "processor", "gate", 0.0, gate)
+        self.rec.add(self.rank, self.node, 0, "scheduler", "gate", 0.0, gate)
+        p = self.plan
+        outgoing = np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank))
+        free_at = [gate] * self.processors
+        for i, x in enumerate(outgoing):
+            lane, t = i % self.processors, int(p.transfer_tile[x])
+            end = free_at[lane] + costs.pack_ns(self.hw, int(p.transfer_bytes[x]))
+            self.rec.add(self.rank, self.node, lane, "processor", "dispatch", free_at[lane], end,
+                         int(p.tile_expert[t]), t, int(p.transfer_dst[x]), int(p.transfer_bytes[x]))
+            free_at[lane] = end
+            self.env.timeout(end).callbacks.append(lambda _, x=int(x): self.send(x))
+        self.scheduler = Scheduler(free_at)
+
+    def arrive(self, x: int) -> None:
+        """Transfer `x`'s signal has landed here: a subscriber warp turns its tile into tasks."""
+        t = int(self.plan.transfer_tile[x])
+        free, warp = heapq.heappop(self.subscribers)
+        start = max(self.env.now, free)
+        end = start + self.hw.subscriber_ns
+        heapq.heappush(self.subscribers, (end, warp))
+        self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end,
+                     int(self.plan.tile_expert[t]), t, int(self.plan.transfer_src[x]))
+        kind = GEMM0 if int(self.plan.transfer_kind[x]) == DISPATCH else COMBINE
+        self.env.timeout(end - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
+
+    def enqueue(self, t: int, kind: int) -> None:
+        """Hand tile `t`'s tasks of one phase to the scheduler; go on when the last one ends."""
+        tasks = self.phases.tasks[t][kind]
+        slots = self.scheduler.assign(self.env.now, self.durations[tasks].tolist())
+        name, expert = TASK_KINDS[kind], int(self.plan.tile_expert[t])
+        for lane, start, end in slots:
+            self.rec.add(self.rank, self.node, lane, "processor", name, start, end, expert, t)
+        last = max(end for _, _, end in slots)
+        self.env.timeout(last - self.env.now).callbacks.append(lambda _: self.phase_done(t, kind))
+
+    def phase_done(self, t: int, kind: int) -> None:
+        if kind == GEMM0:
+            self.enqueue(t, GEMM1)
+        elif kind == GEMM1:
+            self.send(int(self.phases.transfer[t, RETURN]))
+        else:
+            self.on_tile_done(t)

@@ -1,0 +1,109 @@
+"""Metrics of one layer call from its trace, whoever produced it (the simulator or the kernel's
+telemetry): only the schema's columns and the meta's optional "processors" are read.
+
+- latency: first start to last end.
+- SM utilization (per GPU): busy processor time (every processor row but `idle` and `wait`)
+  over processors x latency; processors per GPU from meta["processors"], else the processor
+  lanes that appear. Reported as mean, min and max over GPUs.
+- overlap efficiency, as the FlashMoE paper defines it (Aimuyo, Oh, Singh, NeurIPS 2025,
+  arXiv 2506.04667, evaluation, weak scaling): O_e = T(2) / T(N_G), the latency on 2 GPUs over
+  the latency on N_G GPUs with the same tokens per GPU. It needs the 2-GPU latency, so it is
+  reported when `latency_2gpu_ns` is given (`sim.sweeps` and `moelab sim` do).
+- bytes moved per link class: `put` rows of role `link` (peer == rank: a local copy, else
+  NVLink) and of role `nic` (network). Proxy rows name the same bytes and are not counted.
+- fences (every `fence` row; `blocking` = those of a proxy thread, which stall it), signals
+  sent (`signal` rows of roles link and nic), time proxies spent blocked in fences.
+- critical path: the GPU that finishes last, the kind of its last interval, and its latency
+  split into compute (some processor busy), exposed communication (a put, signal or fence of
+  its own or addressed to it in flight while no processor computes) and idle time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference import Config
+
+from .trace import KIND, KINDS, ROLE, Trace
+
+NOT_BUSY = (KIND["idle"], KIND["wait"])
+COMM_ROLES = (ROLE["link"], ROLE["nic"], ROLE["proxy"])
+
+
+def union_ns(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of intervals [start, end)."""
+    if not len(start):
+        return 0.0
+    order = np.argsort(start, kind="stable")
+    s, reach = start[order], np.maximum.accumulate(end[order])
+    gap = s[1:] > reach[:-1]
+    starts = np.r_[s[0], s[1:][gap]]
+    ends = np.r_[reach[:-1][gap], reach[-1]]
+    return float((ends - starts).sum())
+
+
+def overlap_efficiency(latency_2gpu_ns: float, latency_ns: float) -> float:
+    """FlashMoE's O_e = T(2) / T(N_G) (see the module text)."""
+    return latency_2gpu_ns / latency_ns
+
+
+def compute(trace: Trace, cfg: Config, latency_2gpu_ns: float | None = None) -> dict:
+    if not len(trace):
+        return {"latency_ns": 0.0, "latency_ms": 0.0, "gpus": cfg.ranks, "nodes": cfg.nodes}
+    start, end, rank, role, kind = trace["start"], trace["end"], trace["rank"], trace["role"], trace["kind"]
+    t0, t1 = float(start.min()), float(end.max())
+    latency = t1 - t0
+    proc = role == ROLE["processor"]
+    busy = proc & ~np.isin(kind, NOT_BUSY)
+    dur = end - start
+    util = []
+    for r in range(cfg.ranks):
+        lanes = trace.meta.get("processors") or np.unique(trace["lane"][proc & (rank == r)]).size
+        util.append(float(dur[busy & (rank == r)].sum()) / (lanes * latency) if lanes and latency else 0.0)
+    busy_total = float(dur[busy].sum())
+    share = {KINDS[k]: float(dur[busy & (kind == k)].sum()) / busy_total if busy_total else 0.0
+             for k in np.unique(kind[busy])}
+    put = kind == KIND["put"]
+    link_put = put & (role == ROLE["link"])
+    nbytes = trace["bytes"]
+    fence = kind == KIND["fence"]
+    proxy_fence = fence & (role == ROLE["proxy"])
+    blocked = [float(dur[proxy_fence & (rank == r)].sum()) for r in np.unique(rank[proxy_fence])]
+    out = {
+        "latency_ns": latency,
+        "latency_ms": latency / 1e6,
+        "gpus": cfg.ranks,
+        "nodes": cfg.nodes,
+        "sm_utilization": {"mean": float(np.mean(util)), "min": float(min(util)), "max": float(max(util))},
+        "processor_time_share": share,
+        "tasks": int((proc & np.isin(kind, [KIND["gemm0"], KIND["gemm1"], KIND["combine"]])).sum()),
+        "bytes": {
+            "local": int(nbytes[link_put & (trace["peer"] == rank)].sum()),
+            "nvlink": int(nbytes[link_put & (trace["peer"] != rank)].sum()),
+            "network": int(nbytes[put & (role == ROLE["nic"])].sum()),
+        },
+        "fences": {"total": int(fence.sum()), "blocking": int(proxy_fence.sum()),
+                   "nic_ordered": int((fence & (role == ROLE["nic"])).sum())},
+        "signals": int(((kind == KIND["signal"]) & np.isin(role, [ROLE["link"], ROLE["nic"]])).sum()),
+        "proxy_blocked_us": {"total": sum(blocked) / 1e3, "max_per_proxy": max(blocked, default=0.0) / 1e3},
+        "critical_path": critical_path(trace),
+    }
+    if latency_2gpu_ns is not None:
+        out["overlap_efficiency"] = overlap_efficiency(latency_2gpu_ns, latency)
+    return out
+
+
+def critical_path(trace: Trace) -> dict:
+    """The last GPU to finish and how its time splits (see the module text)."""
+    start, end, rank, role, kind = trace["start"], trace["end"], trace["rank"], trace["role"], trace["kind"]
+    last = int(np.argmax(end))
+    r = int(rank[last])
+    mine = rank == r
+    t0 = float(start.min())
+    compute = mine & (role == ROLE["processor"]) & ~np.isin(kind, NOT_BUSY)
+    comm = np.isin(role, COMM_ROLES) & (mine | (trace["peer"] == r))
+    busy = union_ns(start[compute], end[compute])
+    either = union_ns(start[compute | comm], end[compute | comm])
+    t_end = float(end[mine].max())
+    return {"gpu": r, "last_kind": KINDS[int(kind[last])], "compute_us": busy / 1e3,
+            "exposed_comm_us": (either - busy) / 1e3, "idle_us": (t_end - t0 - either) / 1e3}

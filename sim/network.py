@@ -1,0 +1,206 @@
+"""How a tile moves between GPUs: local copies, NVLink puts, and the NIC path with its fence schemes.
+
+Inside a node a put-with-signal is one NVLink transfer: it shares the source GPU's NVLink port
+with the other puts in flight, then pays the NVLink latency; its flag lands with its data.
+Across nodes every GPU has a NIC (bandwidth shared by its writes in flight). A write lands at
+the peer one NIC latency after it leaves, and its completion comes back one latency later. The
+signal that tells the peer a tile has landed must not overtake the tile; the transports differ
+in how they guarantee that:
+
+- `ibgda`: the GPU posts the write and the signal to the NIC itself; the signal carries a fence
+  flag, so the NIC sends it once the earlier writes to that peer have completed.
+- `ibrc`: a CPU proxy thread per GPU takes requests from a ring in host memory. For every tile
+  it posts the write, then fences (it blocks until all of its writes in flight have completed:
+  the NIC pipeline drains), then posts the signal.
+- `decoupled` (Perseus): the proxy posts the writes of every request waiting in its ring, then
+  one fence and one signal per destination of that batch.
+- `nic_order` (Perseus): per tile, the proxy posts the write and a signal with a fence flag; the
+  NIC does the ordering and the proxy never blocks.
+- `perseus`: both, batched writes and one flagged signal per destination, and no proxy stalls.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import simpy
+
+from reference import Config, TilePlan
+from reference.plan import LOCAL, NVLINK
+
+from .hardware import Hardware
+from .links import SharedLink
+from .trace import TraceBuilder
+
+TRANSPORTS = ("ibgda", "ibrc", "decoupled", "nic_order", "perseus")
+PROXY_TRANSPORTS = ("ibrc", "decoupled", "nic_order", "perseus")
+BATCHED = ("decoupled", "perseus")  # the proxy takes every request waiting in its ring
+NIC_ORDERED = ("ibgda", "nic_order", "perseus")  # signals carry a fence flag
+
+Deliver = Callable[[int, list[int]], None]  # (destination rank, transfer ids) when a signal lands
+
+
+class Nic:
+    """One GPU's NIC: writes share its bandwidth; it tracks which writes have not completed."""
+
+    def __init__(self, env: simpy.Environment, hw: Hardware, rank: int, node: int, rec: TraceBuilder):
+        self.env, self.hw, self.rank, self.node, self.rec = env, hw, rank, node, rec
+        # the NIC reads GPU memory over PCIe (GPUDirect RDMA): the slower of the two bounds it
+        self.link = SharedLink(env, min(hw.nic_gbps, hw.pcie_gbps))
+        self.inflight: dict[int, list[simpy.Event]] = {}  # per peer: completions not yet seen
+
+    def write(self, peer: int, tile: int, nbytes: int, expert: int) -> simpy.Event:
+        """Post an RDMA write; the event is its completion (the sender's view)."""
+        done = self.env.event()
+        self.inflight.setdefault(peer, []).append(done)
+        self.env.process(self._write(peer, tile, nbytes, expert, done))
+        return done
+
+    def _write(self, peer, tile, nbytes, expert, done):
+        posted = self.env.now
+        yield self.link.transfer(nbytes)
+        yield self.env.timeout(self.hw.nic_latency_ns)
+        self.rec.add(self.rank, self.node, 0, "nic", "put", posted, self.env.now, expert, tile, peer, nbytes)
+        yield self.env.timeout(self.hw.nic_latency_ns)
+        done.succeed()
+
+    def pending(self, peer: int | None = None) -> list[simpy.Event]:
+        """Writes (to `peer`, or to anyone) posted so far that have not completed."""
+        for p in list(self.inflight):
+            self.inflight[p] = [e for e in self.inflight[p] if not e.triggered]
+        if peer is not None:
+            return list(self.inflight.get(peer, ()))
+        return [e for p in sorted(self.inflight) for e in self.inflight[p]]
+
+    def signal(self, peer: int, tile: int, flagged: bool):
+        """Send a signal (a small RDMA atomic); with a fence flag the NIC first waits until the
+        earlier writes to `peer` have completed. Returns when the signal has landed."""
+        if flagged:
+            start = self.env.now
+            yield self.env.all_of(self.pending(peer))
+            self.rec.add(self.rank, self.node, 0, "nic", "fence", start, self.env.now, tile=tile, peer=peer)
+        sent = self.env.now
+        yield self.env.timeout(self.hw.nic_latency_ns)
+        self.rec.add(self.rank, self.node, 0, "nic", "signal", sent, self.env.now, tile=tile, peer=peer)
+
+
+class Proxy:
+    """The CPU proxy thread of one GPU: takes requests from its ring and drives the NIC."""
+
+    def __init__(self, env, hw: Hardware, transport: str, nic: Nic, fabric: Fabric):
+        self.env, self.hw, self.transport, self.nic, self.fabric = env, hw, transport, nic, fabric
+        self.ring: deque[int] = deque()
+        self.wake: simpy.Event | None = None
+        env.process(self.run())
+
+    def request(self, x: int) -> None:
+        """The GPU writes a request into the ring; it lands after a PCIe latency."""
+        self.env.timeout(self.hw.pcie_latency_ns).callbacks.append(lambda _: self._enqueue(x))
+
+    def _enqueue(self, x: int) -> None:
+        self.ring.append(x)
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def run(self):
+        while True:
+            if not self.ring:
+                self.wake = self.env.event()
+                yield self.wake
+            if self.transport in BATCHED:
+                batch, self.ring = list(self.ring), deque()
+            else:
+                batch = [self.ring.popleft()]
+            yield from self.serve(batch)
+
+    def serve(self, batch: list[int]):
+        """Post the writes of `batch`, then make each destination's signal safe and post it."""
+        f, plan = self.fabric, self.fabric.plan
+        for x in batch:
+            yield from self._op("put", x, int(plan.transfer_dst[x]), int(plan.transfer_bytes[x]))
+            f.write(self.nic, x)
+        by_peer: dict[int, list[int]] = {}
+        for x in batch:
+            by_peer.setdefault(int(plan.transfer_dst[x]), []).append(x)
+        for peer, xs in by_peer.items():
+            if self.transport in NIC_ORDERED:
+                yield from self._op("signal", xs[-1], peer, 0)
+                self.env.process(f.signal(self.nic, peer, xs, flagged=True))
+                continue
+            start = self.env.now
+            yield self.env.all_of(self.nic.pending())
+            yield self.env.timeout(self.hw.fence_ns)
+            self._row("fence", start, xs[-1], peer, 0)
+            yield from self._op("signal", xs[-1], peer, 0)
+            self.env.process(f.signal(self.nic, peer, xs, flagged=False))
+
+    def _op(self, kind: str, x: int, peer: int, nbytes: int):
+        start = self.env.now
+        yield self.env.timeout(self.hw.proxy_op_ns)
+        self._row(kind, start, x, peer, nbytes)
+
+    def _row(self, kind, start, x, peer, nbytes):
+        plan = self.fabric.plan
+        t = int(plan.transfer_tile[x])
+        self.fabric.rec.add(self.nic.rank, self.nic.node, 0, "proxy", kind, start, self.env.now,
+                            int(plan.tile_expert[t]), t, peer, nbytes)
+
+
+class Fabric:
+    """Every GPU's NVLink port, NIC and (for proxy transports) proxy; `send` moves one transfer."""
+
+    def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, transport: str,
+                 rec: TraceBuilder, deliver: Deliver):
+        self.env, self.cfg, self.plan, self.hw, self.transport, self.rec = env, cfg, plan, hw, transport, rec
+        self.deliver = deliver
+        ranks = range(cfg.ranks)
+        self.nvlink = [SharedLink(env, hw.nvlink_gbps) for _ in ranks]
+        self.nics = [Nic(env, hw, r, cfg.node_of(r), rec) for r in ranks] if cfg.nodes > 1 else []
+        self.proxies = [Proxy(env, hw, transport, nic, self) for nic in self.nics] \
+            if transport in PROXY_TRANSPORTS else []
+
+    def send(self, x: int) -> None:
+        """The GPU issues transfer `x` now (a put with its signal)."""
+        link, src, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_src[x]), int(self.plan.transfer_dst[x])
+        if link == LOCAL:
+            self._link_rows(x, self.env.now)
+            self.deliver(dst, [x])
+        elif link == NVLINK:
+            self.env.process(self._nvlink_put(x))
+        elif self.proxies:
+            self.proxies[src].request(x)
+        else:
+            self.env.process(self._ibgda_put(x))
+
+    def _nvlink_put(self, x: int):
+        start = self.env.now
+        yield self.nvlink[int(self.plan.transfer_src[x])].transfer(int(self.plan.transfer_bytes[x]))
+        yield self.env.timeout(self.hw.nvlink_latency_ns)
+        self._link_rows(x, start)
+        self.deliver(int(self.plan.transfer_dst[x]), [x])
+
+    def _link_rows(self, x: int, start: float) -> None:
+        """A put and its signal on the source's link lane to the destination (lane = peer rank)."""
+        p = self.plan
+        src, dst, t = int(p.transfer_src[x]), int(p.transfer_dst[x]), int(p.transfer_tile[x])
+        e, node, now = int(p.tile_expert[t]), self.cfg.node_of(src), self.env.now
+        self.rec.add(src, node, dst, "link", "put", start, now, e, t, dst, int(p.transfer_bytes[x]))
+        self.rec.add(src, node, dst, "link", "signal", now, now, e, t, dst, 0)
+
+    def _ibgda_put(self, x: int):
+        yield self.env.timeout(self.hw.gpu_post_ns)
+        nic = self.nics[int(self.plan.transfer_src[x])]
+        self.write(nic, x)
+        yield self.env.timeout(self.hw.gpu_post_ns)
+        yield from self.signal(nic, int(self.plan.transfer_dst[x]), [x], flagged=True)
+
+    def write(self, nic: Nic, x: int) -> simpy.Event:
+        p = self.plan
+        t = int(p.transfer_tile[x])
+        return nic.write(int(p.transfer_dst[x]), t, int(p.transfer_bytes[x]), int(p.tile_expert[t]))
+
+    def signal(self, nic: Nic, peer: int, xs: list[int], flagged: bool):
+        """Send the signal covering transfers `xs`; deliver them when it lands."""
+        yield from nic.signal(peer, int(self.plan.transfer_tile[xs[-1]]), flagged)
+        self.deliver(peer, xs)
