@@ -1,0 +1,121 @@
+"""Build the kernel with nvcc and cache the cubin.
+
+    nvcc -arch=sm_XX -rdc=true -c moe.cu -I<nvshmem>/include -DTILE_M=.. -o moe.o
+    nvcc -arch=sm_XX -dlink --cubin moe.o <nvshmem>/lib/libnvshmem_device.a -o moe.cubin
+
+The device library must be the NVSHMEM version of the host library that will run it (the pip
+package `nvidia-nvshmem-cu13`, 3.4.5 on the GPU machines). Cubins are cached under
+$MOELAB_CACHE (default ~/.cache/moelab/cubins) by a key of the kernel sources, the compile-time
+options (the config's tile shape), the architecture, nvcc's version and NVSHMEM's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .layout import KERNEL_DIR
+
+ARCH = "sm_90"
+MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum: 193 registers, no spills (3 spills with 168)
+
+
+class BuildError(RuntimeError):
+    """nvcc or the NVSHMEM device library is missing, or the kernel did not compile."""
+
+
+def nvcc_path() -> str | None:
+    return shutil.which("nvcc") or (str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc")
+                                    if "CUDA_HOME" in os.environ else None)
+
+
+def nvshmem_dir() -> Path:
+    """The installed nvidia-nvshmem-cu13 package (include/ and lib/libnvshmem_device.a)."""
+    try:
+        import nvidia.nvshmem as pkg
+    except ImportError as e:
+        raise BuildError("the NVSHMEM device library is missing: pip install nvidia-nvshmem-cu13==3.4.5") from e
+    root = Path(list(pkg.__path__)[0])
+    if not (root / "lib" / "libnvshmem_device.a").is_file():
+        raise BuildError(f"{root}/lib/libnvshmem_device.a not found: reinstall nvidia-nvshmem-cu13")
+    return root
+
+
+def nvshmem_version(root: Path) -> str:
+    text = (root / "include" / "non_abi" / "nvshmem_version.h").read_text()
+    parts = [line.split()[-1] for line in text.splitlines()
+             if line.startswith("#define NVSHMEM_VENDOR_MAJOR_VERSION")
+             or line.startswith("#define NVSHMEM_VENDOR_MINOR_VERSION")
+             or line.startswith("#define NVSHMEM_VENDOR_PATCH_VERSION")]
+    return ".".join(parts) or "unknown"
+
+
+def nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def source_files() -> list[Path]:
+    return sorted(p for p in KERNEL_DIR.iterdir() if p.suffix in (".cu", ".cuh"))
+
+
+def cache_key(options: dict[str, int], arch: str, nvcc_ver: str, nvshmem_ver: str,
+              sources: list[tuple[str, bytes]]) -> str:
+    """Hex key of everything that determines the cubin."""
+    h = hashlib.sha256()
+    for name, data in sorted(sources):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    h.update(repr(sorted(options.items())).encode())
+    h.update(f"{arch}|{nvcc_ver}|{nvshmem_ver}|{MIN_BLOCKS_PER_SM}".encode())
+    return h.hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MOELAB_CACHE", Path.home() / ".cache" / "moelab")) / "cubins"
+
+
+@dataclass(frozen=True)
+class Built:
+    cubin: Path
+    key: str
+    cached: bool
+
+
+def nvcc_commands(nvcc: str, arch: str, options: dict[str, int], nvshmem: Path, obj: Path,
+                  cubin: Path) -> list[list[str]]:
+    defines = [f"-D{k}={v}" for k, v in sorted(options.items())] + [f"-DMIN_BLOCKS_PER_SM={MIN_BLOCKS_PER_SM}"]
+    compile_cmd = [nvcc, f"-arch={arch}", "-rdc=true", "-O3", "-std=c++17", "-c", str(KERNEL_DIR / "moe.cu"),
+                   f"-I{nvshmem / 'include'}", *defines, "-o", str(obj)]
+    link_cmd = [nvcc, f"-arch={arch}", "-dlink", "--cubin", str(obj), str(nvshmem / "lib" / "libnvshmem_device.a"),
+                "-o", str(cubin)]
+    return [compile_cmd, link_cmd]
+
+
+def build(options: dict[str, int], arch: str = ARCH, cache: Path | None = None) -> Built:
+    """The cubin for `options` (compile-time config fields), built now or taken from the cache."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise BuildError("nvcc not found on PATH (or $CUDA_HOME/bin): install the CUDA toolkit 13")
+    root = nvshmem_dir()
+    sources = [(p.name, p.read_bytes()) for p in source_files()]
+    key = cache_key(options, arch, nvcc_version(nvcc), nvshmem_version(root), sources)
+    out_dir = cache or cache_dir()
+    cubin = out_dir / f"moe-{arch}-{key}.cubin"
+    if cubin.is_file():
+        return Built(cubin, key, True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp_obj, tmp_cubin = cubin.with_suffix(f".{os.getpid()}.o"), cubin.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        for cmd in nvcc_commands(nvcc, arch, options, root, tmp_obj, tmp_cubin):
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                raise BuildError(f"{' '.join(cmd)}\nfailed ({done.returncode}):\n{done.stderr[-4000:]}")
+        tmp_cubin.replace(cubin)  # atomic: concurrent builders of one key agree
+    finally:
+        tmp_obj.unlink(missing_ok=True)
+        tmp_cubin.unlink(missing_ok=True)
+    return Built(cubin, key, False)

@@ -1,0 +1,54 @@
+"""The cases the GPU tests and the benchmark run (dicts for gpu.worker).
+
+check_cases: small configs against the float64 golden, covering fresh seeds, E = P and E = 8P,
+every supported gate and activation, skewed routing, all tokens to one expert with and without
+capacity dropping, T not a multiple of tile_m, tiny tiles. sit_out_case: one rank does not
+launch, the others must time out and raise. bench_cases: the FlashMoE default and its token and
+expert sweeps (random inputs drawn on the GPU, checked against the torch layer).
+"""
+
+from __future__ import annotations
+
+from reference import presets
+
+
+def check_cases(p: int, seed: int) -> list[dict]:
+    base = dict(tokens=200, hidden=128, ffn=256, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed)
+    cases = [
+        ("fresh", {}),
+        ("e_eq_p", dict(experts=p, top_k=1)),
+        ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
+        ("nodrop_silu_topk_softmax", dict(capacity_factor=None, activation="silu", gate="topk_softmax")),
+        ("skewed_sigmoid_gelu", dict(skew=2.0, gate="sigmoid_bias", activation="gelu")),
+        ("one_expert_dropping", dict(skew=1000.0, capacity_factor=1.0)),
+        ("one_expert_nodrop", dict(skew=1000.0, capacity_factor=None)),
+        ("t_not_multiple_tile128", dict(tokens=333, tile_m=128, tile_n=64, hidden=256, ffn=512, experts=8 * p)),
+        ("tiny_tiles", dict(tokens=96, hidden=64, ffn=128, experts=8, tile_m=32, tile_n=32) if 8 % p == 0 else {}),
+    ]
+    return [{"name": f"check-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
+             "trace": f"trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases]
+
+
+def sit_out_case(p: int) -> dict:
+    cfg = dict(tokens=256, hidden=128, ffn=256, experts=4 * p, top_k=2, ranks=p, tile_m=64, tile_n=32, tile_k=8)
+    return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}
+
+
+def bench_cases(p: int, points: str) -> list[dict]:
+    chosen = []
+    for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]:
+        if points == "default" and c.name != "flashmoe":
+            continue
+        if c.experts % p:
+            continue
+        chosen.append(c.replace(ranks=p))
+    seen, cases = set(), []
+    for c in chosen:
+        if c.name in seen:
+            continue
+        seen.add(c.name)
+        cases.append({"name": f"bench-{c.name}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
+                      "bench": True, "baselines": ["float32", "bfloat16"], "warmup": 2, "iters": 7,
+                      "trace": f"trace-{c.name}-p{p}.npz" if c.name == "flashmoe" else None})
+    return cases

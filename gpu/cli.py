@@ -1,0 +1,62 @@
+"""`moelab gpu`: run the megakernel on N local GPUs (one process each), check it, time it, trace it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from reference.cli import Progress, add_config_args, config_from_args, format_table
+
+
+def cmd_gpu(args: argparse.Namespace) -> int:
+    from . import layout, spawn
+
+    cfg = config_from_args(args)
+    layout.check_supported(cfg)
+    if args.gpus is None:
+        args.gpus = cfg.ranks
+    progress = Progress(not args.quiet)
+    case = {"name": cfg.name, "config": cfg.to_dict(), "inputs": args.inputs, "seed": cfg.seed,
+            "golden": args.check and args.inputs == "reference", "baseline_check": args.check,
+            "bench": args.bench, "baselines": ["float32", "bfloat16"], "warmup": args.warmup, "iters": args.iters,
+            "trace": "trace.npz" if args.trace else None, "timeout_ms": args.timeout_ms}
+    progress(f"{cfg.name} on {args.gpus} GPU(s): spawning the workers")
+    results = spawn.run([case], args.gpus, args.out, timeout_s=args.wall_timeout, echo=not args.quiet)
+    res = results[0]
+    if args.trace and "trace" in res:
+        from sim.trace import Trace
+
+        trace = Trace.load(f"{args.out}/trace.npz")
+        trace.save(args.trace)
+        progress(f"trace written to {args.trace} ({len(trace)} events)")
+    if args.json:
+        print(json.dumps(res, indent=2, default=str))
+    else:
+        keys = ("failed", "routing_equal", "counts_equal", "rel_err", "vs_baseline_rel_err", "dropped",
+                "telemetry_same_output", "sm_utilization", "kernel_ms", "kernel_telemetry_ms", "torch_float32_ms",
+                "torch_bfloat16_ms", "grid")
+        print(format_table(("quantity", "value"), [(k, res[k]) for k in keys if k in res]))
+    bad = "failed" in res or (args.check and (res.get("rel_err", 0.0) > 1e-5 or res.get("routing_equal") is False))
+    return 1 if bad else 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gpu", help="run the CUDA megakernel on local GPUs",
+                       description="Build (cached), launch and check the float32 megakernel on N GPUs of this "
+                                   "host, one process each; optionally time it against the torch layer and save "
+                                   "its telemetry trace.")
+    add_config_args(p)
+    p.add_argument("--check", action="store_true",
+                   help="compare with the float64 golden (reference inputs) and the torch layer")
+    p.add_argument("--bench", action="store_true", help="time kernel and torch layer (CUDA events, median)")
+    p.add_argument("--trace", metavar="OUT.npz|OUT.json", help="save the kernel's telemetry trace")
+    p.add_argument("--inputs", choices=["reference", "random"], default="reference",
+                   help="the reference's seeded inputs (drawn on the CPU) or random ones drawn on the GPU")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--timeout-ms", type=float, default=5000.0, help="the kernel's bound on every wait")
+    p.add_argument("--wall-timeout", type=float, default=900.0, help="kill the workers after this many seconds")
+    p.add_argument("--out", default="artifacts/gpu-cli", help="folder for the workers' results")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_gpu)

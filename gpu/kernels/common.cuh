@@ -1,0 +1,119 @@
+// Clock, memory-ordering helpers, the error record, bounded waits, telemetry and the grid barrier.
+// Every wait in the kernel goes through `Waiter`: it gives up after p.timeout_ns, records who
+// waited for what in the error record, raises the abort flag and makes every other wait return.
+#pragma once
+#include "params.cuh"
+
+__device__ __forceinline__ uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long ld_acquire_gpu(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_gpu(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ bool aborted(const Params& p) {
+  return ld_acquire_gpu(p.state + ST_ABORT) != 0;
+}
+
+// First failure wins the record; everyone else only sees the abort flag.
+__device__ void record_error(const Params& p, int what, long long a, long long b, long long c,
+                             long long value, long long expected, long long waited_ns) {
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(p.error), 0ull, 1ull) == 0ull) {
+    p.error[1] = p.rank;
+    p.error[2] = blockIdx.x;
+    p.error[3] = threadIdx.x;
+    p.error[4] = what;
+    p.error[5] = a;
+    p.error[6] = b;
+    p.error[7] = c;
+    p.error[8] = value;
+    p.error[9] = expected;
+    p.error[10] = waited_ns;
+    __threadfence_system();
+  }
+  atomicExch(p.state + ST_ABORT, 1);
+}
+
+// A bounded wait: call `expired()` in the polling loop; true once the budget is spent (and then
+// the error is recorded) or once another thread has aborted.
+// `patience` multiplies the budget: waits that depend on other waits (the scheduler on the
+// subscriber, processors on the scheduler) wait longer, so the most specific wait reports first.
+struct Waiter {
+  uint64_t start;
+  unsigned spins;
+  int patience;
+  __device__ explicit Waiter(int patience_ = 1) : start(now_ns()), spins(0), patience(patience_) {}
+  __device__ void restart() { start = now_ns(); }
+  __device__ bool expired(const Params& p, int what, long long a, long long b, long long c,
+                          long long value, long long expected) {
+    if ((++spins & 63u) != 0) return false;  // read the clock and the abort flag now and then
+    if (aborted(p)) return true;
+    uint64_t waited = now_ns() - start;
+    if ((long long)waited > p.timeout_ns * patience) {
+      record_error(p, what, a, b, c, value, expected, (long long)waited);
+      return true;
+    }
+    return false;
+  }
+};
+
+// Telemetry: one log per processor block and per OS warp; 4 words per event.
+// w2 = kind | (expert & 0xffff) << 8 | (peer & 0xffff) << 24 | rows << 40; w3 = tile | col << 32
+__device__ __forceinline__ void log_event(const Params& p, int enabled, int log, int kind,
+                                          uint64_t t0, uint64_t t1, int expert, int peer, int rows,
+                                          int tile, int col) {
+  if (!enabled) return;
+  int i = atomicAdd(p.tlog_count + log, 1);
+  if (i >= p.tlog_cap) return;  // counted, not stored: the host reports the overflow
+  unsigned long long* e = p.tlog + ((long long)log * p.tlog_cap + i) * 4;
+  e[0] = t0;
+  e[1] = t1;
+  e[2] = (unsigned long long)(kind & 0xff) | ((unsigned long long)(expert & 0xffff) << 8) |
+         ((unsigned long long)(peer & 0xffff) << 24) | ((unsigned long long)(rows & 0xffff) << 40);
+  e[3] = (unsigned long long)(unsigned)tile | ((unsigned long long)(unsigned)col << 32);
+}
+
+// All blocks of the (co-resident, cooperative) grid meet; false if the wait was given up.
+__device__ bool grid_barrier(const Params& p, int index) {
+  __shared__ int ok;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ok = 1;
+    __threadfence();
+    atomicAdd(p.state + ST_BARRIER, 1);
+    int target = (index + 1) * gridDim.x;
+    Waiter w;
+    int seen;
+    while ((seen = ld_acquire_gpu(p.state + ST_BARRIER)) < target) {
+      if (w.expired(p, WAIT_BARRIER, index, 0, 0, seen, target)) {
+        ok = 0;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return ok;
+}
+
+__device__ __forceinline__ int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }

@@ -1,0 +1,75 @@
+// moelab's MoE megakernel, float32: one persistent launch per layer call on every GPU.
+// Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
+// Phases: gate (all blocks) | barrier | slots (all blocks) | barrier | dispatch + count signals,
+// then the task pipeline (GEMM0 -> GEMM1 -> return put -> combine) | final ordered combine.
+// Tile shape (TILE_M, TILE_N, TILE_K) is fixed at compile time (-D); everything else is a
+// run-time size in Params, so one cubin serves every config with that tile shape.
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include "gate.cuh"
+#include "processor.cuh"
+
+#ifndef MIN_BLOCKS_PER_SM
+#define MIN_BLOCKS_PER_SM 2
+#endif
+
+#ifndef TILE_M
+#error "compile with -DTILE_M=.. -DTILE_N=.. -DTILE_K=.."
+#endif
+
+constexpr int BLOCK_THREADS = 128;
+constexpr int GEMM_SMEM_FLOATS = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS;
+constexpr int SMEM_BYTES = GEMM_SMEM_FLOATS * 4 > GATE_SMEM_DOUBLES * 8 ? GEMM_SMEM_FLOATS * 4 : GATE_SMEM_DOUBLES * 8;
+
+extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
+moelab_moe_fp32(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
+  const Params& p = *params;
+  __shared__ __align__(16) unsigned char smem_raw[SMEM_BYTES];
+  __shared__ int warp_sums[BLOCK_THREADS / 32];
+  __shared__ volatile int s_total;
+  __shared__ int s_acc;
+  const bool is_os = blockIdx.x == gridDim.x - 1;
+  const int log = is_os ? (int)p.n_proc : blockIdx.x;
+  const uint64_t t_start = now_ns();
+
+  // gate: GATE_TOKENS tokens per item, all blocks
+  for (int item = blockIdx.x; item < ceil_div(p.T, GATE_TOKENS); item += gridDim.x)
+    gate_item(p, item, reinterpret_cast<double*>(smem_raw));
+  if (!grid_barrier(p, 0)) return;
+  // capacity: one expert per block at a time
+  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e, warp_sums);
+  if (!grid_barrier(p, 1)) return;
+  if (threadIdx.x == 0) log_event(p, telemetry, log, EV_GATE, t_start, now_ns(), -1, -1, 0, -1, 0);
+
+  if (is_os) {
+    // announce this rank's row count per expert to the expert's owner
+    for (int e = threadIdx.x; e < p.E; e += blockDim.x) {
+      const int owner = (int)(e / p.L), le = (int)(e % p.L);
+      nvshmemx_signal_op(p.sig_count + p.rank * p.L + le, (epoch << 32) | (uint64_t)__ldcg(p.counts + e),
+                         NVSHMEM_SIGNAL_SET, owner);
+    }
+    if (threadIdx.x == 0) {
+      s_total = -1;
+      s_acc = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      const uint64_t t0 = now_ns();
+      scheduler(p, &s_total);
+      if (threadIdx.x == 0) log_event(p, telemetry, log, EV_WAIT, t0, now_ns(), -1, -1, 0, -1, 0);
+    } else {
+      subscriber<TILE_M, TILE_N>(p, epoch, telemetry, &s_total, &s_acc);
+    }
+    nvshmem_quiet();
+    return;
+  }
+
+  // processors: dispatch this rank's tiles, then tasks, then the ordered combine
+  for (long long f = blockIdx.x; f < p.E * p.TM; f += p.n_proc) {
+    const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
+    if (tile < ceil_div(__ldcg(p.counts + e), TILE_M)) dispatch_tile<TILE_M>(p, epoch, telemetry, e, tile);
+  }
+  processor<TILE_M, TILE_N, TILE_K>(p, epoch, telemetry, reinterpret_cast<float*>(smem_raw));
+  if (!aborted(p)) combine_tokens(p, telemetry);
+  if (threadIdx.x == 0) nvshmem_quiet();
+}

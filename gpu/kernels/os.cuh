@@ -1,0 +1,156 @@
+// The OS block (FlashMoE's roles): warp 0 is the scheduler, warps 1..3 the subscriber.
+// - subscriber: learns how many rows each source sends to each local expert (count signals),
+//   then turns every landed tile into tasks: a dispatched tile into its GEMM0 tasks, a returned
+//   tile of this rank's tokens into its combine task;
+// - scheduler: hands the published tasks, in queue order, to idle processors through their
+//   mailboxes, and stops them all once every task of the layer call has been done.
+#pragma once
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include "common.cuh"
+
+constexpr unsigned STOP_INDEX = 0xffffffffu;
+constexpr int SUBSCRIBER_LANES = 96;
+
+// Reserve n queue slots, write the tasks, then publish them (scheduler reads them in order).
+__device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, int col_step) {
+  int base = atomicAdd(p.state + ST_QTAIL, n);
+  if (base + n > p.queue_cap) {
+    record_error(p, QUEUE_FULL, base + n, p.queue_cap, 0, 0, 0, 0);
+    return false;
+  }
+  for (int i = 0; i < n; ++i) p.queue[base + i] = make_int4(kind, block, tile, i * col_step);
+  __threadfence();
+  for (int i = 0; i < n; ++i) st_release_gpu(p.queue_ready + base + i, 1);
+  return true;
+}
+
+template <int BM, int BN>
+__device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile int* s_total, int* s_acc) {
+  const int sl = threadIdx.x - 32, log = p.n_proc + 1 + sl / 32;
+  const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
+  const long long PL = p.P * p.L;
+  // 1. row counts from every source rank, and the number of tasks this layer call will make
+  long long tasks = 0;
+  for (long long idx = sl; idx < PL; idx += SUBSCRIBER_LANES) {
+    Waiter w;
+    uint64_t v;
+    while (((v = ld_acquire_sys(p.sig_count + idx)) >> 32) < epoch) {
+      if (w.expired(p, WAIT_COUNT, idx / p.L, idx % p.L, 0, (long long)(v >> 32), (long long)epoch)) break;
+    }
+    int rows = (int)(v & 0xffffffffu);
+    if ((v >> 32) >= epoch && rows > p.C) record_error(p, BAD_COUNT, idx / p.L, idx % p.L, 0, rows, p.C, 0);
+    p.in_count[idx] = rows;
+    tasks += (long long)ceil_div(rows, BM) * (n0 + n1);
+  }
+  for (long long e = sl; e < p.E; e += SUBSCRIBER_LANES) tasks += ceil_div(__ldcg(p.counts + e), BM);
+  atomicAdd(s_acc, (int)tasks);
+  __syncwarp();
+  asm volatile("bar.sync 1, %0;" ::"r"(SUBSCRIBER_LANES));
+  if (sl == 0) *s_total = aborted(p) ? -1 : *s_acc;
+  if (aborted(p)) return;
+  // 2. watch every expected tile of this lane until it has landed
+  const long long D = PL * p.TM, R = p.E * p.TM;
+  Waiter w;
+  for (;;) {
+    int pending = 0;
+    long long first_pending = -1;
+    for (long long it = sl; it < D + R; it += SUBSCRIBER_LANES) {
+      if (p.seen[it]) continue;
+      if (it < D) {
+        long long idx = it / p.TM;
+        int tile = (int)(it % p.TM), rows_all = p.in_count[idx];
+        if (tile >= ceil_div(rows_all, BM)) continue;
+        if (ld_acquire_sys(p.sig_tile + it) < epoch) {
+          ++pending;
+          if (first_pending < 0) first_pending = it;
+          continue;
+        }
+        p.seen[it] = 1;
+        w.restart();
+        uint64_t t = now_ns();
+        int src = (int)(idx / p.L), le = (int)(idx % p.L);
+        int rows = min(BM, rows_all - tile * BM);
+        log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), src, rows, tile, 0);
+        if (!enqueue(p, TASK_GEMM0, (int)idx, tile, n0, BN)) return;
+      } else {
+        long long r = it - D, e = r / p.TM;
+        int tile = (int)(r % p.TM), rows_all = __ldcg(p.counts + e);
+        if (tile >= ceil_div(rows_all, BM)) continue;
+        if (ld_acquire_sys(p.sig_comb + r) < epoch) {
+          ++pending;
+          if (first_pending < 0) first_pending = it;
+          continue;
+        }
+        p.seen[it] = 1;
+        w.restart();
+        uint64_t t = now_ns();
+        int rows = min(BM, rows_all - tile * BM);
+        log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), rows, tile, 1);  // col 1: a return
+        if (!enqueue(p, TASK_COMBINE, (int)e, tile, 1, 0)) return;
+      }
+    }
+    if (pending == 0) return;
+    long long idx_or_r = first_pending < D ? first_pending / p.TM : (first_pending - D) / p.TM;
+    int tile = (int)((first_pending < D ? first_pending : first_pending - D) % p.TM);
+    bool gave_up = first_pending < D
+        ? w.expired(p, WAIT_TILE, idx_or_r / p.L, idx_or_r % p.L, tile, 0, (long long)epoch)
+        : w.expired(p, WAIT_RETURN, idx_or_r / p.L, idx_or_r, tile, 0, (long long)epoch);
+    if (gave_up) return;
+  }
+}
+
+__device__ void scheduler(const Params& p, volatile int* s_total) {
+  const int lane = threadIdx.x;
+  const int np = (int)p.n_proc;
+  int head = 0, published = 0;
+  Waiter w(2);
+  for (;;) {
+    // decisions that end the loop are lane 0's, so the warp stays converged for its ballots
+    if (__shfl_sync(0xffffffffu, lane == 0 && aborted(p), 0)) break;
+    // the published prefix of the queue
+    for (;;) {
+      int i = published + lane;
+      int ready = i < p.queue_cap ? ld_acquire_gpu(p.queue_ready + i) : 0;
+      unsigned b = __ballot_sync(0xffffffffu, ready);
+      int n = b == 0xffffffffu ? 32 : __ffs(~b) - 1;
+      published += n;
+      if (n < 32) break;
+    }
+    const int total = __shfl_sync(0xffffffffu, *s_total, 0);
+    const bool all_assigned = total >= 0 && head == total;
+    bool all_idle = true, progress = false;
+    for (int base = 0; base < np; base += 32) {
+      int q = base + lane;
+      bool exists = q < np;
+      int sent = exists ? p.sched_sent[q] : 0;
+      bool idle = exists && ld_acquire_gpu(p.mailbox_done + q) == sent;
+      unsigned b = __ballot_sync(0xffffffffu, idle);
+      all_idle &= b == __ballot_sync(0xffffffffu, exists);
+      int avail = published - head;
+      if (avail > 0 && b) {
+        int r = __popc(b & ((1u << lane) - 1u));
+        if (idle && r < avail) {
+          p.sched_sent[q] = sent + 1;
+          st_release_gpu(p.mailbox + q, ((unsigned long long)(sent + 1) << 32) | (unsigned)(head + r));
+        }
+        head += min(__popc(b), avail);
+        progress = true;
+      }
+    }
+    if (all_assigned && all_idle) break;
+    if (progress) {
+      w.restart();
+    } else if (__shfl_sync(0xffffffffu,
+                           lane == 0 && w.expired(p, WAIT_TASKS, head, total, published, head, total), 0)) {
+      break;
+    }
+  }
+  // stop every processor (also after an abort, so that none waits for a command)
+  __syncwarp();
+  for (int q = lane; q < np; q += 32) {
+    int sent = p.sched_sent[q] + 1;
+    p.sched_sent[q] = sent;
+    st_release_gpu(p.mailbox + q, ((unsigned long long)sent << 32) | STOP_INDEX);
+  }
+}

@@ -1,0 +1,79 @@
+// The kernel's one argument block, filled by gpu/layout.py (PARAM_FIELDS lists these fields in
+// this order; a CPU test checks that both lists agree). Every field is 8 bytes, so the layout has
+// no padding and a numpy structured array of uint64 matches it byte for byte.
+#pragma once
+#include <stdint.h>
+
+struct Params {
+  // inputs of this rank
+  const float* x;              // [T][H] tokens living on this rank
+  const float* wg;             // [H][E] gate weights
+  const double* logit_offset;  // [E]    skew * ln(1 + e), subtracted from the float64 logits
+  const double* gate_bias;     // [E]    selection-only bias of the sigmoid_bias gate
+  const float* w1;             // [L][H][I] the local experts' weights
+  const float* b1;             // [L][I]
+  const float* w2;             // [L][I][H]
+  const float* b2;             // [L][H]
+  // outputs of this rank
+  float* y;                    // [T][H]
+  double* logits;              // [T][E] float64 gate logits (scratch, kept for inspection)
+  int* expert;                 // [T][k] chosen experts, best first
+  double* weight;              // [T][k] their combine weights
+  int* slot;                   // [T][k] row in the (this rank, expert) block, -1 if dropped
+  int* counts;                 // [E]    rows this rank sends to each expert
+  int* row_token;              // [E][C] token of each slot
+  int* row_choice;             // [E][C] choice index of each slot
+  float* row_weight;           // [E][C] combine weight of each slot
+  // symmetric (NVSHMEM) buffers
+  float* inbox;                // [P][L][C][H] dispatched rows arriving from each source rank
+  float* staging;              // [E][C][H]    this rank's rows packed per expert, put from here
+  float* outbuf;               // [P][L][C][H] GEMM1 output per source, put back from here
+  float* combox;               // [E][C][H]    returned rows of this rank's tokens
+  uint64_t* sig_count;         // [P][L]       (epoch << 32) | rows, from each source
+  uint64_t* sig_tile;          // [P][L][TM]   epoch when a dispatched tile has landed
+  uint64_t* sig_comb;          // [E][TM]      epoch when a returned tile has landed
+  // local working state, zeroed before every launch
+  float* hidden;               // [P][L][C][I] GEMM0 output
+  int* state;                  // STATE_WORDS ints: barrier, abort, queue tail, ...
+  int4* queue;                 // [Q] task descriptors
+  int* queue_ready;            // [Q] 1 once the descriptor is written
+  int* tile_done0;             // [P][L][TM] GEMM0 tasks finished per tile
+  int* tile_done1;             // [P][L][TM] GEMM1 tasks finished per tile
+  int* in_count;               // [P][L] rows arriving from each source, from sig_count
+  int* seen;                   // [P*L*TM + E*TM] 1 once the subscriber has seen a tile land
+  unsigned long long* mailbox; // [NP] (sequence << 32) | task index, written by the scheduler
+  int* mailbox_done;           // [NP] last sequence number a processor finished
+  int* sched_sent;             // [NP] last sequence number the scheduler sent
+  long long* error;            // ERROR_WORDS: the first failed wait
+  unsigned long long* tlog;    // [logs][tlog_cap][4] telemetry events
+  int* tlog_count;             // [logs] events written (may exceed tlog_cap: dropped)
+  // sizes
+  long long T, H, I, E, K, P, L, C, TM;
+  long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
+};
+
+// state[] words
+enum { ST_BARRIER = 0, ST_ABORT = 1, ST_QTAIL = 2, STATE_WORDS = 8 };
+
+// gate_kind / act_kind values (gpu/layout.py GATES / ACTIVATIONS)
+enum { GATE_SOFTMAX_TOPK = 0, GATE_SOFTMAX_TOPK_RENORM = 1, GATE_TOPK_SOFTMAX = 2, GATE_SIGMOID_BIAS = 3 };
+enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
+
+// task kinds in queue descriptors {kind, block = src * L + le (combine: expert), tile, col0}
+enum { TASK_GEMM0 = 0, TASK_GEMM1 = 1, TASK_COMBINE = 2, TASK_STOP = 3 };
+
+// error record: flag, rank, block, thread, what, a, b, c, value, expected, waited_ns
+enum { ERROR_WORDS = 11 };
+enum {
+  WAIT_BARRIER = 1,      // a grid barrier (a = barrier index)
+  WAIT_COUNT = 2,        // the row count from source rank a for local expert b
+  WAIT_TILE = 3,         // dispatched tile c of (source a, local expert b)
+  WAIT_RETURN = 4,       // returned tile c of expert b (owner a)
+  WAIT_COMMAND = 5,      // a processor waiting for the scheduler's next command
+  WAIT_TASKS = 6,        // the scheduler waiting for tasks (a = assigned, b = total)
+  BAD_COUNT = 7,         // source a announced more rows for local expert b than the capacity
+  QUEUE_FULL = 8,        // the task queue overflowed (a = index, b = capacity)
+};
+
+// telemetry: event kinds (sim.trace KINDS indices) and log roles
+enum { EV_GATE = 0, EV_DISPATCH = 1, EV_GEMM0 = 2, EV_GEMM1 = 3, EV_COMBINE = 4, EV_SIGNAL = 7, EV_WAIT = 8 };

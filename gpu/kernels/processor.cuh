@@ -1,0 +1,169 @@
+// Processor blocks: dispatch this rank's routed rows (pack per expert, put-with-signal per tile),
+// then run the tasks the scheduler hands them (GEMM0, GEMM1, combine), then sum each token's
+// returned rows in choice order (the fixed combine order that makes results deterministic).
+#pragma once
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include "os.cuh"
+#include "tile_gemm.cuh"
+
+__device__ __forceinline__ float activate(int kind, float h) {
+  switch (kind) {
+    case ACT_RELU: return fmaxf(h, 0.f);
+    case ACT_GELU_TANH: {
+      const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+      return 0.5f * h * (1.f + tanhf(c * (h + 0.044715f * h * h * h)));
+    }
+    case ACT_GELU: return 0.5f * h * (1.f + erff(h * 0.7071067811865476f));
+    default: return h / (1.f + expf(-h));  // ACT_SILU
+  }
+}
+
+// Dispatch tile `tile` of expert e: gather its rows into staging, put them to the owner's inbox.
+template <int BM>
+__device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, int tile) {
+  const int rows_all = __ldcg(p.counts + e), rows = min(BM, rows_all - tile * BM);
+  const uint64_t t0 = now_ns();
+  const long long H = p.H, H4 = p.H / 4, s0 = (long long)tile * BM;
+  float* dst = p.staging + ((long long)e * p.C + s0) * H;
+  for (long long v = threadIdx.x; v < rows * H4; v += blockDim.x) {
+    long long r = v / H4, h = (v % H4) * 4;
+    int t = __ldcg(p.row_token + (long long)e * p.C + s0 + r);
+    *reinterpret_cast<float4*>(dst + r * H + h) = *reinterpret_cast<const float4*>(p.x + t * H + h);
+  }
+  __syncthreads();
+  __threadfence();
+  const int owner = (int)(e / p.L), le = (int)(e % p.L);
+  const long long block = p.rank * p.L + le;  // (source = this rank, local expert) at the owner
+  nvshmemx_putmem_signal_nbi_block(p.inbox + (block * p.C + s0) * H, dst, (size_t)rows * H * sizeof(float),
+                                   p.sig_tile + block * p.TM + tile, epoch, NVSHMEM_SIGNAL_SET, owner);
+  if (threadIdx.x == 0)
+    log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, rows, tile, 0);
+}
+
+template <int BM, int BN, int BK>
+__device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem) {
+  using Gemm = SimtTileGemm<BM, BN, BK>;
+  __shared__ int4 task;
+  __shared__ int last;
+  const int me = blockIdx.x, tid = threadIdx.x;
+  const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
+  int seq = 0;
+  for (;;) {
+    if (tid == 0) {
+      Waiter w(3);
+      unsigned long long cmd;
+      task = make_int4(TASK_STOP, 0, 0, 0);
+      while ((int)((cmd = ld_acquire_gpu(p.mailbox + me)) >> 32) <= seq) {
+        if (w.expired(p, WAIT_COMMAND, me, seq + 1, 0, (long long)(cmd >> 32), seq + 1)) break;
+      }
+      if ((int)(cmd >> 32) > seq) {
+        seq = (int)(cmd >> 32);
+        unsigned idx = (unsigned)cmd;
+        if (idx != STOP_INDEX) task = __ldcg(p.queue + idx);
+      }
+    }
+    __syncthreads();
+    const int4 tk = task;
+    if (tk.x == TASK_STOP) break;
+    const uint64_t t0 = now_ns();
+    const int block = tk.y, tile = tk.z, col0 = tk.w;
+    const int tx = tid % Gemm::TX, ty = tid / Gemm::TX;
+    if (tk.x == TASK_COMBINE) {
+      // weight the returned rows of expert `block` in place: combox row = weight * row
+      const int e = block, rows = min(BM, __ldcg(p.counts + e) - tile * BM);
+      const long long s0 = (long long)tile * BM, H4 = p.H / 4;
+      for (long long v = tid; v < rows * H4; v += blockDim.x) {
+        long long r = v / H4, h = (v % H4) * 4;
+        float w = __ldcg(p.row_weight + (long long)e * p.C + s0 + r);
+        float4* row = reinterpret_cast<float4*>(p.combox + ((long long)e * p.C + s0 + r) * p.H + h);
+        float4 a = __ldcg(row);
+        *row = make_float4(w * a.x, w * a.y, w * a.z, w * a.w);
+      }
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();
+        log_event(p, tel, me, EV_COMBINE, t0, now_ns(), e, (int)(e / p.L), rows, tile, 0);
+        st_release_gpu(p.mailbox_done + me, seq);
+      }
+      continue;
+    }
+    const int rows = min(BM, __ldcg(p.in_count + block) - tile * BM);
+    const long long s0 = (long long)block * p.C + (long long)tile * BM;  // first row of the tile
+    const int le = (int)(block % p.L), src = (int)(block / p.L);
+    float acc[Gemm::TM][Gemm::TN];
+    if (tk.x == TASK_GEMM0) {
+      Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, smem, acc);
+#pragma unroll
+      for (int i = 0; i < Gemm::TM; ++i) {
+        int r = ty * Gemm::TM + i;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < Gemm::TN; ++j) {
+          int c = col0 + tx * Gemm::TN + j;
+          p.hidden[(s0 + r) * p.I + c] = activate((int)p.act_kind, acc[i][j] + p.b1[(long long)le * p.I + c]);
+        }
+      }
+    } else {
+      Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, smem, acc);
+#pragma unroll
+      for (int i = 0; i < Gemm::TM; ++i) {
+        int r = ty * Gemm::TM + i;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < Gemm::TN; ++j) {
+          int c = col0 + tx * Gemm::TN + j;
+          p.outbuf[(s0 + r) * p.H + c] = acc[i][j] + p.b2[(long long)le * p.H + c];
+        }
+      }
+    }
+    __syncthreads();
+    const long long tile_id = (long long)block * p.TM + tile;
+    if (tid == 0) {
+      __threadfence();
+      if (tk.x == TASK_GEMM0) {
+        last = atomicAdd(p.tile_done0 + tile_id, 1) == n0 - 1;
+        if (last) enqueue(p, TASK_GEMM1, block, tile, n1, BN);
+      } else {
+        last = atomicAdd(p.tile_done1 + tile_id, 1) == n1 - 1;
+      }
+    }
+    __syncthreads();
+    if (tk.x == TASK_GEMM1 && last) {
+      // the tile's output is complete: send it home, into the (expert, slot) rows of its source
+      __threadfence();
+      const long long e = p.rank * p.L + le;
+      nvshmemx_putmem_signal_nbi_block(p.combox + (e * p.C + (long long)tile * BM) * p.H, p.outbuf + s0 * p.H,
+                                       (size_t)rows * p.H * sizeof(float), p.sig_comb + e * p.TM + tile, epoch,
+                                       NVSHMEM_SIGNAL_SET, src);
+    }
+    if (tid == 0) {
+      log_event(p, tel, me, tk.x == TASK_GEMM0 ? EV_GEMM0 : EV_GEMM1, t0, now_ns(), (int)(p.rank * p.L + le), src,
+                rows, tile, col0);
+      st_release_gpu(p.mailbox_done + me, seq);
+    }
+  }
+}
+
+// y[t] = sum over kept choices j = 0..k-1, in that order, of the weighted returned rows.
+__device__ void combine_tokens(const Params& p, int tel) {
+  const uint64_t t0 = now_ns();
+  const long long H4 = p.H / 4;
+  for (long long t = blockIdx.x; t < p.T; t += p.n_proc) {
+    for (long long h = threadIdx.x; h < H4; h += blockDim.x) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < p.K; ++j) {
+        int s = __ldcg(p.slot + t * p.K + j);
+        if (s < 0) continue;
+        int e = __ldcg(p.expert + t * p.K + j);
+        float4 v = __ldcg(reinterpret_cast<const float4*>(p.combox + ((long long)e * p.C + s) * p.H) + h);
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+      }
+      reinterpret_cast<float4*>(p.y + t * p.H)[h] = acc;
+    }
+  }
+  if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_COMBINE, t0, now_ns(), -1, (int)p.rank, 0, -1, 0);
+}

@@ -1,0 +1,298 @@
+"""The NVSHMEM session of one process (one GPU) and the megakernel layer that runs on it.
+
+    session = Session.start()              # torch.distributed env (RANK, WORLD_SIZE, ...) + NVSHMEM
+    layer = Layer(session, cfg, inputs)    # buffers for cfg, the cubin for its tile shape
+    layer.run()                            # one layer call; raises KernelTimeout on a failed wait
+    layer.output()                         # (T, H) float32 numpy, this rank's tokens
+
+Every rank runs the same sequence of Layer calls (NVSHMEM allocation and free are collective).
+Signals carry the launch's epoch, so no flag is reset between launches; the local working state
+is zeroed on the stream before each launch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from reference import Config, weights
+
+from . import build, errors, layout, telemetry
+from .layout import BLOCK_THREADS, OS_WARPS, TLOG_CAP, Sizes
+
+KERNEL_NAME = "moelab_moe_fp32"
+
+
+class Session:
+    """This process's GPU, its torch.distributed groups and NVSHMEM, initialized once."""
+
+    def __init__(self, rank: int, world: int, local_rank: int):
+        import nvshmem.core as nvshmem
+        import torch
+        import torch.distributed as dist
+        from cuda.core import Device
+
+        self.rank, self.world, self.local_rank = rank, world, local_rank
+        torch.cuda.set_device(local_rank)
+        self.device = Device(local_rank)
+        self.device.set_current()
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+        self.cpu_group = dist.new_group(backend="gloo")
+        uid = nvshmem.get_unique_id(empty=rank != 0)
+        raw = uid._data.view(np.int8)
+        blob = [raw.tobytes() if rank == 0 else None]
+        dist.broadcast_object_list(blob, src=0, group=self.cpu_group)
+        raw[:] = np.frombuffer(blob[0], dtype=np.int8)
+        nvshmem.init(device=self.device, uid=uid, rank=rank, nranks=world, initializer_method="uid")
+        if nvshmem.my_pe() != rank or nvshmem.n_pes() != world:
+            raise RuntimeError(f"NVSHMEM PE {nvshmem.my_pe()}/{nvshmem.n_pes()} != rank {rank}/{world}")
+        self.stream = self.device.create_stream()
+        self.torch_stream = torch.cuda.ExternalStream(int(self.stream.handle), device=torch.device("cuda", local_rank))
+        self.name = torch.cuda.get_device_name(local_rank)
+        self.sms = self.device.properties.multiprocessor_count
+        self._kernels: dict[str, object] = {}
+
+    @classmethod
+    def start(cls) -> Session:
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+    def kernel(self, cfg: Config):
+        """The loaded kernel for cfg's tile shape (built or taken from the cubin cache)."""
+        import nvshmem.core as nvshmem
+        from cuda.core import ObjectCode
+        from nvshmem.core import NvshmemKernelObject
+
+        built = build.build(layout.compile_options(cfg))
+        if built.key not in self._kernels:
+            obj = ObjectCode.from_cubin(built.cubin.read_bytes())
+            nvshmem.library_init(NvshmemKernelObject.from_obj(obj))
+            self._kernels[built.key] = (obj, obj.get_kernel(KERNEL_NAME))
+        return self._kernels[built.key][1]
+
+    def barrier(self) -> None:
+        import nvshmem.core as nvshmem
+
+        nvshmem.barrier_all(self.stream)
+
+    def sync(self) -> None:
+        self.stream.sync()
+
+    def close(self) -> None:
+        import nvshmem.core as nvshmem
+        import torch.distributed as dist
+
+        self.stream.sync()
+        nvshmem.finalize()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@dataclass
+class Inputs:
+    """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset and gate_bias
+    (E,) float64, and the local experts' w1 (L, H, I), b1 (L, I), w2 (L, I, H), b2 (L, H)."""
+
+    x: object
+    wg: object
+    logit_offset: object
+    gate_bias: object
+    w1: object
+    b1: object
+    w2: object
+    b2: object
+
+    @classmethod
+    def reference(cls, cfg: Config, rank: int) -> Inputs:
+        """The reference's seeded inputs: this rank's tokens and the experts it owns."""
+        import torch
+
+        wg, gate_bias = weights.gate(cfg)
+        experts = [weights.expert(cfg, e) for e in range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts)]
+        dev = torch.device("cuda", torch.cuda.current_device())
+
+        def t(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+
+        return cls(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
+                   gate_bias=t(gate_bias.astype(np.float64)),
+                   **{name: t(np.stack([ex[i] for ex in experts])) for i, name in enumerate(("w1", "b1", "w2", "b2"))})
+
+    @classmethod
+    def random(cls, cfg: Config, rank: int, seed: int) -> Inputs:
+        """Inputs drawn on the GPU with the reference's scales (for sizes the CPU draws slowly)."""
+        import torch
+
+        dev = torch.device("cuda", torch.cuda.current_device())
+        g = torch.Generator(device=dev)
+        g.manual_seed(seed * 1_000_003 + rank)
+        gshared = torch.Generator(device=dev)
+        gshared.manual_seed(seed)  # the gate is the same on every rank
+        h, i, e, L = cfg.hidden, cfg.ffn, cfg.experts, cfg.local_experts
+
+        def n(shape, scale, gen=g):
+            return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32) * scale
+
+        zeros = (lambda *s: torch.zeros(*s, device=dev)) if not cfg.bias else None
+        return cls(x=n((cfg.tokens, h), 1.0), wg=n((h, e), h ** -0.5, gshared),
+                   logit_offset=torch.from_numpy(logit_offset(cfg)).to(dev),
+                   gate_bias=n((e,), 0.1, gshared).double(),
+                   w1=n((L, h, i), h ** -0.5), b1=zeros(L, i) if zeros else n((L, i), 0.1),
+                   w2=n((L, i, h), i ** -0.5), b2=zeros(L, h) if zeros else n((L, h), 0.1))
+
+
+def logit_offset(cfg: Config) -> np.ndarray:
+    """skew * ln(1 + e): the kernel subtracts it from the float64 logits, as reference.routing does."""
+    return cfg.skew * np.log1p(np.arange(cfg.experts, dtype=np.float64)) if cfg.skew else np.zeros(cfg.experts)
+
+
+class Layer:
+    """cfg's MoE layer on this rank: buffers, the argument block and the launch."""
+
+    def __init__(self, session: Session, cfg: Config, inputs: Inputs, *, timeout_ms: float = 5000.0,
+                 telemetry_cap: int = TLOG_CAP):
+        import nvshmem.core.interop.torch as symmetric
+        import torch
+
+        layout.check_supported(cfg)
+        if cfg.ranks != session.world:
+            raise layout.UnsupportedConfig("ranks", cfg.ranks, f"the number of processes, {session.world}")
+        if timeout_ms <= 0:
+            raise ValueError(f"timeout_ms = {timeout_ms!r} is not allowed: a positive number of milliseconds")
+        self.session, self.cfg, self.inputs = session, cfg, inputs
+        self.sizes = s = Sizes.of(cfg)
+        self.kernel = session.kernel(cfg)
+        per_sm = self.kernel.occupancy.max_active_blocks_per_multiprocessor(BLOCK_THREADS, 0)
+        self.grid = per_sm * session.sms
+        self.n_proc = self.grid - 1
+        self.logs = self.n_proc + OS_WARPS
+        dev = torch.device("cuda", session.local_rank)
+        f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
+        rows = s.E * s.C
+        with torch.cuda.stream(session.torch_stream):
+            self._sym_f = symmetric.tensor((4, rows, s.H), dtype=f32)
+            self._sym_sig = symmetric.tensor((s.E + 2 * s.E * s.TM,), dtype=i64)
+            self._sym_sig.zero_()
+            def empty(*shape, dtype):
+                return torch.empty(*shape, dtype=dtype, device=dev)
+
+            b = dict(y=empty(s.T, s.H, dtype=f32), logits=empty(s.T, s.E, dtype=f64), expert=empty(s.T, s.K, dtype=i32),
+                     weight=empty(s.T, s.K, dtype=f64), slot=empty(s.T, s.K, dtype=i32), counts=empty(s.E, dtype=i32),
+                     row_token=empty(rows, dtype=i32), row_choice=empty(rows, dtype=i32),
+                     row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=f32),
+                     queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))
+            b.update(inbox=self._sym_f[0], staging=self._sym_f[1], outbuf=self._sym_f[2], combox=self._sym_f[3],
+                     sig_count=self._sym_sig[: s.E], sig_tile=self._sym_sig[s.E: s.E + s.E * s.TM],
+                     sig_comb=self._sym_sig[s.E + s.E * s.TM:])
+            # working state zeroed before every launch: 64-bit words, then 32-bit words
+            self._work64 = torch.zeros(errors.ERROR_WORDS + self.n_proc, dtype=i64, device=dev)
+            b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
+            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=s.E * s.TM, tile_done1=s.E * s.TM, in_count=s.E,
+                       seen=2 * s.E * s.TM, mailbox_done=self.n_proc, sched_sent=self.n_proc, tlog_count=self.logs)
+            self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
+            at = 0
+            for name, n in n32.items():
+                b[name] = self._work32[at: at + n]
+                at += n
+        self.buffers = b
+        sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, TM=s.TM, rank=session.rank,
+                     gate_kind=layout.GATES.index(cfg.gate), act_kind=layout.ACTIVATIONS.index(cfg.activation),
+                     n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
+                     timeout_ns=int(timeout_ms * 1e6))
+        tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
+                                                          "b2")}}
+        self._check_inputs(tensors)
+        fields = layout.param_fields()
+        block = np.zeros(len(fields), np.int64)
+        for i, name in enumerate(fields):
+            block[i] = sizes[name] if name in sizes else tensors[name].data_ptr()
+        self._params = torch.from_numpy(block).to(dev)
+        self.epoch = 0
+        self.broken: errors.KernelError | None = None
+        torch.cuda.synchronize(dev)
+        session.barrier()  # every rank's signals are zero before any rank launches
+        session.sync()
+
+    def _check_inputs(self, t: dict) -> None:
+        import torch
+
+        s = self.sizes
+        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), w1=(s.L, s.H, s.I),
+                    b1=(s.L, s.I), w2=(s.L, s.I, s.H), b2=(s.L, s.H))
+        for name, shape in want.items():
+            v = t[name]
+            dtype = torch.float64 if name in ("logit_offset", "gate_bias") else torch.float32
+            if tuple(v.shape) != shape or v.dtype != dtype or not v.is_contiguous() or not v.is_cuda:
+                raise ValueError(f"input {name}: {tuple(v.shape)} {v.dtype} is not allowed: a contiguous CUDA "
+                                 f"tensor {shape} {dtype}")
+
+    def poison(self) -> None:
+        """NaN in every output and intermediate buffer: an element the kernel misses shows."""
+        import torch
+
+        with torch.cuda.stream(self.session.torch_stream):
+            for name in ("y", "logits", "weight", "row_weight", "hidden", "inbox", "staging", "outbuf", "combox"):
+                self.buffers[name].fill_(float("nan"))
+            for name in ("expert", "slot", "counts", "row_token", "row_choice"):
+                self.buffers[name].fill_(-7)
+
+    def launch(self, telemetry: bool = False) -> None:
+        """Enqueue one layer call on the session's stream (no wait, no error check)."""
+        import torch
+        from cuda.core import LaunchConfig, launch
+
+        if self.broken is not None:
+            raise RuntimeError(f"this layer's earlier launch failed ({self.broken}); make a new Layer")
+        with torch.cuda.stream(self.session.torch_stream):
+            self._work64.zero_()
+            self._work32.zero_()
+        self.epoch += 1
+        cfg = LaunchConfig(grid=self.grid, block=BLOCK_THREADS, is_cooperative=True)
+        launch(self.session.stream, cfg, self.kernel, np.uint64(self._params.data_ptr()), np.uint64(self.epoch),
+               np.int32(1 if telemetry else 0))
+
+    def check(self) -> None:
+        """Wait for the last launch; raise KernelTimeout / KernelError from its error record."""
+        self.session.sync()
+        try:
+            errors.raise_if_error(self.buffers["error"].cpu().numpy())
+        except errors.KernelError as e:
+            self.broken = e
+            raise
+
+    def run(self, telemetry: bool = False) -> None:
+        self.launch(telemetry)
+        self.check()
+
+    def output(self) -> np.ndarray:
+        return self.buffers["y"].cpu().numpy()
+
+    def routing(self) -> dict[str, np.ndarray]:
+        """This rank's routing as the kernel computed it: expert, weight, slot (T, k), counts (E,)."""
+        return {k: self.buffers[k].cpu().numpy() for k in ("expert", "weight", "slot", "counts")}
+
+    def telemetry_logs(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.buffers["tlog"].cpu().numpy().view(np.uint64), self.buffers["tlog_count"].cpu().numpy()
+
+    def trace_builder(self, origin_ns: int, send_counts: np.ndarray | None):
+        """This rank's events of the last telemetry launch, and the number of dropped events."""
+        tlog, counts = self.telemetry_logs()
+        bases = telemetry.tile_base(send_counts, self.cfg.tile_m) if send_counts is not None else None
+        return telemetry.decode(tlog, counts, rank=self.session.rank, node=self.cfg.node_of(self.session.rank),
+                                n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, bases=bases)
+
+    def kernel_start_ns(self) -> int:
+        """Earliest event start of the last telemetry launch (globaltimer ns)."""
+        tlog, counts = self.telemetry_logs()
+        starts = [int(tlog[i, 0, 0]) for i in range(len(counts)) if counts[i] > 0]
+        return min(starts) if starts else 0
+
+    def close(self) -> None:
+        import nvshmem.core as nvshmem
+
+        self.session.sync()
+        nvshmem.free_tensor(self._sym_f)
+        nvshmem.free_tensor(self._sym_sig)

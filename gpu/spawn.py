@@ -1,0 +1,80 @@
+"""Start one worker process per GPU on this host and collect rank 0's results.
+
+Each process gets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (what torchrun sets) and the
+NVLink-multicast switches off. The whole job has a wall-clock limit: past it every process is
+killed and `SpawnError` is raised, so a host-side hang ends too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+class SpawnError(RuntimeError):
+    """A worker failed or the job ran past its time limit."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def symmetric_heap_bytes(cases: list[dict]) -> int:
+    """NVSHMEM heap for the largest case, with room for NVSHMEM's own use."""
+    from reference import Config
+
+    from .layout import Sizes
+
+    need = max((Sizes.of(Config.from_dict(c["config"])).symmetric_bytes for c in cases), default=0)
+    return int(need * 1.1) + (512 << 20)
+
+
+def run(cases: list[dict], gpus: int, out_dir: str | Path, timeout_s: float = 600.0, echo: bool = True) -> list[dict]:
+    """Run `cases` on `gpus` processes; rank 0's results (one dict per case)."""
+    if gpus < 1:
+        raise ValueError(f"gpus = {gpus!r} is not allowed: a positive integer")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    job = Path(tempfile.mkstemp(suffix=".json", prefix="moelab-job-")[1])
+    job.write_text(json.dumps({"cases": cases}))
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, **NO_MULTICAST, "WORLD_SIZE": str(gpus), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1",
+           "NVSHMEM_SYMMETRIC_SIZE": str(symmetric_heap_bytes(cases)),
+           "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = []
+    for r in range(gpus):
+        procs.append(subprocess.Popen([sys.executable, "-m", "gpu.worker", str(job), str(out_dir)],
+                                      env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                      stdout=None if (echo and r == 0) else subprocess.DEVNULL,
+                                      start_new_session=True))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                raise SpawnError(f"the job ran past {timeout_s:.0f} s; its {gpus} processes were killed")
+            if any(p.returncode not in (None, 0) for p in procs):
+                time.sleep(5)  # let the others report, then stop them
+                bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
+                raise SpawnError(f"worker(s) exited with failure: {bad}")
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        job.unlink(missing_ok=True)
+    results = out_dir / "results.json"
+    if not results.is_file():
+        raise SpawnError("rank 0 wrote no results.json")
+    return json.loads(results.read_text())

@@ -1,0 +1,79 @@
+"""Kernel telemetry: the device logs decoded into the trace schema (`sim.trace.Trace`).
+
+Each processor block and each OS warp has a log of 4 uint64 words per event (kernels/common.cuh
+`log_event`): start and end (%globaltimer, ns), then kind | expert << 8 | peer << 24 | rows << 40,
+then tile | column << 32. Log n_proc is the scheduler warp, logs n_proc + 1.. the subscriber
+warps. Times become ns relative to `origin_ns` (the earliest kernel start over all ranks, so
+ranks line up on one axis); tiles become the tile plan's indices when the send counts of every
+rank are given (a tile is (source, expert, chunk) on the device).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.trace import KINDS, Trace, TraceBuilder
+
+_DISPATCH, _GEMM0, _GEMM1, _COMBINE, _SIGNAL = (KINDS.index(k) for k in ("dispatch", "gemm0", "gemm1", "combine",
+                                                                          "signal"))
+
+
+def tile_base(send_counts: np.ndarray, tile_m: int) -> np.ndarray:
+    """(P, E) index of each (source, expert) block's first tile in the plan's tile order."""
+    tiles = -(-np.asarray(send_counts, np.int64) // tile_m)
+    flat = np.concatenate([[0], np.cumsum(tiles.reshape(-1))[:-1]])
+    return flat.reshape(tiles.shape)
+
+
+def decode(tlog: np.ndarray, counts: np.ndarray, *, rank: int, node: int, n_proc: int, hidden: int,
+           origin_ns: int, bases: np.ndarray | None = None) -> tuple[TraceBuilder, int]:
+    """Events of one rank's logs appended to a TraceBuilder; also the number of dropped events.
+
+    tlog: (logs, cap, 4) uint64; counts: (logs,) events written per log (> cap: dropped)."""
+    tlog = np.asarray(tlog, np.uint64)
+    logs, cap = tlog.shape[:2]
+    counts = np.asarray(counts, np.int64)
+    if counts.shape != (logs,):
+        raise ValueError(f"telemetry counts have shape {counts.shape}, expected ({logs},)")
+    tb = TraceBuilder()
+    dropped = int(np.maximum(counts - cap, 0).sum())
+    for log in range(logs):
+        n = int(min(counts[log], cap))
+        if log < n_proc:
+            role, lane = "processor", log
+        elif log == n_proc:
+            role, lane = "scheduler", 0
+        else:
+            role, lane = "subscriber", log - n_proc - 1
+        for w0, w1, w2, w3 in tlog[log, :n].tolist():
+            kind = w2 & 0xFF
+            expert = (w2 >> 8) & 0xFFFF
+            peer = (w2 >> 24) & 0xFFFF
+            rows = (w2 >> 40) & 0xFFFF
+            chunk = np.int64(w3 & 0xFFFFFFFF).astype(np.int32).item()
+            col = w3 >> 32
+            expert = -1 if expert == 0xFFFF else expert
+            peer = -1 if peer == 0xFFFF else peer
+            tile = chunk
+            if bases is not None and chunk >= 0 and expert >= 0:
+                # the tile's source rank: the sender of a dispatch is this rank, of a GEMM the peer
+                src = rank if kind in (_DISPATCH, _COMBINE) or (kind == _SIGNAL and col == 1) else peer
+                tile = int(bases[src, expert]) + chunk
+            moved = rows * hidden * 4 if kind in (_DISPATCH, _COMBINE, _SIGNAL) else 0
+            tb.add(rank, node, lane, role, KINDS[kind], float(w0 - origin_ns), float(w1 - origin_ns),
+                   expert=expert, tile=tile, peer=peer, nbytes=int(moved))
+    return tb, dropped
+
+
+def processor_utilization(trace: Trace, n_proc: int) -> float:
+    """Busy time of the processor blocks over (processors x ranks x kernel span), from a trace."""
+    proc = trace.where(role="processor")
+    if not len(proc):
+        return 0.0
+    ranks = np.unique(trace["rank"])
+    busy = float((proc["end"] - proc["start"]).sum())
+    span = 0.0
+    for r in ranks:
+        mine = trace["rank"] == r
+        span += float(trace["end"][mine].max() - trace["start"][mine].min())
+    return busy / (n_proc * span) if span > 0 else 0.0

@@ -1,0 +1,211 @@
+"""One GPU's process: runs a job (a list of cases) on this rank, rank 0 gathers and reports.
+
+    python -m gpu.worker JOB.json OUT_DIR     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT set)
+
+A case is a dict: name, config (Config fields), inputs ("reference": the reference's seeded
+inputs, or "random": drawn on the GPU), and what to do: "golden" (compare routing and output
+with reference.golden, small configs), "baseline" (compare with the torch layer), "telemetry"
+(run with telemetry on and off, compare, decode the trace), "bench" (time the kernel and the
+torch baselines), "sit_out" (this rank does not launch: the others must time out and raise),
+timeout_ms. Rank 0 writes OUT_DIR/results.json (one dict per case) and the traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from reference import Config, golden, routing, weights
+
+from . import errors, telemetry
+from .baseline import TorchLayer
+from .runtime import Inputs, Layer, Session
+
+
+def _gather(session: Session, obj):
+    import torch.distributed as dist
+
+    out = [None] * session.world
+    dist.all_gather_object(out, obj, group=session.cpu_group)
+    return out
+
+
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return golden.max_rel_error(got, want)
+
+
+def check_golden(cfg: Config, ys: list, routes: list) -> dict:
+    """Kernel routing and output of every rank against the reference's float64 golden."""
+    w = weights.draw(cfg)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    y64 = golden.dense(cfg, w, r, "float64")
+    expert = np.stack([x["expert"] for x in routes])
+    slot = np.stack([x["slot"] for x in routes])
+    weight = np.stack([x["weight"] for x in routes])
+    counts = np.stack([x["counts"] for x in routes])
+    return {"routing_equal": bool(np.array_equal(expert, r.expert) and np.array_equal(slot, r.slot)),
+            "counts_equal": bool(np.array_equal(counts, r.counts(cfg.experts))),
+            "weight_max_abs_err": float(np.abs(weight - r.weight).max()),
+            "rel_err": _rel(np.stack(ys), y64), "dropped": r.dropped,
+            "nan": bool(np.isnan(np.stack(ys)).any())}
+
+
+def run_everywhere(session: Session, layer: Layer, telemetry: bool = False) -> None:
+    """layer.run on every rank; if any rank's kernel failed, every rank raises (so no rank waits
+    in a later collective for one that left)."""
+    try:
+        layer.run(telemetry)
+        mine = None
+    except errors.KernelError as e:
+        mine = e
+    failed = [e for e in _gather(session, mine) if e is not None]
+    if failed:
+        raise mine or failed[0]
+
+
+def timed(session: Session, fn, warmup: int, iters: int, sync_fn) -> list[float]:
+    """Per-iteration device time in ms (CUDA events around fn on the session stream), after a
+    barrier that lines the ranks up."""
+    import torch
+
+    times = []
+    for i in range(warmup + iters):
+        sync_fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(session.torch_stream):
+            start.record()
+            fn()
+            end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
+    return times
+
+
+def run_case(session: Session, case: dict, out_dir: Path) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    cfg = Config.from_dict(case["config"])
+    res: dict = {"name": case["name"], "config": cfg.to_dict()}
+    t0 = time.perf_counter()
+    inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
+        else Inputs.random(cfg, session.rank, case.get("seed", 0))
+    layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0))
+    res["grid"], res["n_proc"] = layer.grid, layer.n_proc
+    try:
+        if case.get("sit_out") is not None:
+            if session.rank != case["sit_out"]:
+                t = time.perf_counter()
+                try:
+                    layer.run()
+                    res["raised"] = None
+                except errors.KernelError as e:
+                    res["raised"], res["error"] = type(e).__name__, str(e)
+                res["seconds_to_raise"] = time.perf_counter() - t
+            res = _gather(session, res)[0 if case["sit_out"] != 0 else 1]
+            return res  # the layer is broken now (by design): no free, its heap is dropped with the session
+        layer.poison()
+        run_everywhere(session, layer)
+        y = layer.output()
+        rt = layer.routing()
+        ys, routes = zip(*_gather(session, (y, rt)))
+        if case.get("golden") and session.rank == 0:
+            res.update(check_golden(cfg, list(ys), list(routes)))
+        # determinism and telemetry: the same output bit for bit with telemetry on
+        layer.poison()
+        run_everywhere(session, layer, telemetry=True)
+        res["telemetry_same_output"] = all(_gather(session, bool(np.array_equal(layer.output(), y))))
+        send_counts = np.stack([r["counts"] for r in routes])
+        origin = min(_gather(session, layer.kernel_start_ns()))
+        tb, dropped = layer.trace_builder(origin, send_counts)
+        parts = _gather(session, (tb.build(), dropped))
+        if session.rank == 0:
+            from sim.trace import concat
+
+            trace = concat([p[0] for p in parts], meta={
+                "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
+                "n_proc": layer.n_proc, "grid": layer.grid, "dropped_events": sum(p[1] for p in parts),
+                "time_origin": "earliest kernel start over ranks (globaltimer ns)"})
+            res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)
+            res["trace_events"] = len(trace)
+            res["trace_span_ms"] = float(trace["end"].max() - trace["start"].min()) / 1e6 if len(trace) else 0.0
+            if case.get("trace"):
+                trace.save(out_dir / case["trace"])
+                res["trace"] = case["trace"]
+        if case.get("baseline_check") or case.get("bench"):
+            base = TorchLayer(cfg, inputs, session.rank, "float32")
+            yb, eb, wb, sb = base.forward()
+            same_route = bool(torch.equal(eb.cpu(), torch.from_numpy(rt["expert"])) and
+                              torch.equal(sb.cpu(), torch.from_numpy(rt["slot"])))
+            errs = _gather(session, (_rel(y, yb.cpu().numpy()), same_route))
+            res["vs_baseline_rel_err"] = max(e[0] for e in errs)
+            res["y_max_abs"] = max(_gather(session, float(np.abs(y).max())))  # the check is not of zeros
+            res["baseline_routing_equal"] = all(e[1] for e in errs)
+        if case.get("bench"):
+            warm, iters = case.get("warmup", 3), case.get("iters", 10)
+
+            def max_over_ranks(times):
+                allt = np.array(_gather(session, times))
+                return allt.max(axis=0)
+
+            kern = max_over_ranks(timed(session, layer.launch, warm, iters, lambda: (layer.check(), session.barrier())))
+            layer.check()
+            kern_tel = max_over_ranks(timed(session, lambda: layer.launch(True), warm, iters,
+                                            lambda: (layer.check(), session.barrier())))
+            layer.check()
+            res["kernel_ms"] = float(np.median(kern))
+            res["kernel_ms_all"] = kern.tolist()
+            res["kernel_telemetry_ms"] = float(np.median(kern_tel))
+            token = torch.ones(1, device=inputs.x.device)
+
+            def nccl_barrier():
+                with torch.cuda.stream(session.torch_stream):
+                    dist.all_reduce(token)
+
+            for dt in case.get("baselines", ["float32"]):
+                b = TorchLayer(cfg, inputs, session.rank, dt)
+                with torch.cuda.stream(session.torch_stream):
+                    bt = max_over_ranks(timed(session, b.forward, warm, iters, nccl_barrier))
+                res[f"torch_{dt}_ms"] = float(np.median(bt))
+                del b
+        res["seconds"] = time.perf_counter() - t0
+    finally:
+        if case.get("sit_out") is None:
+            layer.close()
+        torch.cuda.empty_cache()
+    return res
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text())
+    out_dir = Path(argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    session = Session.start()
+    results = []
+    for case in job["cases"]:
+        try:
+            res = run_case(session, case, out_dir)
+        except Exception as e:  # reported per case; a broken session stops the job
+            res = {"name": case["name"], "failed": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            print(f"[rank {session.rank}] case {case['name']} failed: {res['failed']}", file=sys.stderr, flush=True)
+        if session.rank == 0:
+            results.append(res)
+            (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+            print(json.dumps({k: v for k, v in res.items() if k not in ("config", "kernel_ms_all", "traceback")},
+                             default=str), flush=True)
+        if "failed" in res and "Timeout" in res["failed"]:
+            break
+    session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    sys.exit(main(sys.argv[1:]))

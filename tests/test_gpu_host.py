@@ -1,0 +1,99 @@
+"""The launcher's pure-Python parts: argument checks, sizes, cache keys, error and log decoding."""
+
+import numpy as np
+import pytest
+
+from gpu import build, errors, layout, telemetry
+from reference import Config, presets
+from sim.trace import KIND
+
+
+def test_unsupported_fields_are_named():
+    base = presets.get("tiny")
+    for change, field in [(dict(dtype="bfloat16"), "dtype"), (dict(activation="swiglu"), "activation"),
+                          (dict(shared_experts=1), "shared_experts"), (dict(tile_m=24, tokens=96), "tile_m")]:
+        with pytest.raises(layout.UnsupportedConfig) as e:
+            layout.check_supported(base.replace(**change))
+        assert e.value.field == field and field in str(e.value)
+    layout.check_supported(base)
+
+
+def test_sizes_derive_from_config():
+    s = layout.Sizes.of(presets.get("flashmoe"))
+    assert (s.C, s.TM, s.L, s.n0, s.n1) == (256, 2, 16, 32, 32)
+    assert s.queue_cap == 64 * 2 * 64 + 64 * 2
+    nodrop = layout.Sizes.of(Config(tokens=100, capacity_factor=None, tile_m=32))
+    assert nodrop.C == 100 and nodrop.TM == 4
+    big_cf = layout.Sizes.of(Config(tokens=10, experts=2, top_k=1, capacity_factor=8.0))
+    assert big_cf.C == 10  # a block never exceeds T rows
+
+
+def test_param_fields_match_the_struct():
+    fields = layout.param_fields()
+    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "timeout_ns"
+    assert len(fields) == len(set(fields))
+    sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "TM", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
+             "tlog_cap", "timeout_ns"}
+    assert sizes <= set(fields)
+
+
+def test_cache_key_covers_sources_options_and_toolchain():
+    src = [("moe.cu", b"a"), ("gate.cuh", b"b")]
+    k = build.cache_key({"TILE_M": 128}, "sm_90", "nvcc 13.0", "3.4.5", src)
+    assert k == build.cache_key({"TILE_M": 128}, "sm_90", "nvcc 13.0", "3.4.5", list(reversed(src)))
+    others = [build.cache_key({"TILE_M": 64}, "sm_90", "nvcc 13.0", "3.4.5", src),
+              build.cache_key({"TILE_M": 128}, "sm_100", "nvcc 13.0", "3.4.5", src),
+              build.cache_key({"TILE_M": 128}, "sm_90", "nvcc 13.1", "3.4.5", src),
+              build.cache_key({"TILE_M": 128}, "sm_90", "nvcc 13.0", "3.8.0", src),
+              build.cache_key({"TILE_M": 128}, "sm_90", "nvcc 13.0", "3.4.5", [("moe.cu", b"a2"), ("gate.cuh", b"b")])]
+    assert k not in others and len(set(others)) == len(others)
+    assert layout.compile_options(presets.get("tiny")) == {"TILE_M": 32, "TILE_N": 32, "TILE_K": 8}
+
+
+def test_error_record_decoding():
+    assert errors.decode(np.zeros(11, np.int64)) is None
+    words = np.array([1, 1, 263, 32, 3, 0, 5, 1, 0, 7, 5_000_000_000], np.int64)
+    rec = errors.decode(words)
+    assert rec["what"] == "tile" and rec["rank"] == 1 and rec["block"] == 263
+    with pytest.raises(errors.KernelTimeout, match=r"rank 1 block 263 .* tile 1 of source rank 0, local expert 5"):
+        errors.raise_if_error(words)
+    bad = words.copy()
+    bad[4] = 7
+    with pytest.raises(errors.KernelError, match="over the capacity") as e:
+        errors.raise_if_error(bad)
+    assert not isinstance(e.value, errors.KernelTimeout)
+    with pytest.raises(ValueError):
+        errors.decode(np.zeros(3, np.int64))
+
+
+def _event(t0, t1, kind, expert, peer, rows, tile, col=0):
+    w2 = kind | (expert & 0xFFFF) << 8 | (peer & 0xFFFF) << 24 | rows << 40
+    return [t0, t1, w2, (tile & 0xFFFFFFFF) | col << 32]
+
+
+def test_telemetry_decoding():
+    n_proc, cap = 2, 4
+    tlog = np.zeros((n_proc + 4, cap, 4), np.uint64)
+    counts = np.zeros(n_proc + 4, np.int64)
+    tlog[0, 0] = _event(1000, 1500, KIND["gemm0"], 5, 1, 128, 1, 64)
+    tlog[0, 1] = _event(1500, 1600, KIND["combine"], -1, 0, 0, -1)
+    counts[0] = 2
+    tlog[1, 0] = _event(1100, 1200, KIND["dispatch"], 3, 1, 100, 0)
+    counts[1] = 6  # 2 more than the log holds: dropped, counted
+    tlog[n_proc + 1, 0] = _event(1300, 1300, KIND["signal"], 4, 1, 64, 0, 1)
+    counts[n_proc + 1] = 1
+    send_counts = np.array([[10, 0, 0, 300, 64, 0, 0, 0], [0, 0, 0, 0, 0, 256, 0, 0]])
+    bases = telemetry.tile_base(send_counts, 128)
+    tb, dropped = telemetry.decode(tlog, counts, rank=0, node=0, n_proc=n_proc, hidden=64, origin_ns=1000,
+                                   bases=bases)
+    tr = tb.build()
+    assert dropped == 2 and len(tr) == 2 + 4 + 1  # log 1 holds its cap of 4 (3 of them blank here)
+    gemm = tr.where(kind="gemm0")
+    assert gemm["start"][0] == 0 and gemm["end"][0] == 500 and gemm["expert"][0] == 5
+    assert gemm["tile"][0] == bases[1, 5] + 1  # source rank 1's second tile of expert 5
+    assert tr.where(kind="combine")["expert"][0] == -1
+    disp = tr.where(kind="dispatch")
+    assert disp["tile"][0] == bases[0, 3] and disp["bytes"][0] == 100 * 64 * 4
+    sig = tr.where(role="subscriber")
+    assert sig["lane"][0] == 0 and sig["tile"][0] == bases[0, 4]  # a return to this rank
+    assert 0 < telemetry.processor_utilization(tr, n_proc) <= 1
