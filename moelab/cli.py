@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-PARTS = ("reference.cli", "app.cli", "gpu.cli")
+PARTS = ("reference.cli", "sim.cli", "app.cli", "gpu.cli")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,121 @@
+"""`moelab sim`: simulate one layer call (a table, JSON, a trace, a timeline), or the sweeps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from reference.cli import Progress, add_config_args, config_from_args, format_table
+
+from .hardware import DEFAULT, PRESETS, HardwareError
+from .network import TRANSPORTS
+
+SWEEPS = ("fused", "nodes", "all")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from .engine import SimError
+
+    try:
+        return _sweep(args) if args.sweep else _one(args)
+    except (HardwareError, SimError) as e:
+        print(f"moelab sim: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _one(args) -> int:
+    from . import engine, metrics, timeline
+
+    progress = Progress(not args.quiet)
+    cfg = config_from_args(args)
+    if args.nodes is not None:
+        cfg = engine.with_nodes(cfg, args.nodes)
+    result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress)
+    m = result.metrics
+    if cfg.ranks > 2 and cfg.experts % 2 == 0:
+        progress("2-GPU run of the same layer for overlap efficiency T(2)/T(N)")
+        two = engine.simulate(cfg.replace(ranks=2, gpus_per_node=2), args.hardware, args.transport, args.baseline)
+        m = metrics.compute(result.trace, cfg, latency_2gpu_ns=two.metrics["latency_ns"])
+    summary = {"config": cfg.name, "gpus": cfg.ranks, "nodes": cfg.nodes, "hardware": result.trace.meta["hardware"],
+               "transport": args.transport, "kernel": "baseline" if args.baseline else "fused",
+               **flatten(m), "sim_events": result.events, "sim_wall_s": result.wall_s}
+    if args.trace:
+        progress(f"writing {args.trace}")
+        result.trace.save(args.trace)
+    if args.timeline:
+        progress(f"drawing {args.timeline}")
+        timeline.render(result.trace, args.timeline)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_table(("quantity", "value"), list(summary.items())))
+    return 0
+
+
+def _sweep(args) -> int:
+    from . import sweeps
+
+    progress = Progress(not args.quiet)
+    out = {}
+    if args.sweep in ("fused", "all"):
+        out["fused_vs_baseline"] = sweeps.fused_vs_baseline(hardware=args.hardware, progress=progress)
+    if args.sweep in ("nodes", "all"):
+        rows = sweeps.multinode(hardware=args.hardware, progress=progress)
+        out["latency_vs_nodes"] = sweeps.latency_table(rows)
+        out["fences_at_8_nodes"] = sweeps.fence_table(rows, 8)
+        out["multinode"] = rows
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    titles = {"fused_vs_baseline": "FlashMoE: fused kernel vs bulk-synchronous baseline (latency in ms)",
+              "latency_vs_nodes": f"Perseus: layer latency (ms) vs nodes of 8 GPUs, {sweeps.COMM_BOUND.name}",
+              "fences_at_8_nodes": "Perseus: fences, signals and proxy stalls per layer at 8 nodes"}
+    for key, title in titles.items():
+        if key in out:
+            rows = out[key]
+            head = list(dict.fromkeys(k for r in rows for k in r))
+            print(f"\n{title}\n" + format_table(head, [[r.get(k, "") for k in head] for r in rows]))
+    return 0
+
+
+def _path_ending(*suffixes: str):
+    def check(text: str) -> str:
+        if not text.endswith(suffixes):
+            raise argparse.ArgumentTypeError(f"{text!r} must end in {' or '.join(suffixes)}")
+        return text
+    return check
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sim", help="simulate a layer call (fused kernel or baseline), or the papers' sweeps",
+                       description="Simulate one MoE layer call with the discrete-event model of FlashMoE's "
+                                   "persistent kernel and the NIC/proxy path (or the bulk-synchronous "
+                                   "baseline), and print its metrics; --sweep prints the papers' tables.")
+    add_config_args(p)
+    p.add_argument("--nodes", type=int, metavar="N", help="spread the GPUs over N nodes (N divides the GPUs)")
+    p.add_argument("--hardware", default=DEFAULT,
+                   help=f"a hardware preset ({', '.join(PRESETS)}) or a calibration .json (default: {DEFAULT})")
+    p.add_argument("--transport", default="ibgda", choices=TRANSPORTS,
+                   help="how tiles cross nodes (default: ibgda)")
+    p.add_argument("--baseline", action="store_true", help="simulate the bulk-synchronous baseline instead")
+    p.add_argument("--trace", metavar="FILE", type=_path_ending(".json", ".npz"),
+                   help="write the trace: .json (Perfetto) or .npz")
+    p.add_argument("--timeline", metavar="FILE", type=_path_ending(".png", ".html"),
+                   help="draw the timeline: .png or .html (self-contained)")
+    p.add_argument("--sweep", nargs="?", const="all", choices=SWEEPS,
+                   help="print the papers' sweep tables instead (fused: FlashMoE vs baseline; nodes: "
+                        "transports vs nodes and fences; default all)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
+    p.set_defaults(func=cmd_sim)
