@@ -71,18 +71,22 @@ def _sweep(args) -> int:
     if args.sweep in ("fused", "all"):
         out["fused_vs_baseline"] = sweeps.fused_vs_baseline(hardware=args.hardware, progress=progress)
     if args.sweep in ("nodes", "all"):
-        rows = sweeps.multinode(hardware=args.hardware, progress=progress)
+        rows = sweeps.multinode(sweeps.COMM_BOUND, sweeps.NODES, sweeps.GPUS_PER_NODE, hardware=args.hardware,
+                                progress=progress)
+        fence_nodes = 8 if 8 in sweeps.NODES else max(sweeps.NODES)
         out["latency_vs_nodes"] = sweeps.latency_table(rows)
-        out["fences_at_8_nodes"] = sweeps.fence_table(rows, 8)
+        out["fences"] = sweeps.fence_table(rows, fence_nodes)
         out["multinode"] = rows
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     titles = {"fused_vs_baseline": "FlashMoE: fused kernel vs bulk-synchronous baseline (latency in ms)",
-              "latency_vs_nodes": f"Perseus: layer latency (ms) vs nodes of 8 GPUs, {sweeps.COMM_BOUND.name}",
-              "fences_at_8_nodes": "Perseus: fences, signals and proxy stalls per layer at 8 nodes"}
+              "latency_vs_nodes": f"Perseus: layer latency (ms) vs nodes of {sweeps.GPUS_PER_NODE} GPUs, "
+                                  f"{sweeps.COMM_BOUND.name}",
+              "fences": "Perseus: fences, signals and proxy stalls per layer at "
+                        f"{8 if 8 in sweeps.NODES else max(sweeps.NODES)} nodes"}
     for key, title in titles.items():
-        if key in out:
+        if out.get(key):
             rows = out[key]
             head = list(dict.fromkeys(k for r in rows for k in r))
             print(f"\n{title}\n" + format_table(head, [[r.get(k, "") for k in head] for r in rows]))

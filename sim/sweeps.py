@@ -21,6 +21,7 @@ from .network import TRANSPORTS
 # Perseus' communication-bound layer at a size whose 16-node point simulates in seconds
 COMM_BOUND = presets.get("perseus-comm").replace(name="perseus-comm-1k", tokens=1024)
 NODES = (1, 2, 4, 8, 16)
+GPUS_PER_NODE = 8
 
 
 def _quiet(_: str) -> None:
@@ -54,7 +55,7 @@ def fused_vs_baseline(sweeps: dict[str, list[Config]] | None = None, hardware: s
     return rows
 
 
-def multinode(cfg: Config = COMM_BOUND, nodes: Iterable[int] = NODES, gpus_per_node: int = 8,
+def multinode(cfg: Config = COMM_BOUND, nodes: Iterable[int] = NODES, gpus_per_node: int = GPUS_PER_NODE,
               transports: Iterable[str] = TRANSPORTS, hardware: str = "h100-sxm",
               progress: Callable[[str], None] = _quiet) -> list[dict]:
     """Weak scaling over nodes of `gpus_per_node` GPUs: one row per (nodes, transport)."""
