@@ -50,12 +50,19 @@ def with_nodes(cfg: Config, nodes: int) -> Config:
 
 
 class _CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it processes (for the speed table)."""
+    """A SimPy environment that counts the events it processes (for the speed table) and
+    reports every `REPORT_EVERY` of them, so that a long run shows it is moving."""
 
-    events = 0
+    REPORT_EVERY = 200_000
+
+    def __init__(self, say: Callable[[str], None]):
+        super().__init__()
+        self.events, self.say = 0, say
 
     def step(self) -> None:
         self.events += 1
+        if not self.events % self.REPORT_EVERY:
+            self.say(f"{self.events:,} events, simulated time {self.now / 1e3:,.1f} µs")
         super().step()
 
 
@@ -73,7 +80,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     if plan is None:
         say(f"routing and tile plan of {cfg.name} ({cfg.ranks} GPUs on {cfg.nodes} node(s))")
         plan = reference.plan_of(cfg)
-    env = _CountingEnvironment()
+    env = _CountingEnvironment(say)
     rec = TraceBuilder()
     what = "bulk-synchronous baseline" if baseline else f"fused kernel, {transport}"
     say(f"simulating {plan.tile_src.size} tiles, {plan.task_kind.size} tasks ({what}, {hw.name})")
