@@ -12,8 +12,9 @@ in how they guarantee that:
 - `ibrc`: a CPU proxy thread per GPU takes requests from a ring in host memory. For every tile
   it posts the write, then fences (it blocks until all of its writes in flight have completed:
   the NIC pipeline drains), then posts the signal.
-- `decoupled` (Perseus): the proxy posts the writes of every request waiting in its ring, then
-  one fence and one signal per destination of that batch.
+- `decoupled` (Perseus): the proxy posts every write as its request comes; the signals are
+  batched per destination: once the last tile of a destination batch (this GPU's tiles for one
+  peer in one phase, dispatch or return) is written, one fence and one signal cover them all.
 - `nic_order` (Perseus): per tile, the proxy posts the write and a signal with a fence flag; the
   NIC does the ordering and the proxy never blocks.
 - `perseus`: both, batched writes and one flagged signal per destination, and no proxy stalls.
@@ -21,13 +22,14 @@ in how they guarantee that:
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from reference import Config, TilePlan
-from reference.plan import LOCAL, NVLINK
+from reference.plan import LOCAL, NETWORK, NVLINK
 
 from .hardware import Hardware
 from .links import SharedLink
@@ -35,7 +37,7 @@ from .trace import TraceBuilder
 
 TRANSPORTS = ("ibgda", "ibrc", "decoupled", "nic_order", "perseus")
 PROXY_TRANSPORTS = ("ibrc", "decoupled", "nic_order", "perseus")
-BATCHED = ("decoupled", "perseus")  # the proxy takes every request waiting in its ring
+BATCHED = ("decoupled", "perseus")  # one signal per destination batch
 NIC_ORDERED = ("ibgda", "nic_order", "perseus")  # signals carry a fence flag
 
 Deliver = Callable[[int, list[int]], None]  # (destination rank, transfer ids) when a signal lands
@@ -92,6 +94,11 @@ class Proxy:
         self.env, self.hw, self.transport, self.nic, self.fabric = env, hw, transport, nic, fabric
         self.ring: deque[int] = deque()
         self.wake: simpy.Event | None = None
+        plan = fabric.plan
+        mine = np.flatnonzero((plan.transfer_src == nic.rank) & (plan.transfer_link == NETWORK))
+        # a destination batch: this GPU's tiles for one peer in one phase (dispatch or return)
+        self.batch_size = Counter(zip(plan.transfer_dst[mine].tolist(), plan.transfer_kind[mine].tolist()))
+        self.batches: dict[tuple[int, int], list[int]] = {}
         env.process(self.run())
 
     def request(self, x: int) -> None:
@@ -108,32 +115,37 @@ class Proxy:
             if not self.ring:
                 self.wake = self.env.event()
                 yield self.wake
-            if self.transport in BATCHED:
-                batch, self.ring = list(self.ring), deque()
-            else:
-                batch = [self.ring.popleft()]
-            yield from self.serve(batch)
+            x = self.ring.popleft()
+            peer = int(self.fabric.plan.transfer_dst[x])
+            yield from self._op("put", x, peer, int(self.fabric.plan.transfer_bytes[x]))
+            self.fabric.write(self.nic, x)
+            batch = self.complete_batch(x, peer)
+            if batch:
+                yield from self.signal(peer, batch)
 
-    def serve(self, batch: list[int]):
-        """Post the writes of `batch`, then make each destination's signal safe and post it."""
-        f, plan = self.fabric, self.fabric.plan
-        for x in batch:
-            yield from self._op("put", x, int(plan.transfer_dst[x]), int(plan.transfer_bytes[x]))
-            f.write(self.nic, x)
-        by_peer: dict[int, list[int]] = {}
-        for x in batch:
-            by_peer.setdefault(int(plan.transfer_dst[x]), []).append(x)
-        for peer, xs in by_peer.items():
-            if self.transport in NIC_ORDERED:
-                yield from self._op("signal", xs[-1], peer, 0)
-                self.env.process(f.signal(self.nic, peer, xs, flagged=True))
-                continue
-            start = self.env.now
-            yield self.env.all_of(self.nic.pending())
-            yield self.env.timeout(self.hw.fence_ns)
-            self._row("fence", start, xs[-1], peer, 0)
-            yield from self._op("signal", xs[-1], peer, 0)
-            self.env.process(f.signal(self.nic, peer, xs, flagged=False))
+    def complete_batch(self, x: int, peer: int) -> list[int]:
+        """The transfers whose signal is due once `x` is written: `x` alone, or with batching
+        the whole destination batch once its last tile is written (else none yet)."""
+        if self.transport not in BATCHED:
+            return [x]
+        key = (peer, int(self.fabric.plan.transfer_kind[x]))
+        batch = self.batches.setdefault(key, [])
+        batch.append(x)
+        return self.batches.pop(key) if len(batch) == self.batch_size[key] else []
+
+    def signal(self, peer: int, batch: list[int]):
+        """Make the signal safe (a proxy fence, or a fence flag left to the NIC) and post it."""
+        f = self.fabric
+        if self.transport in NIC_ORDERED:
+            yield from self._op("signal", batch[-1], peer, 0)
+            self.env.process(f.signal(self.nic, peer, batch, flagged=True))
+            return
+        start = self.env.now
+        yield self.env.all_of(self.nic.pending())
+        yield self.env.timeout(self.hw.fence_ns)
+        self._row("fence", start, batch[-1], peer, 0)
+        yield from self._op("signal", batch[-1], peer, 0)
+        self.env.process(f.signal(self.nic, peer, batch, flagged=False))
 
     def _op(self, kind: str, x: int, peer: int, nbytes: int):
         start = self.env.now
