@@ -17,7 +17,7 @@ in how they guarantee that:
   peer in one phase, dispatch or return) is written, one fence and one signal cover them all.
 - `nic_order` (Perseus): per tile, the proxy posts the write and a signal with a fence flag; the
   NIC does the ordering and the proxy never blocks.
-- `perseus`: both, batched writes and one flagged signal per destination, and no proxy stalls.
+- `perseus`: both: one flagged signal per destination batch, and the proxy never blocks.
 """
 
 from __future__ import annotations
