@@ -34,10 +34,6 @@ class SharedLink:
         self._arm()
         return done
 
-    @property
-    def busy(self) -> int:
-        return len(self.flows)
-
     def _advance(self) -> None:
         if self.flows:
             self.served += (self.env.now - self.updated) * self.rate / len(self.flows)
