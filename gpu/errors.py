@@ -19,6 +19,7 @@ _WHAT = {
     6: ("tasks", "tasks to hand out (assigned {a} of {b}, published {c})"),
     7: ("bad_count", "source rank {a} announced {value} rows for local expert {b}, over the capacity {expected}"),
     8: ("queue_full", "a task queue slot ({a} needed, capacity {b})"),
+    9: ("start", "the kernel of rank {a} to start (launch {expected}; is every rank launching the layer?)"),
 }
 
 

@@ -79,9 +79,14 @@ class Sizes:
 
     @property
     def symmetric_bytes(self) -> int:
-        """NVSHMEM heap one layer takes on each rank: four E x C x H float buffers and the signals
-        (P * L = E blocks of rows arrive, E blocks are sent)."""
-        return 4 * (4 * self.E * self.C * self.H) + 8 * (self.E + 2 * self.E * self.TM)
+        """NVSHMEM heap one layer takes on each rank: four E x C x H float buffers (P * L = E
+        blocks of rows arrive, E blocks are sent) and the signals."""
+        return 4 * (4 * self.E * self.C * self.H) + 8 * self.signal_words
+
+    @property
+    def signal_words(self) -> int:
+        """sig_count (E), sig_tile (E x TM), sig_comb (E x TM), sig_start (P)."""
+        return self.E + 2 * self.E * self.TM + self.P
 
 
 def compile_options(cfg: Config) -> dict[str, int]:

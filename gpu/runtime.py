@@ -174,7 +174,7 @@ class Layer:
         rows = s.E * s.C
         with torch.cuda.stream(session.torch_stream):
             self._sym_f = symmetric.tensor((4, rows, s.H), dtype=f32)
-            self._sym_sig = symmetric.tensor((s.E + 2 * s.E * s.TM,), dtype=i64)
+            self._sym_sig = symmetric.tensor((s.signal_words,), dtype=i64)
             self._sym_sig.zero_()
             def empty(*shape, dtype):
                 return torch.empty(*shape, dtype=dtype, device=dev)
@@ -186,7 +186,8 @@ class Layer:
                      queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))
             b.update(inbox=self._sym_f[0], staging=self._sym_f[1], outbuf=self._sym_f[2], combox=self._sym_f[3],
                      sig_count=self._sym_sig[: s.E], sig_tile=self._sym_sig[s.E: s.E + s.E * s.TM],
-                     sig_comb=self._sym_sig[s.E + s.E * s.TM:])
+                     sig_comb=self._sym_sig[s.E + s.E * s.TM: s.E + 2 * s.E * s.TM],
+                     sig_start=self._sym_sig[s.E + 2 * s.E * s.TM:])
             # working state zeroed before every launch: 64-bit words, then 32-bit words
             self._work64 = torch.zeros(errors.ERROR_WORDS + self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
@@ -239,8 +240,10 @@ class Layer:
             for name in ("expert", "slot", "counts", "row_token", "row_choice"):
                 self.buffers[name].fill_(-7)
 
-    def launch(self, telemetry: bool = False) -> None:
-        """Enqueue one layer call on the session's stream (no wait, no error check)."""
+    def launch(self, telemetry: bool = False, events=None) -> None:
+        """Enqueue one layer call on the session's stream (no wait, no error check): zero the
+        working state, launch (the kernel itself waits, bounded, until every rank's kernel has
+        started before anything is put). `events` (start, end) are recorded around the kernel."""
         import torch
         from cuda.core import LaunchConfig, launch
 
@@ -251,8 +254,12 @@ class Layer:
             self._work32.zero_()
         self.epoch += 1
         cfg = LaunchConfig(grid=self.grid, block=BLOCK_THREADS, is_cooperative=True)
+        if events is not None:
+            events[0].record(self.session.torch_stream)
         launch(self.session.stream, cfg, self.kernel, np.uint64(self._params.data_ptr()), np.uint64(self.epoch),
                np.int32(1 if telemetry else 0))
+        if events is not None:
+            events[1].record(self.session.torch_stream)
 
     def check(self) -> None:
         """Wait for the last launch; raise KernelTimeout / KernelError from its error record."""

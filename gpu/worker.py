@@ -70,22 +70,32 @@ def run_everywhere(session: Session, layer: Layer, telemetry: bool = False) -> N
 
 
 def timed(session: Session, fn, warmup: int, iters: int, sync_fn) -> list[float]:
-    """Per-iteration device time in ms (CUDA events around fn on the session stream), after a
-    barrier that lines the ranks up."""
+    """Per-iteration device time in ms: fn(events) records CUDA events (start, end) on the
+    session stream around the work; sync_fn runs between iterations (checks, lining ranks up)."""
     import torch
 
     times = []
     for i in range(warmup + iters):
         sync_fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(session.torch_stream):
-            start.record()
-            fn()
-            end.record()
-        end.synchronize()
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        fn(events)
+        events[1].synchronize()
         if i >= warmup:
-            times.append(start.elapsed_time(end))
+            times.append(events[0].elapsed_time(events[1]))
     return times
+
+
+def around(stream, work):
+    """fn(events) for `timed`: events recorded on `stream` around work()."""
+    import torch
+
+    def fn(events):
+        with torch.cuda.stream(stream):
+            events[0].record()
+            work()
+            events[1].record()
+
+    return fn
 
 
 def run_case(session: Session, case: dict, out_dir: Path) -> dict:
@@ -109,8 +119,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
                 except errors.KernelError as e:
                     res["raised"], res["error"] = type(e).__name__, str(e)
                 res["seconds_to_raise"] = time.perf_counter() - t
-            res = _gather(session, res)[0 if case["sit_out"] != 0 else 1]
-            return res  # the layer is broken now (by design): no free, its heap is dropped with the session
+            return _gather(session, res)[0 if case["sit_out"] != 0 else 1]
         layer.poison()
         run_everywhere(session, layer)
         y = layer.output()
@@ -155,10 +164,10 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
                 allt = np.array(_gather(session, times))
                 return allt.max(axis=0)
 
-            kern = max_over_ranks(timed(session, layer.launch, warm, iters, lambda: (layer.check(), session.barrier())))
+            kern = max_over_ranks(timed(session, lambda ev: layer.launch(events=ev), warm, iters, layer.check))
             layer.check()
-            kern_tel = max_over_ranks(timed(session, lambda: layer.launch(True), warm, iters,
-                                            lambda: (layer.check(), session.barrier())))
+            kern_tel = max_over_ranks(timed(session, lambda ev: layer.launch(True, events=ev), warm, iters,
+                                            layer.check))
             layer.check()
             res["kernel_ms"] = float(np.median(kern))
             res["kernel_ms_all"] = kern.tolist()
@@ -172,13 +181,13 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
             for dt in case.get("baselines", ["float32"]):
                 b = TorchLayer(cfg, inputs, session.rank, dt)
                 with torch.cuda.stream(session.torch_stream):
-                    bt = max_over_ranks(timed(session, b.forward, warm, iters, nccl_barrier))
+                    bt = max_over_ranks(timed(session, around(session.torch_stream, b.forward), warm, iters,
+                                              nccl_barrier))
                 res[f"torch_{dt}_ms"] = float(np.median(bt))
                 del b
         res["seconds"] = time.perf_counter() - t0
     finally:
-        if case.get("sit_out") is None:
-            layer.close()
+        layer.close()
         torch.cuda.empty_cache()
     return res
 

@@ -11,7 +11,8 @@ from sim.trace import KIND
 def test_unsupported_fields_are_named():
     base = presets.get("tiny")
     for change, field in [(dict(dtype="bfloat16"), "dtype"), (dict(activation="swiglu"), "activation"),
-                          (dict(shared_experts=1), "shared_experts"), (dict(tile_m=24, tokens=96), "tile_m")]:
+                          (dict(shared_experts=1), "shared_experts"), (dict(tile_m=24, tokens=96), "tile_m"),
+                          (dict(tile_n=12, hidden=96, ffn=96), "tile_n")]:
         with pytest.raises(layout.UnsupportedConfig) as e:
             layout.check_supported(base.replace(**change))
         assert e.value.field == field and field in str(e.value)

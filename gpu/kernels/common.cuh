@@ -103,7 +103,7 @@ __device__ bool grid_barrier(const Params& p, int index) {
     __threadfence();
     atomicAdd(p.state + ST_BARRIER, 1);
     int target = (index + 1) * gridDim.x;
-    Waiter w;
+    Waiter w(2);  // after the start wait of block 0, which names the rank that did not start
     int seen;
     while ((seen = ld_acquire_gpu(p.state + ST_BARRIER)) < target) {
       if (w.expired(p, WAIT_BARRIER, index, 0, 0, seen, target)) {
@@ -113,6 +113,26 @@ __device__ bool grid_barrier(const Params& p, int index) {
     }
   }
   __syncthreads();
+  return ok;
+}
+
+// Block 0 waits until every rank's kernel of this epoch has started (then passes barrier 1).
+__device__ bool wait_all_started(const Params& p, uint64_t epoch) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    ok = 1;
+    for (int q = 0; q < p.P && ok; ++q) {
+      Waiter w;
+      uint64_t v;
+      while ((v = ld_acquire_sys(p.sig_start + q)) < epoch) {
+        if (w.expired(p, WAIT_START, q, 0, 0, (long long)v, (long long)epoch)) {
+          ok = 0;
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();  // on failure the other blocks leave barrier 1 through the abort flag
   return ok;
 }
 

@@ -10,31 +10,48 @@
 constexpr int GATE_TOKENS = 16;  // tokens per gate work item
 constexpr int GATE_EXPERTS = 64; // experts per pass over H
 constexpr int GATE_DEPTH = 32;   // slice of H held in shared memory
-constexpr int GATE_SMEM_DOUBLES = GATE_TOKENS * GATE_DEPTH + GATE_DEPTH * GATE_EXPERTS;
+constexpr int GATE_SMEM_LOGITS = 128;  // experts whose logits the selection reads from shared memory
+constexpr int GATE_SCORE_DOUBLES = GATE_TOKENS * GATE_DEPTH + GATE_DEPTH * GATE_EXPERTS;
+constexpr int GATE_SMEM_DOUBLES = GATE_SCORE_DOUBLES + GATE_TOKENS * GATE_SMEM_LOGITS;
 
 __device__ void gate_scores(const Params& p, int t0, double* smem) {
   double* xs = smem;                            // [GATE_TOKENS][GATE_DEPTH]
   double* ws = smem + GATE_TOKENS * GATE_DEPTH; // [GATE_DEPTH][GATE_EXPERTS]
   const int tid = threadIdx.x, tok = tid / 8, eg = tid % 8;  // 16 tokens x 8 expert lanes
+  constexpr int XN = GATE_TOKENS * GATE_DEPTH / 128, WN = GATE_DEPTH * GATE_EXPERTS / 128;
+  float xv[XN], wv[WN];
+  // a slice's loads are all issued before any use (one latency, not XN + WN), and the next
+  // slice's loads are in flight while the current slice is multiplied
+  auto load = [&](int e0, int h0) {
+#pragma unroll
+    for (int u = 0; u < XN; ++u) {
+      int v = tid + 128 * u, tt = t0 + v / GATE_DEPTH, hh = h0 + v % GATE_DEPTH;
+      xv[u] = (tt < p.T && hh < p.H) ? __ldg(p.x + (long long)tt * p.H + hh) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < WN; ++u) {
+      int v = tid + 128 * u, hh = h0 + v / GATE_EXPERTS, e = e0 + v % GATE_EXPERTS;
+      wv[u] = (hh < p.H && e < p.E) ? __ldg(p.wg + (long long)hh * p.E + e) : 0.f;
+    }
+  };
+  load(0, 0);
   for (int e0 = 0; e0 < p.E; e0 += GATE_EXPERTS) {
     double acc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.0;
     for (int h0 = 0; h0 < p.H; h0 += GATE_DEPTH) {
-      for (int v = tid; v < GATE_TOKENS * GATE_DEPTH; v += blockDim.x) {
-        int tt = t0 + v / GATE_DEPTH, hh = h0 + v % GATE_DEPTH;
-        xs[v] = (tt < p.T && hh < p.H) ? (double)p.x[(long long)tt * p.H + hh] : 0.0;
-      }
-      for (int v = tid; v < GATE_DEPTH * GATE_EXPERTS; v += blockDim.x) {
-        int hh = h0 + v / GATE_EXPERTS, e = e0 + v % GATE_EXPERTS;
-        ws[v] = (hh < p.H && e < p.E) ? (double)p.wg[(long long)hh * p.E + e] : 0.0;
-      }
+#pragma unroll
+      for (int u = 0; u < XN; ++u) xs[tid + 128 * u] = (double)xv[u];
+#pragma unroll
+      for (int u = 0; u < WN; ++u) ws[tid + 128 * u] = (double)wv[u];
       __syncthreads();
+      if (h0 + GATE_DEPTH < p.H) load(e0, h0 + GATE_DEPTH);
+      else if (e0 + GATE_EXPERTS < p.E) load(e0 + GATE_EXPERTS, 0);
 #pragma unroll 4
       for (int hh = 0; hh < GATE_DEPTH; ++hh) {
-        double xv = xs[tok * GATE_DEPTH + hh];
+        double xd = xs[tok * GATE_DEPTH + hh];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = fma(xv, ws[hh * GATE_EXPERTS + eg + 8 * i], acc[i]);
+        for (int i = 0; i < 8; ++i) acc[i] = fma(xd, ws[hh * GATE_EXPERTS + eg + 8 * i], acc[i]);
       }
       __syncthreads();
     }
@@ -42,16 +59,19 @@ __device__ void gate_scores(const Params& p, int t0, double* smem) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       int e = e0 + eg + 8 * i;
-      if (t < p.T && e < p.E) p.logits[(long long)t * p.E + e] = acc[i] - p.logit_offset[e];
+      if (t < p.T && e < p.E) {
+        double z = acc[i] - p.logit_offset[e];
+        p.logits[(long long)t * p.E + e] = z;
+        if (p.E <= GATE_SMEM_LOGITS) smem[GATE_SCORE_DOUBLES + tok * p.E + e] = z;
+      }
     }
   }
 }
 
 __device__ __forceinline__ double sigmoid64(double z) { return 1.0 / (1.0 + exp(-z)); }
 
-// Top-k and weights of one token from its float64 logits.
-__device__ void gate_select(const Params& p, int t) {
-  const double* z = p.logits + (long long)t * p.E;
+// Top-k and weights of one token from its float64 logits z (shared memory when E is small).
+__device__ void gate_select(const Params& p, int t, const double* z) {
   const bool sig = p.gate_kind == GATE_SIGMOID_BIAS;
   int chosen[16];  // K <= 16, checked on the host
   for (int j = 0; j < p.K; ++j) {
@@ -98,33 +118,51 @@ __device__ void gate_item(const Params& p, int item, double* smem) {
   int t0 = item * GATE_TOKENS;
   gate_scores(p, t0, smem);
   __syncthreads();  // the block's logits are written before its threads read them back
-  if (threadIdx.x < GATE_TOKENS && t0 + threadIdx.x < p.T) gate_select(p, t0 + threadIdx.x);
+  if (threadIdx.x < GATE_TOKENS && t0 + threadIdx.x < p.T) {
+    const double* z = p.E <= GATE_SMEM_LOGITS ? smem + GATE_SCORE_DOUBLES + threadIdx.x * p.E
+                                              : p.logits + (long long)(t0 + threadIdx.x) * p.E;
+    gate_select(p, t0 + threadIdx.x, z);
+  }
+  __syncthreads();  // the shared logits are read before the next item overwrites them
 }
 
-// Slots of expert e: scan assignments in priority order (index j * T + t) with a block prefix sum.
+// Slots of expert e: scan assignments in priority order (index j * T + t), SLOT_RUN consecutive
+// entries per thread, with a block prefix sum of the matches.
+constexpr int SLOT_RUN = 8;
 __device__ void assign_expert_slots(const Params& p, int e, int* warp_sums) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
   const long long n = p.T * p.K;
   int running = 0;
-  for (long long base = 0; base < n; base += blockDim.x) {
-    long long idx = base + tid;
-    int t = 0, j = 0;
-    bool match = false;
-    if (idx < n) {
-      j = (int)(idx / p.T);
-      t = (int)(idx % p.T);
-      match = __ldcg(p.expert + (long long)t * p.K + j) == e;
+  for (long long base = 0; base < n; base += (long long)blockDim.x * SLOT_RUN) {
+    const long long first = base + (long long)tid * SLOT_RUN;
+    int ex[SLOT_RUN];
+#pragma unroll
+    for (int u = 0; u < SLOT_RUN; ++u) {
+      long long idx = first + u;
+      ex[u] = idx < n ? __ldcg(p.expert + (idx % p.T) * p.K + idx / p.T) : -1;
     }
-    unsigned ballot = __ballot_sync(0xffffffffu, match);
-    if (lane == 0) warp_sums[warp] = __popc(ballot);
+    int mine = 0;
+#pragma unroll
+    for (int u = 0; u < SLOT_RUN; ++u) mine += ex[u] == e;
+    int incl = mine;  // inclusive scan over the warp
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      int up = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += up;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
     int before = running, block_total = 0;
     for (int w = 0; w < nwarps; ++w) {
       if (w < warp) before += warp_sums[w];
       block_total += warp_sums[w];
     }
-    int pos = before + __popc(ballot & ((1u << lane) - 1u));
-    if (match) {
+    int pos = before + incl - mine;
+#pragma unroll
+    for (int u = 0; u < SLOT_RUN; ++u) {
+      if (ex[u] != e) continue;
+      long long idx = first + u;
+      int t = (int)(idx % p.T), j = (int)(idx / p.T);
       int s = pos < p.C ? pos : -1;
       p.slot[(long long)t * p.K + j] = s;
       if (s >= 0) {
@@ -133,6 +171,7 @@ __device__ void assign_expert_slots(const Params& p, int e, int* warp_sums) {
         p.row_choice[r] = j;
         p.row_weight[r] = (float)__ldcg(p.weight + (long long)t * p.K + j);
       }
+      ++pos;
     }
     running += block_total;
     __syncthreads();  // warp_sums is rewritten by the next chunk

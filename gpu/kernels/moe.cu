@@ -31,6 +31,11 @@ moelab_moe_fp32(const Params* __restrict__ params, uint64_t epoch, int telemetry
   const bool is_os = blockIdx.x == gridDim.x - 1;
   const int log = is_os ? (int)p.n_proc : blockIdx.x;
   const uint64_t t_start = now_ns();
+  // tell every rank this kernel has started; no rank puts anything before all have (barrier 1),
+  // so no put lands in buffers a rank is still preparing or reading from its previous call
+  if (blockIdx.x == 0)
+    for (int q = threadIdx.x; q < p.P; q += blockDim.x)
+      nvshmemx_signal_op(p.sig_start + p.rank, epoch, NVSHMEM_SIGNAL_SET, q);
 
   // gate: GATE_TOKENS tokens per item, all blocks
   for (int item = blockIdx.x; item < ceil_div(p.T, GATE_TOKENS); item += gridDim.x)
@@ -38,6 +43,7 @@ moelab_moe_fp32(const Params* __restrict__ params, uint64_t epoch, int telemetry
   if (!grid_barrier(p, 0)) return;
   // capacity: one expert per block at a time
   for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e, warp_sums);
+  if (blockIdx.x == 0 && !wait_all_started(p, epoch)) return;
   if (!grid_barrier(p, 1)) return;
   if (threadIdx.x == 0) log_event(p, telemetry, log, EV_GATE, t_start, now_ns(), -1, -1, 0, -1, 0);
 

@@ -32,6 +32,7 @@ struct Params {
   uint64_t* sig_count;         // [P][L]       (epoch << 32) | rows, from each source
   uint64_t* sig_tile;          // [P][L][TM]   epoch when a dispatched tile has landed
   uint64_t* sig_comb;          // [E][TM]      epoch when a returned tile has landed
+  uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
   // local working state, zeroed before every launch
   float* hidden;               // [P][L][C][I] GEMM0 output
   int* state;                  // STATE_WORDS ints: barrier, abort, queue tail, ...
@@ -73,6 +74,7 @@ enum {
   WAIT_TASKS = 6,        // the scheduler waiting for tasks (a = assigned, b = total)
   BAD_COUNT = 7,         // source a announced more rows for local expert b than the capacity
   QUEUE_FULL = 8,        // the task queue overflowed (a = index, b = capacity)
+  WAIT_START = 9,        // the kernel of rank a to start (this launch's epoch)
 };
 
 // telemetry: event kinds (sim.trace KINDS indices) and log roles

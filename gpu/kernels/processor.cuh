@@ -19,18 +19,52 @@ __device__ __forceinline__ float activate(int kind, float h) {
   }
 }
 
+// Row copies by warps: dst row r (H floats) = scale(r) * src(r). Each warp moves ROW_GROUP rows
+// at a time with all of a batch's 16-byte loads issued before any store: these copies are bound
+// by load latency, not bandwidth, when each load waits for the one before.
+constexpr int ROW_GROUP = 4, ROW_BATCH = 2;
+template <class Src>
+__device__ void copy_rows(const Params& p, float* dst, int rows, Src src, const float* scales) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  const int H4 = (int)(p.H / 4);
+  for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += nwarps * ROW_GROUP) {
+    const float4* s[ROW_GROUP];
+    float w[ROW_GROUP];
+#pragma unroll
+    for (int g = 0; g < ROW_GROUP; ++g) {
+      bool in = r0 + g < rows;
+      s[g] = in ? src(r0 + g) : nullptr;
+      w[g] = in && scales ? __ldcg(scales + r0 + g) : 1.f;
+    }
+    for (int h = lane; h < H4; h += 32 * ROW_BATCH) {
+      float4 v[ROW_GROUP][ROW_BATCH];
+#pragma unroll
+      for (int g = 0; g < ROW_GROUP; ++g)
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; ++u)
+          if (s[g] && h + 32 * u < H4) v[g][u] = __ldcg(s[g] + h + 32 * u);
+#pragma unroll
+      for (int g = 0; g < ROW_GROUP; ++g) {
+        float4* d = reinterpret_cast<float4*>(dst + (long long)(r0 + g) * p.H);
+#pragma unroll
+        for (int u = 0; u < ROW_BATCH; ++u)
+          if (s[g] && h + 32 * u < H4)
+            d[h + 32 * u] = make_float4(w[g] * v[g][u].x, w[g] * v[g][u].y, w[g] * v[g][u].z, w[g] * v[g][u].w);
+      }
+    }
+  }
+}
+
 // Dispatch tile `tile` of expert e: gather its rows into staging, put them to the owner's inbox.
 template <int BM>
 __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, int tile) {
   const int rows_all = __ldcg(p.counts + e), rows = min(BM, rows_all - tile * BM);
   const uint64_t t0 = now_ns();
-  const long long H = p.H, H4 = p.H / 4, s0 = (long long)tile * BM;
+  const long long H = p.H, s0 = (long long)tile * BM;
   float* dst = p.staging + ((long long)e * p.C + s0) * H;
-  for (long long v = threadIdx.x; v < rows * H4; v += blockDim.x) {
-    long long r = v / H4, h = (v % H4) * 4;
-    int t = __ldcg(p.row_token + (long long)e * p.C + s0 + r);
-    *reinterpret_cast<float4*>(dst + r * H + h) = *reinterpret_cast<const float4*>(p.x + t * H + h);
-  }
+  copy_rows(p, dst, rows, [&](int r) {
+    return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + (long long)e * p.C + s0 + r) * H);
+  }, nullptr);
   __syncthreads();
   __threadfence();
   const int owner = (int)(e / p.L), le = (int)(e % p.L);
@@ -68,18 +102,13 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
     if (tk.x == TASK_STOP) break;
     const uint64_t t0 = now_ns();
     const int block = tk.y, tile = tk.z, col0 = tk.w;
-    const int tx = tid % Gemm::TX, ty = tid / Gemm::TX;
     if (tk.x == TASK_COMBINE) {
       // weight the returned rows of expert `block` in place: combox row = weight * row
       const int e = block, rows = min(BM, __ldcg(p.counts + e) - tile * BM);
-      const long long s0 = (long long)tile * BM, H4 = p.H / 4;
-      for (long long v = tid; v < rows * H4; v += blockDim.x) {
-        long long r = v / H4, h = (v % H4) * 4;
-        float w = __ldcg(p.row_weight + (long long)e * p.C + s0 + r);
-        float4* row = reinterpret_cast<float4*>(p.combox + ((long long)e * p.C + s0 + r) * p.H + h);
-        float4 a = __ldcg(row);
-        *row = make_float4(w * a.x, w * a.y, w * a.z, w * a.w);
-      }
+      const long long s0 = (long long)e * p.C + (long long)tile * BM;
+      float* rows_at = p.combox + s0 * p.H;
+      copy_rows(p, rows_at, rows, [&](int r) { return reinterpret_cast<const float4*>(rows_at + (long long)r * p.H); },
+                p.row_weight + s0);
       __syncthreads();
       if (tid == 0) {
         __threadfence();
@@ -96,11 +125,11 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
       Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, smem, acc);
 #pragma unroll
       for (int i = 0; i < Gemm::TM; ++i) {
-        int r = ty * Gemm::TM + i;
+        int r = Gemm::row_of(i);
         if (r >= rows) continue;
 #pragma unroll
         for (int j = 0; j < Gemm::TN; ++j) {
-          int c = col0 + tx * Gemm::TN + j;
+          int c = col0 + Gemm::col_of(j);
           p.hidden[(s0 + r) * p.I + c] = activate((int)p.act_kind, acc[i][j] + p.b1[(long long)le * p.I + c]);
         }
       }
@@ -108,11 +137,11 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
       Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, smem, acc);
 #pragma unroll
       for (int i = 0; i < Gemm::TM; ++i) {
-        int r = ty * Gemm::TM + i;
+        int r = Gemm::row_of(i);
         if (r >= rows) continue;
 #pragma unroll
         for (int j = 0; j < Gemm::TN; ++j) {
-          int c = col0 + tx * Gemm::TN + j;
+          int c = col0 + Gemm::col_of(j);
           p.outbuf[(s0 + r) * p.H + c] = acc[i][j] + p.b2[(long long)le * p.H + c];
         }
       }
@@ -148,21 +177,40 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
 // y[t] = sum over kept choices j = 0..k-1, in that order, of the weighted returned rows.
 __device__ void combine_tokens(const Params& p, int tel) {
   const uint64_t t0 = now_ns();
-  const long long H4 = p.H / 4;
-  for (long long t = blockIdx.x; t < p.T; t += p.n_proc) {
-    for (long long h = threadIdx.x; h < H4; h += blockDim.x) {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int j = 0; j < p.K; ++j) {
-        int s = __ldcg(p.slot + t * p.K + j);
-        if (s < 0) continue;
-        int e = __ldcg(p.expert + t * p.K + j);
-        float4 v = __ldcg(reinterpret_cast<const float4*>(p.combox + ((long long)e * p.C + s) * p.H) + h);
-        acc.x += v.x;
-        acc.y += v.y;
-        acc.z += v.z;
-        acc.w += v.w;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  const int H4 = (int)(p.H / 4);
+  constexpr int BATCH = 4;
+  for (long long t = (long long)blockIdx.x * nwarps + warp; t < p.T; t += p.n_proc * nwarps) {
+    // lane j < K holds choice j's returned row (nullptr where dropped)
+    const float4* mine = nullptr;
+    if (lane < p.K) {
+      int s = __ldcg(p.slot + t * p.K + lane);
+      if (s >= 0)
+        mine = reinterpret_cast<const float4*>(p.combox + ((long long)__ldcg(p.expert + t * p.K + lane) * p.C + s) * p.H);
+    }
+    float4* out = reinterpret_cast<float4*>(p.y + t * p.H);
+    for (int h = lane; h < H4; h += 32 * BATCH) {
+      float4 acc[BATCH];
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < p.K; ++j) {  // choice order: the fixed order of the golden
+        const float4* row = reinterpret_cast<const float4*>(__shfl_sync(0xffffffffu, (unsigned long long)mine, j));
+        if (!row) continue;
+        float4 v[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u)
+          if (h + 32 * u < H4) v[u] = __ldcg(row + h + 32 * u);
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+          acc[u].x += v[u].x;
+          acc[u].y += v[u].y;
+          acc[u].z += v[u].z;
+          acc[u].w += v[u].w;
+        }
       }
-      reinterpret_cast<float4*>(p.y + t * p.H)[h] = acc;
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u)
+        if (h + 32 * u < H4) out[h + 32 * u] = acc[u];
     }
   }
   if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_COMBINE, t0, now_ns(), -1, (int)p.rank, 0, -1, 0);
