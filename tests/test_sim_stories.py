@@ -8,9 +8,9 @@ import pytest
 from reference import presets
 from sim import sweeps
 
-# the communication-bound layer (256 small experts, k = 8) on nodes of 2 GPUs, few tokens: the
-# tiles per GPU, and so the fence pattern, are those of the full size
-COMM = sweeps.COMM_BOUND.replace(tokens=256)
+# the sweep's communication-bound layer (256 small experts, k = 8) on nodes of 2 GPUs: the tiles
+# per GPU, and so the fence pattern, are those of nodes of 8
+COMM = sweeps.COMM_BOUND
 
 
 def test_fused_kernel_beats_the_baseline_at_the_flashmoe_default():
@@ -33,7 +33,7 @@ def test_ibrc_latency_grows_with_nodes_while_perseus_stays_near_ibgda(multinode)
     assert ibrc[-1] > 2 * ibrc[0]
     for r in table:
         assert r["perseus"] <= 1.5 * r["ibgda"], r
-    assert table[-1]["ibrc"] > 1.5 * table[-1]["perseus"]
+    assert table[-1]["ibrc"] > 4 * table[-1]["perseus"]
 
 
 def test_decoupled_issues_at_least_4x_fewer_fences_than_ibrc_on_8_nodes(multinode):
