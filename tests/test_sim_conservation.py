@@ -14,13 +14,17 @@ from reference.plan import TASK_KINDS
 from sim.trace import KIND, ROLE
 
 KIND_NAME = {KIND[k]: k for k in TASK_KINDS}
-CASES = [("tiny", "ibgda"), ("tiny-deepseek", "ibgda"), *[("tiny-nodrop", t) for t in sim.TRANSPORTS]]
+# the paper's node size, P = 8, on one node and on two nodes of 4: the 8-rank paths that the
+# withheld 8-GPU machines would run
+EIGHT = presets.get("tiny").replace(name="tiny-p8", ranks=8)
+CASES = [(presets.get("tiny"), "ibgda"), (presets.get("tiny-deepseek"), "ibgda"),
+         *[(presets.get("tiny-nodrop"), t) for t in sim.TRANSPORTS],
+         (EIGHT, "ibgda"), (sim.with_nodes(EIGHT, 2), "ibrc")]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0].name}-{c[0].nodes}n-{c[1]}")
 def run(request):
-    name, transport = request.param
-    cfg = presets.get(name)
+    cfg, transport = request.param
     plan = reference.plan_of(cfg)
     return cfg, plan, sim.simulate(cfg, transport=transport, plan=plan).trace
 
