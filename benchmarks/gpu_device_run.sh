@@ -1,15 +1,29 @@
 #!/bin/bash
-# One device call: build check, the GPU tests, then the benchmark matrix, for the GPU counts given.
-#   bash benchmarks/gpu_device_run.sh 1 2        (repo root on the GPU machine; $OUT collects results)
-# Carry .whl (nvshmem4py-cu13 0.4.1, simpy) and .cache (prebuilt cubins) with the call.
+# One device call: build check (ptxas report), the GPU tests on every GPU count, then the benchmark
+# matrix with a telemetry trace per point, for the GPU counts given. Prints the table last.
+#   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_device_run.sh h200x2- 1 2
+# (repo root on the GPU machine, whose copy has no .git: the commit comes from here.) The first
+# argument prefixes the trace files' names. Carry .whl (nvshmem4py-cu13 0.4.1, simpy) and .cache
+# (prebuilt cubins) with the call. $OUT/results.tar.gz holds every result file.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 MOELAB_CACHE=$PWD/.cache/moelab
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export MOELAB_COMMAND="MOELAB_COMMIT=$MOELAB_COMMIT bash benchmarks/gpu_device_run.sh $*"
+PREFIX=$1
+shift
 OUT=${OUT:-artifacts/device}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/log.txt"
-python3 -c "from gpu import build; print(build.build({'TILE_M': 128, 'TILE_N': 64, 'TILE_K': 8}))" 2>&1 | tee -a "$OUT/log.txt"
-timeout 300 python3 -m pytest -m gpu tests/test_gpu_kernel.py -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
-timeout 400 python3 benchmarks/bench_gpu.py --gpus "$@" --suite bench --out "$OUT/r" --timeout 380 2>&1 | tee -a "$OUT/log.txt"
+R=$OUT/r
+mkdir -p "$R"
+{ echo "$MOELAB_COMMAND"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvidia-smi topo -m; nvcc --version | tail -1; } 2>&1 | tee "$R/log.txt"
+NVH=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])")
+nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include" -DTILE_M=128 -DTILE_N=64 -DTILE_K=8 \
+  -DMIN_BLOCKS_PER_SM=2 -Xptxas -v -o /tmp/ptxas.o 2>&1 | grep -A2 "for moelab_moe_fp32" | tee -a "$R/log.txt"
+# the test's workers have their own 120 s limit per GPU count, inside this one
+timeout 270 python3 -m pytest -m gpu tests/ -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
+timeout 280 python3 benchmarks/bench_gpu.py --gpus "$@" --suite bench --points sweep --prefix "$PREFIX" \
+  --out "$R" --timeout 260 2>&1 | tee "$R/bench.txt"
+tar -czf "$OUT/results.tar.gz" -C "$R" .
+tail -n 30 "$R/bench.txt"

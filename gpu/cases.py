@@ -4,7 +4,8 @@ check_cases: small configs against the float64 golden, covering fresh seeds, E =
 every supported gate and activation, skewed routing, all tokens to one expert with and without
 capacity dropping, T not a multiple of tile_m, tiny tiles. sit_out_case: one rank does not
 launch, the others must time out and raise. bench_cases: the FlashMoE default and its token and
-expert sweeps (random inputs drawn on the GPU, checked against the torch layer).
+expert sweeps (random inputs drawn on the GPU, checked against the torch layer), each with its
+telemetry trace.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def sit_out_case(p: int) -> dict:
     return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}
 
 
-def bench_cases(p: int, points: str) -> list[dict]:
+def bench_cases(p: int, points: str, prefix: str = "") -> list[dict]:
+    """Every point is timed and keeps its telemetry trace (`prefix` + trace-NAME-pP.npz); the
+    default point also profiles the torch layer."""
     chosen = []
     for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]:
         if points == "default" and c.name != "flashmoe":
@@ -49,6 +52,6 @@ def bench_cases(p: int, points: str) -> list[dict]:
             continue
         seen.add(c.name)
         cases.append({"name": f"bench-{c.name}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
-                      "bench": True, "baselines": ["float32", "bfloat16"], "warmup": 2, "iters": 7,
-                      "trace": f"trace-{c.name}-p{p}.npz" if c.name == "flashmoe" else None})
+                      "bench": True, "baselines": ["float32", "bfloat16"], "warmup": 3, "iters": 10,
+                      "trace": f"{prefix}trace-{c.name}-p{p}.npz", "profile": c.name == "flashmoe"})
     return cases

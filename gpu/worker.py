@@ -6,8 +6,11 @@ A case is a dict: name, config (Config fields), inputs ("reference": the referen
 inputs, or "random": drawn on the GPU), and what to do: "golden" (compare routing and output
 with reference.golden, small configs), "baseline" (compare with the torch layer), "telemetry"
 (run with telemetry on and off, compare, decode the trace), "bench" (time the kernel and the
-torch baselines), "sit_out" (this rank does not launch: the others must time out and raise),
-timeout_ms. Rank 0 writes OUT_DIR/results.json (one dict per case) and the traces.
+torch baselines), "profile" (a torch profiler table of one baseline call per dtype), "sit_out"
+(this rank does not launch: the others must time out and raise), timeout_ms, and "meta" (the
+run's provenance: commit, command, driver, ..., copied into the result and the trace's meta).
+Rank 0 writes OUT_DIR/results.json (one dict per case) and the traces; a bench case's trace is
+saved after its timings, so the trace file alone describes the measured run.
 """
 
 from __future__ import annotations
@@ -98,12 +101,32 @@ def around(stream, work):
     return fn
 
 
+def hardware_preset(gpu_name: str) -> str | None:
+    """The simulator's hardware preset of a GPU (the name torch reports), None if it has none."""
+    for key, preset in (("H200", "h200-sxm"), ("H100", "h100-sxm")):
+        if key in gpu_name:
+            return preset
+    return None
+
+
+def profile_table(session: Session, fn) -> str:
+    """torch profiler's table (top CUDA time) of one call of fn, after the timed runs warmed it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.cuda.stream(session.torch_stream), profile(activities=[ProfilerActivity.CPU,
+                                                                       ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=50)
+
+
 def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch
     import torch.distributed as dist
 
     cfg = Config.from_dict(case["config"])
-    res: dict = {"name": case["name"], "config": cfg.to_dict()}
+    res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {})}
     t0 = time.perf_counter()
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
@@ -132,22 +155,23 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         run_everywhere(session, layer, telemetry=True)
         res["telemetry_same_output"] = all(_gather(session, bool(np.array_equal(layer.output(), y))))
         send_counts = np.stack([r["counts"] for r in routes])
+        res["kept_rows"] = int(send_counts.sum())  # rows the experts computed, over all ranks
         origin = min(_gather(session, layer.kernel_start_ns()))
         tb, dropped = layer.trace_builder(origin, send_counts)
         parts = _gather(session, (tb.build(), dropped))
+        trace = None
         if session.rank == 0:
             from sim.trace import concat
 
             trace = concat([p[0] for p in parts], meta={
                 "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
-                "n_proc": layer.n_proc, "grid": layer.grid, "dropped_events": sum(p[1] for p in parts),
+                "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
+                "dropped_events": sum(p[1] for p in parts),
                 "time_origin": "earliest kernel start over ranks (globaltimer ns)"})
             res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)
             res["trace_events"] = len(trace)
+            res["dropped_events"] = trace.meta["dropped_events"]
             res["trace_span_ms"] = float(trace["end"].max() - trace["start"].min()) / 1e6 if len(trace) else 0.0
-            if case.get("trace"):
-                trace.save(out_dir / case["trace"])
-                res["trace"] = case["trace"]
         if case.get("baseline_check") or case.get("bench"):
             base = TorchLayer(cfg, inputs, session.rank, "float32")
             yb, eb, wb, sb = base.forward()
@@ -164,14 +188,22 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
                 allt = np.array(_gather(session, times))
                 return allt.max(axis=0)
 
-            kern = max_over_ranks(timed(session, lambda ev: layer.launch(events=ev), warm, iters, layer.check))
+            def lined_up():
+                # the last launch checked, then every rank's stream meets before the start event:
+                # the kernel's own start wait does not time host skew between the ranks
+                layer.check()
+                session.barrier()
+
+            kern = max_over_ranks(timed(session, lambda ev: layer.launch(events=ev), warm, iters, lined_up))
             layer.check()
             kern_tel = max_over_ranks(timed(session, lambda ev: layer.launch(True, events=ev), warm, iters,
-                                            layer.check))
+                                            lined_up))
             layer.check()
+            res["warmup"], res["iters"] = warm, iters
             res["kernel_ms"] = float(np.median(kern))
             res["kernel_ms_all"] = kern.tolist()
             res["kernel_telemetry_ms"] = float(np.median(kern_tel))
+            res["kernel_telemetry_ms_all"] = kern_tel.tolist()
             token = torch.ones(1, device=inputs.x.device)
 
             def nccl_barrier():
@@ -184,8 +216,22 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
                     bt = max_over_ranks(timed(session, around(session.torch_stream, b.forward), warm, iters,
                                               nccl_barrier))
                 res[f"torch_{dt}_ms"] = float(np.median(bt))
+                res[f"torch_{dt}_ms_all"] = bt.tolist()
+                if case.get("profile"):
+                    try:  # every rank runs it (the call's all-to-alls need all); a profiler fault costs the table only
+                        res[f"torch_{dt}_profile"] = profile_table(session, b.forward)
+                    except Exception as e:
+                        res[f"torch_{dt}_profile"] = f"profiler failed: {type(e).__name__}: {e}"
                 del b
         res["seconds"] = time.perf_counter() - t0
+        if trace is not None and case.get("trace"):
+            keep = ("name", "grid", "n_proc", "sm_utilization", "warmup", "iters", "kernel_ms", "kernel_ms_all",
+                    "kernel_telemetry_ms", "kernel_telemetry_ms_all", "torch_float32_ms", "torch_float32_ms_all",
+                    "torch_bfloat16_ms", "torch_bfloat16_ms_all", "vs_baseline_rel_err", "rel_err")
+            trace.meta.update({k: res[k] for k in keep if k in res})
+            trace.meta.update(case.get("meta", {}))
+            trace.save(out_dir / case["trace"])
+            res["trace"] = case["trace"]
     finally:
         layer.close()
         torch.cuda.empty_cache()

@@ -30,7 +30,7 @@ def suite(request, tmp_path_factory):
 
     seed = int.from_bytes(os.urandom(4), "little")
     todo = cases.check_cases(p, seed) + ([cases.sit_out_case(p)] if p > 1 else [])
-    results = spawn.run(todo, p, tmp_path_factory.mktemp(f"gpus{p}"), timeout_s=300)
+    results = spawn.run(todo, p, tmp_path_factory.mktemp(f"gpus{p}"), timeout_s=120)
     return p, {r["name"]: r for r in results}
 
 
