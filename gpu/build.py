@@ -86,31 +86,33 @@ class Built:
 
 
 def nvcc_commands(nvcc: str, arch: str, options: dict[str, int], nvshmem: Path, obj: Path,
-                  cubin: Path) -> list[list[str]]:
+                  cubin: Path, unit: str = "moe.cu") -> list[list[str]]:
     defines = [f"-D{k}={v}" for k, v in sorted(options.items())] + [f"-DMIN_BLOCKS_PER_SM={MIN_BLOCKS_PER_SM}"]
-    compile_cmd = [nvcc, f"-arch={arch}", "-rdc=true", "-O3", "-std=c++17", "-c", str(KERNEL_DIR / "moe.cu"),
+    compile_cmd = [nvcc, f"-arch={arch}", "-rdc=true", "-O3", "-std=c++17", "-c", str(KERNEL_DIR / unit),
                    f"-I{nvshmem / 'include'}", *defines, "-o", str(obj)]
     link_cmd = [nvcc, f"-arch={arch}", "-dlink", "--cubin", str(obj), str(nvshmem / "lib" / "libnvshmem_device.a"),
                 "-o", str(cubin)]
     return [compile_cmd, link_cmd]
 
 
-def build(options: dict[str, int], arch: str = ARCH, cache: Path | None = None) -> Built:
-    """The cubin for `options` (compile-time config fields), built now or taken from the cache."""
+def build(options: dict[str, int], arch: str = ARCH, cache: Path | None = None, unit: str = "moe.cu") -> Built:
+    """The cubin of kernels/`unit` (the megakernel, or the calibration microbenchmarks) for
+    `options` (compile-time config fields), built now or taken from the cache."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise BuildError("nvcc not found on PATH (or $CUDA_HOME/bin): install the CUDA toolkit 13")
     root = nvshmem_dir()
     sources = [(p.name, p.read_bytes()) for p in source_files()]
-    key = cache_key(options, arch, nvcc_version(nvcc), nvshmem_version(root), sources)
+    key = cache_key({**options, unit: 1} if unit != "moe.cu" else options, arch, nvcc_version(nvcc),
+                    nvshmem_version(root), sources)
     out_dir = cache or cache_dir()
-    cubin = out_dir / f"moe-{arch}-{key}.cubin"
+    cubin = out_dir / f"{Path(unit).stem}-{arch}-{key}.cubin"
     if cubin.is_file():
         return Built(cubin, key, True)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp_obj, tmp_cubin = cubin.with_suffix(f".{os.getpid()}.o"), cubin.with_suffix(f".{os.getpid()}.tmp")
     try:
-        for cmd in nvcc_commands(nvcc, arch, options, root, tmp_obj, tmp_cubin):
+        for cmd in nvcc_commands(nvcc, arch, options, root, tmp_obj, tmp_cubin, unit):
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 raise BuildError(f"{' '.join(cmd)}\nfailed ({done.returncode}):\n{done.stderr[-4000:]}")

@@ -40,8 +40,10 @@ def symmetric_heap_bytes(cases: list[dict]) -> int:
     return int(need * 1.1) + (512 << 20)
 
 
-def run(cases: list[dict], gpus: int, out_dir: str | Path, timeout_s: float = 600.0, echo: bool = True) -> list[dict]:
-    """Run `cases` on `gpus` processes; rank 0's results (one dict per case)."""
+def run(cases: list[dict], gpus: int, out_dir: str | Path, timeout_s: float = 600.0, echo: bool = True,
+        module: str = "gpu.worker"):
+    """Run `cases` on `gpus` processes of `python -m module JOB OUT_DIR` (the layer worker, or
+    gpu.microbench); rank 0's results.json (for the worker: one dict per case)."""
     if gpus < 1:
         raise ValueError(f"gpus = {gpus!r} is not allowed: a positive integer")
     out_dir = Path(out_dir)
@@ -55,7 +57,7 @@ def run(cases: list[dict], gpus: int, out_dir: str | Path, timeout_s: float = 60
            "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
     procs = []
     for r in range(gpus):
-        procs.append(subprocess.Popen([sys.executable, "-m", "gpu.worker", str(job), str(out_dir)],
+        procs.append(subprocess.Popen([sys.executable, "-m", module, str(job), str(out_dir)],
                                       env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                                       stdout=None if (echo and r == 0) else subprocess.DEVNULL,
                                       start_new_session=True))

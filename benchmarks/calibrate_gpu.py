@@ -1,0 +1,106 @@
+"""Run the calibration microbenchmarks (gpu/microbench.py) and write measurements/calibration-<gpu>.json.
+
+    python benchmarks/calibrate_gpu.py --gpus 2 --out OUT_DIR --commit SHA
+
+Writes OUT_DIR/calibration-<gpu>.json (the measured figures with GPU, driver, commit, command and
+date) and prints a short table of the figures the simulator's calibration fits. `--from-raw
+FILE` rebuilds the file and the table from a saved results.json without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from reference.cli import format_table  # noqa: E402
+
+
+def gpu_tag(name: str) -> str:
+    """'NVIDIA H200' -> 'h200' (the file name's GPU part)."""
+    for tag in ("h200", "h100", "b200", "a100"):
+        if tag in name.lower():
+            return tag
+    return "".join(ch for ch in name.lower().split()[-1] if ch.isalnum()) or "gpu"
+
+
+def driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return out.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def table(raw: dict) -> str:
+    rows = []
+    for g in raw.get("gemm", []):
+        rows.append((f"{g['task']} task, {g['rows']} rows, {g['blocks']} blocks", "µs/task",
+                     g["ns_per_task"]["median"] / 1e3))
+    for c in raw.get("copy", []):
+        if not c["scaled"]:
+            rows.append((f"copy_rows 1 tile, {c['blocks']} blocks", "GB/s/block",
+                         2 * c["bytes"] / c["ns_per_copy"]["median"]))
+    for p in raw.get("put", []):
+        if p["bytes"] == 1 << 20:
+            rows.append((f"put 1 MiB to {p['peer']}, {p['blocks']} blocks", "GB/s (all)", p["aggregate_gbps"]))
+    for p in raw.get("pingpong", []):
+        rows.append((f"round trip, {p['bytes']} B{' (signal)' if not p['bytes'] else ''}", "µs",
+                     p["round_trip_ns"] / 1e3))
+    for g in raw.get("gate", []):
+        rows.append((f"gate phase T={g['tokens']} E={g['experts']}", "µs", g["ns"] / 1e3))
+    for d in raw.get("dispatch", []):
+        rows.append((f"dispatch tile to {d['peer']} ({d['tiles']} tiles)", "µs/tile", d["ns_per_tile"]["median"] / 1e3))
+    for c in raw.get("combine", []):
+        rows.append((f"ordered combine T={c['tokens']}", "µs/block", c["ns_per_block"]["median"] / 1e3))
+    s = raw.get("scheduler") or {}
+    if s.get("gap_ns"):
+        rows.append(("scheduler hand-off gap", "µs", s["gap_ns"]["median"] / 1e3))
+    if s.get("arrival_to_first_task_ns"):
+        rows.append(("tile arrival to first task", "µs", s["arrival_to_first_task_ns"]["median"] / 1e3))
+    for name, err in raw.get("failed", {}).items():
+        rows.append((f"FAILED {name}", "", err.splitlines()[0][:60]))
+    return format_table(("microbenchmark", "unit", "value"), rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--out", default="artifacts/calibration")
+    ap.add_argument("--commit", default="unknown",
+                    help="the commit measured (the copy on the GPU machine may have no .git)")
+    ap.add_argument("--timeout", type=float, default=380.0, help="wall-clock limit of the job, seconds")
+    ap.add_argument("--from-raw", metavar="FILE", help="rebuild from a saved results.json (no GPU)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.from_raw:
+        raw = json.loads(Path(args.from_raw).read_text())
+    else:
+        from gpu import microbench, spawn
+
+        try:
+            raw = microbench.collect(args.gpus, out / "raw", timeout_s=args.timeout)
+        except spawn.SpawnError as e:  # whatever rank 0 saved before the failure still counts
+            print(f"microbenchmarks: {e}", flush=True)
+            saved = out / "raw" / "results.json"
+            raw = json.loads(saved.read_text()) if saved.is_file() else {"failed": {"job": str(e)}}
+    meta = {"gpu": raw.get("gpu", "unknown"), "gpus": args.gpus, "driver": driver(), "commit": args.commit,
+            "command": " ".join(["python", *sys.argv]), "date": datetime.datetime.now(datetime.UTC).isoformat(
+                timespec="seconds"), "producer": "gpu/microbench.py (kernels/microbench.cu)"}
+    doc = {"meta": meta, **{k: v for k, v in raw.items() if k not in ("gpu",)}}
+    path = out / f"calibration-{gpu_tag(meta['gpu'])}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+    print(table(raw))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

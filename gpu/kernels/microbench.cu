@@ -1,0 +1,189 @@
+// Calibration microbenchmarks: the megakernel's own device code (gate.cuh, tile_gemm.cuh,
+// processor.cuh) run piece by piece in persistent kernels of the megakernel's block size and
+// launch bounds, timed with %globaltimer, so the simulator's figures come from the code it models.
+// gpu/microbench.py launches them and turns the clocks into measurements/calibration-<gpu>.json.
+//   mb_gemm      tile GEMM tasks (GEMM0 with bias + activation, GEMM1 with bias), per block
+//   mb_copy      copy_rows gathers (dispatch packing, combine weighting), per block
+//   mb_put       put-with-signal of `bytes` by each of `gridDim` blocks to one PE
+//   mb_pingpong  put-with-signal (or a bare signal) round trips between two PEs
+//   mb_gate      the gate phase exactly as moe.cu runs it: gate items, barrier, slots, barrier
+//   mb_dispatch  dispatch_tile over this rank's routed tiles (telemetry logs per tile)
+//   mb_combine   the per-token ordered combine of the processors (telemetry logs per block)
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include "gate.cuh"
+#include "processor.cuh"
+
+#ifndef MIN_BLOCKS_PER_SM
+#define MIN_BLOCKS_PER_SM 2
+#endif
+#ifndef TILE_M
+#error "compile with -DTILE_M=.. -DTILE_N=.. -DTILE_K=.."
+#endif
+
+using MbGemm = SimtTileGemm<TILE_M, TILE_N, TILE_K>;
+constexpr int MB_THREADS = 128;
+// the same shared memory as the megakernel, so that both reach the same occupancy
+constexpr int MB_SMEM_BYTES = MbGemm::SMEM_FLOATS * 4 > GATE_SMEM_DOUBLES * 8 ? MbGemm::SMEM_FLOATS * 4
+                                                                                : GATE_SMEM_DOUBLES * 8;
+#define MB_KERNEL extern "C" __global__ void __launch_bounds__(MB_THREADS, MIN_BLOCKS_PER_SM)
+
+// Tasks in queue order g = j * gridDim + block (as a FIFO scheduler hands them out): the column
+// block varies fastest, then the tile (a_tiles distinct row tiles of A), then the expert (two
+// tiles per expert, as at the FlashMoE default), so concurrent tasks share operands as in a layer.
+// kind 0: out = act(A.W + bias) (GEMM0), kind 1: out = A.W + bias (GEMM1). ns[block] = total time.
+MB_KERNEL mb_gemm(int kind, int act, const float* A, int a_tiles, int rows, const float* __restrict__ W,
+                  const float* __restrict__ bias, int experts, int K, int N, float* out, int reps,
+                  unsigned long long* ns) {
+  __shared__ __align__(16) unsigned char smem_raw[MB_SMEM_BYTES];
+  float* smem = reinterpret_cast<float*>(smem_raw);
+  float acc[MbGemm::TM][MbGemm::TN];
+  const int ncol = N / TILE_N;
+  __syncthreads();
+  const uint64_t t0 = now_ns();
+  for (int j = 0; j < reps; ++j) {
+    const long long g = (long long)j * gridDim.x + blockIdx.x;
+    const int col0 = (int)(g % ncol) * TILE_N;
+    const long long tile = g / ncol;
+    const int slot = (int)(tile % a_tiles), le = (int)((tile / 2) % experts);
+    MbGemm::run(A + (long long)slot * TILE_M * K, K, rows, W + (long long)le * K * N + col0, N, K, smem, acc);
+    float* o = out + (long long)slot * TILE_M * N;
+#pragma unroll
+    for (int i = 0; i < MbGemm::TM; ++i) {
+      int r = MbGemm::row_of(i);
+      if (r >= rows) continue;
+#pragma unroll
+      for (int c = 0; c < MbGemm::TN; ++c) {
+        int col = col0 + MbGemm::col_of(c);
+        float v = acc[i][c] + bias[(long long)le * N + col];
+        o[(long long)r * N + col] = kind == 0 ? activate(act, v) : v;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
+  }
+  if (threadIdx.x == 0) ns[blockIdx.x] = now_ns() - t0;
+}
+
+// Each block gathers `rows` rows of H floats (a scattered permutation of src's rows, as tokens
+// are gathered per expert) into its own region of dst with the megakernel's copy_rows, `reps` times.
+MB_KERNEL mb_copy(const float* src, int src_rows, float* dst, int rows, int H, const float* scales, int reps,
+                  unsigned long long* ns) {
+  Params q;
+  q.H = H;  // copy_rows reads only the row width
+  float* mine = dst + (long long)blockIdx.x * rows * H;
+  __syncthreads();
+  const uint64_t t0 = now_ns();
+  for (int j = 0; j < reps; ++j) {
+    const long long first = ((long long)blockIdx.x * reps + j) * rows;
+    copy_rows(q, mine, rows, [&](int r) {
+      return reinterpret_cast<const float4*>(src + ((first + r) * 7919 % src_rows) * (long long)H);
+    }, scales);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) ns[blockIdx.x] = now_ns() - t0;
+}
+
+// Block b puts `bytes` from src + b * bytes to dst + b * bytes on PE `peer` with a signal, `reps`
+// times, then waits for completion (quiet). ns[2b] = time to issue, ns[2b + 1] = time to complete.
+MB_KERNEL mb_put(float* dst, const float* src, long long bytes, uint64_t* sig, int reps, int peer, uint64_t value,
+                 unsigned long long* ns) {
+  const long long off = (long long)blockIdx.x * (bytes / 4);
+  __syncthreads();
+  const uint64_t t0 = now_ns();
+  for (int j = 0; j < reps; ++j)
+    nvshmemx_putmem_signal_nbi_block(dst + off, src + off, (size_t)bytes, sig + blockIdx.x, value + j,
+                                     NVSHMEM_SIGNAL_SET, peer);
+  __syncthreads();
+  const uint64_t t1 = now_ns();
+  if (threadIdx.x == 0) nvshmem_quiet();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ns[2 * blockIdx.x] = t1 - t0;
+    ns[2 * blockIdx.x + 1] = now_ns() - t0;
+  }
+}
+
+// One block on each of two PEs: PE `leader` sends (put of `bytes` with its signal, or a bare
+// signal when bytes == 0), the other waits for it and answers the same way; `iters` round trips.
+// The first trip also absorbs the two launches' skew, so the clock starts after it.
+// Signal values base + i grow across launches, so no reset is needed.
+// out = {ns of round trips 2..iters, failed}.
+MB_KERNEL mb_pingpong(float* buf, long long bytes, uint64_t* sig, int iters, int me, int peer, int leader,
+                      uint64_t base, long long timeout_ns, long long* out) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  auto send = [&](uint64_t v) {
+    if (bytes > 0)
+      nvshmemx_putmem_signal_nbi_block(buf, buf, (size_t)bytes, sig, v, NVSHMEM_SIGNAL_SET, peer);
+    else if (threadIdx.x == 0)
+      nvshmemx_signal_op(sig, v, NVSHMEM_SIGNAL_SET, peer);
+  };
+  auto wait = [&](uint64_t v) {
+    if (threadIdx.x == 0) {
+      const uint64_t w0 = now_ns();
+      while (ld_acquire_sys(sig) < v)
+        if ((long long)(now_ns() - w0) > timeout_ns) {
+          failed = 1;
+          break;
+        }
+    }
+    __syncthreads();
+  };
+  uint64_t t1 = now_ns();
+  for (int i = 1; i <= iters && !failed; ++i) {
+    if (me == leader) {
+      send(base + i);
+      wait(base + i);
+    } else {
+      wait(base + i);
+      send(base + i);
+    }
+    if (i == 1) t1 = now_ns();
+  }
+  if (threadIdx.x == 0) nvshmem_quiet();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    out[0] = (long long)(now_ns() - t1);
+    out[1] = failed;
+  }
+}
+
+// The gate phase as moe.cu runs it (without the cross-rank start wait): every block takes gate
+// items, grid barrier, slots per expert, grid barrier. ns[2b], ns[2b + 1] = block b's start, end.
+// Cooperative launch; the state words must be zero.
+MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
+  const Params& p = *params;
+  __shared__ __align__(16) unsigned char smem_raw[MB_SMEM_BYTES];
+  __shared__ int warp_sums[MB_THREADS / 32];
+  const uint64_t t0 = now_ns();
+  for (int item = blockIdx.x; item < ceil_div(p.T, GATE_TOKENS); item += gridDim.x)
+    gate_item(p, item, reinterpret_cast<double*>(smem_raw));
+  if (!grid_barrier(p, 0)) return;
+  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e, warp_sums);
+  if (!grid_barrier(p, 1)) return;
+  if (threadIdx.x == 0) {
+    ns[2 * blockIdx.x] = t0;
+    ns[2 * blockIdx.x + 1] = now_ns();
+  }
+}
+
+// Blocks 0..n-1 dispatch this rank's routed tiles as the megakernel's processors do (tile f by
+// block f mod n); each tile's interval goes to the block's telemetry log (tlog counts zeroed).
+MB_KERNEL mb_dispatch(const Params* __restrict__ params, uint64_t epoch, int n) {
+  const Params& p = *params;
+  if (blockIdx.x >= n) return;
+  for (long long f = blockIdx.x; f < p.E * p.TM; f += n) {
+    const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
+    if (tile < ceil_div(__ldcg(p.counts + e), TILE_M)) dispatch_tile<TILE_M>(p, epoch, 1, e, tile);
+  }
+  if (threadIdx.x == 0) nvshmem_quiet();
+}
+
+// The processors' final ordered combine (blocks >= n_proc leave), logged per block.
+MB_KERNEL mb_combine(const Params* __restrict__ params) {
+  const Params& p = *params;
+  if (blockIdx.x >= p.n_proc) return;
+  combine_tokens(p, 1);
+}

@@ -1,0 +1,370 @@
+"""Calibration microbenchmarks on the GPUs of one host: one process per GPU, like gpu.worker.
+
+    python -m gpu.microbench JOB.json OUT_DIR     (started by `collect`, one process per GPU)
+
+Runs the kernels of kernels/microbench.cu (the megakernel's own device code, piece by piece)
+and writes OUT_DIR/results.json from rank 0 after every section, so a section that fails or a
+job cut short still leaves the others:
+
+- occupancy: the megakernel's grid and processors (blocks per SM) and the microbenchmarks' own;
+- gemm: time per tile GEMM task (GEMM0 with bias + ReLU, GEMM1 with bias) at 1 block and at the
+  megakernel's grid, for full and short tiles;
+- copy: copy_rows gathers of one tile (128 rows of H floats) per block, 1 block to the full grid;
+- put: put-with-signal per block vs message size and issuing blocks, to this GPU and to the peer;
+- pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size;
+- gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts;
+- dispatch / combine: dispatch_tile over a FlashMoE-default layer's routed tiles, and the
+  per-token ordered combine, from the blocks' telemetry logs;
+- scheduler: gaps between consecutive tasks of a processor (scheduler hand-off) and from a
+  tile's arrival to its first task (subscriber), from the megakernel's telemetry on a small
+  layer that is not one of the measured layer runs (leave-one-out).
+
+Job: {"cases": [{"name", "config"}], "commit": ...}; the cases' configs size NVSHMEM's heap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from reference import Config, presets
+
+from . import build, layout, spawn
+from .runtime import Inputs, Layer, Session
+
+KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
+H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
+GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
+PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
+PUT_BLOCKS = (1, 8, 32, 128)  # and the full grid
+PING_SIZES = (0, 4 << 10, 64 << 10, 1 << 20)
+GEMM_ROWS = (128, 96, 64, 32)
+EV_DISPATCH, EV_GEMM0, EV_GEMM1, EV_COMBINE, EV_SIGNAL = 1, 2, 3, 4, 7  # kernels/params.cuh
+SCHED_CONFIG = dict(tokens=16384, hidden=512, ffn=512, experts=16, top_k=2)  # small tasks, many of them
+
+
+def flashmoe(world: int, **changes) -> Config:
+    return presets.get("flashmoe").replace(ranks=world, **changes)
+
+
+def job_cases(world: int) -> list[dict]:
+    """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
+    cfgs = [flashmoe(world, tokens=t, experts=e) for t, e in GATE_POINTS]
+    cfgs.append(flashmoe(world, **SCHED_CONFIG))
+    return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
+
+
+class Bench:
+    """This rank's session, the microbenchmark kernels and the launch helpers."""
+
+    def __init__(self, session: Session):
+        import nvshmem.core as nvshmem
+        import torch
+        from cuda.core import ObjectCode
+        from nvshmem.core import NvshmemKernelObject
+
+        self.s, self.torch = session, torch
+        self.dev = torch.device("cuda", session.local_rank)
+        tile = layout.compile_options(flashmoe(session.world))
+        built = build.build(tile, unit="microbench.cu")
+        self.obj = ObjectCode.from_cubin(built.cubin.read_bytes())
+        nvshmem.library_init(NvshmemKernelObject.from_obj(self.obj))
+        self.k = {name: self.obj.get_kernel(name) for name in KERNELS}
+        self.per_sm = {name: k.occupancy.max_active_blocks_per_multiprocessor(layout.BLOCK_THREADS, 0)
+                       for name, k in self.k.items()}
+        self.base = 0  # ping-pong signal values grow across launches
+
+    def launch(self, name: str, grid: int, *args, cooperative: bool = False) -> None:
+        from cuda.core import LaunchConfig, launch
+
+        cfg = LaunchConfig(grid=grid, block=layout.BLOCK_THREADS, is_cooperative=cooperative)
+        launch(self.s.stream, cfg, self.k[name], *args)
+        self.s.sync()
+
+    def zeros(self, *shape, dtype=None):
+        with self.torch.cuda.stream(self.s.torch_stream):
+            return self.torch.zeros(*shape, dtype=dtype or self.torch.int64, device=self.dev)
+
+    def randn(self, *shape, scale=1.0):
+        with self.torch.cuda.stream(self.s.torch_stream):
+            return self.torch.randn(*shape, device=self.dev) * scale
+
+    def clocks(self, t) -> np.ndarray:
+        self.s.sync()
+        return t.cpu().numpy().astype(np.float64)
+
+
+def ptr(t) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+def stats(x: np.ndarray) -> dict:
+    x = np.asarray(x, np.float64)
+    return {"median": float(np.median(x)), "p10": float(np.percentile(x, 10)), "p90": float(np.percentile(x, 90)),
+            "min": float(x.min()), "max": float(x.max()), "n": int(x.size)}
+
+
+def sec_gemm(b: Bench, grid: int) -> list[dict]:
+    """Tile GEMM tasks at 1 block and at the megakernel's grid; ns per task per block."""
+    experts, a_tiles = 8, 64
+    A = b.randn(a_tiles, 128, H)
+    W = b.randn(experts, H, I, scale=H ** -0.5)
+    bias = b.randn(experts, I, scale=0.1)
+    out = b.zeros(a_tiles, 128, I, dtype=b.torch.float32)
+    ns = b.zeros(grid)
+    rows_ = []
+    points = [(1, 128, 16)] + [(grid, r, 4) for r in GEMM_ROWS]
+    for kind in (0, 1):
+        b.launch("mb_gemm", grid, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(128), ptr(W),
+                 ptr(bias), np.int32(experts), np.int32(H), np.int32(I), ptr(out), np.int32(1), ptr(ns))  # warm-up
+        for blocks, rows, reps in points:
+            b.launch("mb_gemm", blocks, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(rows),
+                     ptr(W), ptr(bias), np.int32(experts), np.int32(H), np.int32(I), ptr(out), np.int32(reps), ptr(ns))
+            per_task = b.clocks(ns)[:blocks] / reps
+            rows_.append({"task": ("gemm0", "gemm1")[kind], "blocks": blocks, "rows": rows, "k": H, "n": 64,
+                          "flops": 2 * rows * H * 64, "ns_per_task": stats(per_task)})
+    return rows_
+
+
+def sec_copy(b: Bench, grid: int) -> list[dict]:
+    """copy_rows of one 128-row tile per block; bytes = rows x H x 4 read and as many written."""
+    src_rows, rows, reps = 16384, 128, 4
+    src = b.randn(src_rows, H)
+    dst = b.zeros(grid * rows * H, dtype=b.torch.float32)
+    scales = b.randn(grid * rows * reps)
+    ns = b.zeros(grid)
+    out = []
+    for blocks in sorted({1, 32, 128, grid}):
+        for scaled in (False, True):
+            b.launch("mb_copy", blocks, ptr(src), np.int32(src_rows), ptr(dst), np.int32(rows), np.int32(H),
+                     ptr(scales) if scaled else np.uint64(0), np.int32(reps), ptr(ns))
+            per = b.clocks(ns)[:blocks] / reps
+            out.append({"blocks": blocks, "rows": rows, "bytes": rows * H * 4, "scaled": scaled,
+                        "ns_per_copy": stats(per)})
+    return out
+
+
+def sec_put(b: Bench, grid: int) -> list[dict]:
+    """Rank 0 puts (with signal) from every one of `blocks` blocks to itself and to rank 1."""
+    import nvshmem.core.interop.torch as symmetric
+
+    s = b.s
+    top = max(PUT_SIZES)
+    with b.torch.cuda.stream(s.torch_stream):
+        buf = symmetric.tensor((2, grid * top // 4), dtype=b.torch.float32)
+        sig = symmetric.tensor((grid,), dtype=b.torch.int64)
+        buf.normal_()
+        sig.zero_()
+    s.barrier()
+    s.sync()
+    ns = b.zeros(2 * grid)
+    out = []
+    peers = [0] + ([1] if s.world > 1 else [])
+    try:
+        if s.rank == 0:
+            for peer in peers:
+                for blocks in sorted({*PUT_BLOCKS, grid}):
+                    for size in PUT_SIZES:
+                        reps = 8
+                        b.launch("mb_put", blocks, ptr(buf[1]), ptr(buf[0]), np.int64(size), ptr(sig), np.int32(reps),
+                                 np.int32(peer), np.uint64(1), ptr(ns))
+                        t = b.clocks(ns)[: 2 * blocks].reshape(blocks, 2)
+                        out.append({"peer": "self" if peer == 0 else "nvlink", "blocks": blocks, "bytes": size,
+                                    "reps": reps, "ns_per_put": stats(t[:, 1] / reps),
+                                    "issue_ns_per_put": stats(t[:, 0] / reps),
+                                    "aggregate_gbps": blocks * reps * size / float(t[:, 1].max())})
+        s.barrier()
+        s.sync()
+    finally:
+        import nvshmem.core as nvshmem
+
+        nvshmem.free_tensor(buf)
+        nvshmem.free_tensor(sig)
+    return out
+
+
+def sec_pingpong(b: Bench) -> list[dict]:
+    """Round trips between ranks 0 and 1: a bare signal (bytes 0) or a put with its signal."""
+    import nvshmem.core as nvshmem
+    import nvshmem.core.interop.torch as symmetric
+
+    s = b.s
+    if s.world < 2:
+        return []
+    with b.torch.cuda.stream(s.torch_stream):
+        buf = symmetric.tensor((max(PING_SIZES) // 4,), dtype=b.torch.float32)
+        sig = symmetric.tensor((1,), dtype=b.torch.int64)
+        sig.zero_()
+    res = b.zeros(2)
+    out = []
+    try:
+        for size in PING_SIZES:
+            iters = 200 if size <= (64 << 10) else 50
+            s.barrier()
+            s.sync()
+            b.launch("mb_pingpong", 1, ptr(buf), np.int64(size), ptr(sig), np.int32(iters), np.int32(s.rank),
+                     np.int32(1 - s.rank), np.int32(0), np.uint64(b.base), np.int64(2_000_000_000), ptr(res))
+            b.base += iters
+            total, failed = b.clocks(res)
+            out.append({"bytes": size, "iters": iters, "round_trip_ns": total / (iters - 1), "failed": bool(failed)})
+        s.barrier()
+        s.sync()
+    finally:
+        nvshmem.free_tensor(buf)
+        nvshmem.free_tensor(sig)
+    return out
+
+
+def gate_time(b: Bench, layer: Layer) -> tuple[float, int]:
+    """Median over 3 launches of the gate phase's span (first block start to last block end)."""
+    grid = min(layer.grid, b.per_sm["mb_gate"] * b.s.sms)
+    ns = b.zeros(2 * grid)
+    spans = []
+    for _ in range(4):
+        with b.torch.cuda.stream(b.s.torch_stream):
+            layer._work32.zero_()  # the grid barrier's counter
+            layer._work64.zero_()
+        b.launch("mb_gate", grid, ptr(layer._params), ptr(ns), cooperative=True)
+        t = b.clocks(ns).reshape(grid, 2)
+        spans.append(t[:, 1].max() - t[:, 0].min())
+    return float(np.median(spans[1:])), grid
+
+
+def tlog_events(layer: Layer, kind: int) -> list[tuple[int, float, int, int]]:
+    """(log, duration ns, peer, rows) of every logged event of `kind`."""
+    tlog, counts = layer.telemetry_logs()
+    out = []
+    for log in range(len(counts)):
+        for w0, w1, w2, _ in tlog[log, : min(int(counts[log]), tlog.shape[1])].tolist():
+            if w2 & 0xFF == kind:
+                out.append((log, float(w1 - w0), (w2 >> 24) & 0xFFFF, (w2 >> 40) & 0xFFFF))
+    return out
+
+
+def sec_layer_pieces(b: Bench, results: dict, save) -> None:
+    """Gate over GATE_POINTS; dispatch and combine on the FlashMoE default's layer."""
+    s = b.s
+    results["gate"], results["dispatch"], results["combine"] = [], [], []
+    for tokens, experts in GATE_POINTS:
+        cfg = flashmoe(s.world, tokens=tokens, experts=experts)
+        layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=1))
+        try:
+            results.setdefault("occupancy", {}).update(megakernel_grid=layer.grid, n_proc=layer.n_proc, sms=s.sms)
+            ns, grid = gate_time(b, layer)
+            results["gate"].append({"tokens": tokens, "experts": experts, "hidden": H, "top_k": cfg.top_k,
+                                    "grid": grid, "ns": ns})
+            if (tokens, experts) == GATE_POINTS[0]:
+                layer.run()  # routing, counts and rows in place for dispatch and combine
+                for _ in range(2):
+                    with b.torch.cuda.stream(s.torch_stream):
+                        layer._work32.zero_()  # telemetry counts
+                    s.barrier()
+                    s.sync()
+                    b.launch("mb_dispatch", layer.n_proc, ptr(layer._params), np.uint64(layer.epoch),
+                             np.int32(layer.n_proc))
+                    s.barrier()
+                    s.sync()
+                ev = tlog_events(layer, EV_DISPATCH)
+                for where, sel in (("self", [e for e in ev if e[2] == s.rank]),
+                                   ("nvlink", [e for e in ev if e[2] != s.rank])):
+                    if sel:
+                        results["dispatch"].append({
+                            "peer": where, "tiles": len(sel), "concurrent_blocks": min(len(ev), layer.n_proc),
+                            "rows": stats([e[3] for e in sel]), "bytes_per_row": H * 4,
+                            "ns_per_tile": stats([e[1] for e in sel]),
+                            "ns_per_row": stats([e[1] / max(e[3], 1) for e in sel])})
+                with b.torch.cuda.stream(s.torch_stream):
+                    layer._work32.zero_()
+                b.launch("mb_combine", layer.grid, ptr(layer._params))
+                ev = tlog_events(layer, EV_COMBINE)
+                results["combine"].append({"tokens": tokens, "top_k": cfg.top_k, "hidden": H, "n_proc": layer.n_proc,
+                                           "ns_per_block": stats([e[1] for e in ev])})
+        finally:
+            layer.close()
+            b.torch.cuda.empty_cache()
+        save()
+
+
+def sec_scheduler(b: Bench) -> dict:
+    """Hand-off gaps from the megakernel's own telemetry on a small layer (not a measured run)."""
+    s = b.s
+    cfg = flashmoe(s.world, **SCHED_CONFIG)
+    layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=2))
+    try:
+        layer.run()
+        s.barrier()
+        layer.run(telemetry=True)
+        tb, _ = layer.trace_builder(layer.kernel_start_ns(), None)
+        tr = tb.build()
+    finally:
+        layer.close()
+    from sim.trace import KIND, ROLE
+
+    proc = (tr["role"] == ROLE["processor"]) & np.isin(tr["kind"], [KIND["gemm0"], KIND["gemm1"]])
+    gaps = []
+    for lane in np.unique(tr["lane"][proc]):
+        m = proc & (tr["lane"] == lane)
+        order = np.argsort(tr["start"][m])
+        st, en = tr["start"][m][order], tr["end"][m][order]
+        gaps.extend((st[1:] - en[:-1]).tolist())
+    sig = (tr["role"] == ROLE["subscriber"]) & (tr["kind"] == KIND["signal"])
+    g0 = proc & (tr["kind"] == KIND["gemm0"])
+    delays = []
+    for t_sig, e, tile, peer in zip(tr["start"][sig], tr["expert"][sig], tr["tile"][sig], tr["peer"][sig]):
+        m = g0 & (tr["expert"] == e) & (tr["tile"] == tile) & (tr["peer"] == peer)
+        if m.any():
+            delays.append(float(tr["start"][m].min() - t_sig))
+    dur = tr["end"][proc] - tr["start"][proc]
+    return {"config": cfg.to_dict(), "tasks": int(proc.sum()), "n_proc": layer.n_proc,
+            "gap_ns": stats(gaps) if gaps else None, "arrival_to_first_task_ns": stats(delays) if delays else None,
+            "task_ns": stats(dur) if dur.size else None}
+
+
+def main(argv: list[str]) -> int:
+    out_dir = Path(argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    session = Session.start()
+    results: dict = {"gpu": session.name, "sms": session.sms, "world": session.world, "failed": {}}
+
+    def save() -> None:
+        if session.rank == 0:
+            (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+
+    bench = Bench(session)
+    grid = None
+    sections = [("layer_pieces", lambda: sec_layer_pieces(bench, results, save)),
+                ("gemm", lambda: sec_gemm(bench, grid)), ("copy", lambda: sec_copy(bench, grid)),
+                ("put", lambda: sec_put(bench, grid)), ("pingpong", lambda: sec_pingpong(bench)),
+                ("scheduler", lambda: sec_scheduler(bench))]
+    for name, run in sections:
+        t0 = time.perf_counter()
+        try:
+            got = run()
+            if got is not None:
+                results[name] = got
+        except Exception as e:  # recorded; the next sections still run
+            results["failed"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
+            print(f"[rank {session.rank}] section {name} failed: {e}", file=sys.stderr, flush=True)
+        grid = grid or results.get("occupancy", {}).get("megakernel_grid") or 2 * session.sms
+        results.setdefault("occupancy", {})["microbench_blocks_per_sm"] = bench.per_sm
+        results.setdefault("seconds", {})[name] = time.perf_counter() - t0
+        print(f"[rank {session.rank}] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+        save()
+    session.close()
+    return 0
+
+
+def collect(gpus: int, out_dir: str | Path, timeout_s: float = 400.0) -> dict:
+    """Run the microbenchmarks on `gpus` GPUs of this host; rank 0's results."""
+    return spawn.run(job_cases(gpus), gpus, out_dir, timeout_s=timeout_s, module="gpu.microbench")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    sys.exit(main(sys.argv[1:]))
