@@ -48,7 +48,7 @@ class Baseline:
         experts_here = cfg.local_experts + cfg.shared_experts
         i0, h = cfg.ffn * widen, cfg.hidden
         picks = cfg.tokens * (cfg.top_k + cfg.shared_experts)
-        yield from self.kernel(r, "gate", costs.gate_ns(hw, cfg))
+        yield from self.kernel(r, "gate", costs.gate_roofline_ns(hw, cfg))
         yield from self.kernel(r, "dispatch", costs.kernel_ns(hw, cfg, 0.0, 2.0 * nb * picks * h, gemm=False))
         yield from self.all_to_all(r, "dispatch")
         yield from self.kernel(r, "gemm0", costs.kernel_ns(

@@ -1,20 +1,32 @@
-"""The cost model: how long a block spends on a task, the gate or packing a tile, from the preset.
+"""The cost model: how long a block spends on a task, the gate or moving a tile, from the preset.
 
 A block's share of the chip is 1 / (SMs x blocks per SM) of its matrix rate (peak x efficiency)
 and of its HBM bandwidth. A task takes its FLOPs over the block's rate or its HBM bytes over the
 block's bandwidth, whichever dominates, plus the per-task overhead. GEMM operands are reread by
 many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a combine streams.
-Times in ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
+
+Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measured and set by
+calibration): the gate runs in float64 work items of 16 tokens x 64 experts on every block, then
+one block per expert scans all (token, choice) pairs for its slots; a block copies token rows at
+its own rate (load latency, not HBM, bounds it); a put is done by the issuing block's threads
+(dispatch: after packing; return: by the processor finishing the tile's last GEMM1 task); after
+its last task every processor sums its share of tokens in choice order. Times in ns; flops per
+ns = TFLOP/s x 1e3, bytes per ns = GB/s.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from reference import Config
-from reference.plan import COMBINE
+from reference.plan import COMBINE, LOCAL, NVLINK
 
 from .hardware import Hardware
+
+GATE_TOKENS, GATE_EXPERTS = 16, 64  # the gate's work item (gpu/kernels/gate.cuh)
+REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 
 
 def blocks(hw: Hardware) -> int:
@@ -35,22 +47,52 @@ def block_bytes_per_ns(hw: Hardware) -> float:
 
 def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Duration of each task (arrays of the tile plan's task_kind, task_flops, task_bytes)."""
-    hbm_bytes = np.where(kind == COMBINE, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
+    combine = kind == COMBINE
+    hbm_bytes = np.where(combine, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
     compute = flops / block_flops_per_ns(hw, cfg.dtype)
     memory = hbm_bytes / block_bytes_per_ns(hw)
-    return np.maximum(compute, memory) + hw.task_overhead_ns
+    # a combine task weights its rows in place: rows x H values of the plan's (nb + 4) bytes each
+    copied = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes, 0.0) * hw.copy_ns_per_byte
+    return np.maximum(np.maximum(compute, memory), copied) + hw.task_overhead_ns
 
 
-def gate_ns(hw: Hardware, cfg: Config) -> float:
-    """The gate on the whole chip: logits x Wg over T tokens, reading the tokens and Wg."""
+def gate_roofline_ns(hw: Hardware, cfg: Config) -> float:
+    """The gate at the chip's rates: logits x Wg over T tokens, reading the tokens and Wg."""
     flops = 2.0 * cfg.tokens * cfg.hidden * cfg.experts
     nbytes = cfg.dtype_bytes * (cfg.tokens * cfg.hidden + cfg.hidden * cfg.experts)
     return max(flops / chip_flops_per_ns(hw, cfg.dtype), nbytes / hw.hbm_gbps)
 
 
-def pack_ns(hw: Hardware, nbytes: float) -> float:
-    """One block gathers a tile's token rows into the send buffer: read and write its bytes."""
-    return 2.0 * nbytes / block_bytes_per_ns(hw) + hw.task_overhead_ns
+def gate_ns(hw: Hardware, cfg: Config) -> float:
+    """The megakernel's gate phase: the roofline or the kernel's work items and slot scans,
+    whichever is longer, and the phase's fixed cost."""
+    roofline = gate_roofline_ns(hw, cfg)
+    items = math.ceil(math.ceil(cfg.tokens / GATE_TOKENS) / blocks(hw)) * math.ceil(cfg.experts / GATE_EXPERTS)
+    slots = math.ceil(cfg.experts / blocks(hw)) * cfg.tokens * cfg.top_k
+    kernel = items * cfg.hidden * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
+    return max(roofline, kernel) + hw.gate_fixed_ns
+
+
+def put_ns(hw: Hardware, link: int, nbytes: float) -> float:
+    """The issuing block's time to put a tile to its own GPU or over NVLink (the network path
+    hands the put to a NIC or a proxy and costs the block nothing here)."""
+    per_byte = {LOCAL: hw.put_local_ns_per_byte, NVLINK: hw.put_nvlink_ns_per_byte}.get(link, 0.0)
+    return nbytes * per_byte
+
+
+def pack_ns(hw: Hardware, nbytes: float, link: int) -> float:
+    """One block gathers a tile's token rows into the send buffer (reads and writes its bytes),
+    then puts it."""
+    copy = max(2.0 * nbytes / block_bytes_per_ns(hw), nbytes * hw.copy_ns_per_byte)
+    return copy + put_ns(hw, link, nbytes) + hw.task_overhead_ns
+
+
+def reduce_ns(hw: Hardware, cfg: Config, processors: int) -> float:
+    """One processor's share of the final ordered combine: its tokens' k returned rows read and
+    the sum written (0 when the preset does not model it)."""
+    warps = processors * REDUCE_WARPS
+    tokens = math.ceil(cfg.tokens / warps) * REDUCE_WARPS
+    return tokens * (cfg.top_k + cfg.shared_experts + 1) * cfg.hidden * cfg.dtype_bytes * hw.reduce_ns_per_byte
 
 
 def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool) -> float:

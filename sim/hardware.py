@@ -51,6 +51,16 @@ class Hardware:
     gpu_post_ns: float  # IBGDA: a GPU thread builds a work request and rings the NIC's doorbell
     task_overhead_ns: float  # per task: scheduler hand-off, operand setup, completion signal
     subscriber_ns: float  # subscriber warp: decode one tile's arrival flag, enqueue its tasks
+    # mechanisms of moelab's megakernel that the datasheet figures miss; 0 in the presets (not
+    # modeled), measured by gpu/microbench.py and set by `moelab calibrate`
+    gate_item_ns_per_h: float  # one block: one gate item (16 tokens x 64 experts) per element of H
+    gate_slot_ns: float  # one block: scan one (token, choice) while assigning an expert's slots
+    gate_fixed_ns: float  # the gate phase's fixed cost (two grid barriers, launch skew)
+    copy_ns_per_byte: float  # one block copying token rows (copy_rows: dispatch packing, combine weighting)
+    put_local_ns_per_byte: float  # one block putting a tile to its own GPU (nvshmem copies with the block)
+    put_nvlink_ns_per_byte: float  # one block putting a tile to a peer over NVLink (stores by the block)
+    reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written
+    handoff_ns: float  # a processor idle between two tasks: scheduler sees it idle, mails the next one
     kernel_launch_ns: float  # gap between dependent kernels of the bulk-synchronous baseline
     collective_latency_ns: float  # fixed cost of one NCCL all-to-all call
     alltoall_gbps: float  # bandwidth an NCCL all-to-all reaches per GPU over NVLink
@@ -108,6 +118,8 @@ def number_fields() -> list[str]:
 _DATASHEET_H100 = "NVIDIA H100 Tensor Core GPU datasheet, SXM5 column"
 _DATASHEET_H200 = "NVIDIA H200 Tensor Core GPU datasheet, SXM column"
 _ESTIMATE = "estimate, to be replaced by a calibration file from measurements/"
+_NOT_MODELED = ("0: not modeled by the preset (the roofline figures alone); measured by gpu/microbench.py and "
+                "set by `moelab calibrate` (measurements/calibrated-*.json)")
 
 _H100 = {
     "name": ("h100-sxm", ""),
@@ -133,6 +145,9 @@ _H100 = {
     "gpu_post_ns": (300.0, "estimate: IBGDA work request built and doorbell rung by a GPU thread; " + _ESTIMATE),
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
+    **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "copy_ns_per_byte",
+                                         "put_local_ns_per_byte", "put_nvlink_ns_per_byte", "reduce_ns_per_byte",
+                                         "handoff_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),
     "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (DESIGN.md's torch "

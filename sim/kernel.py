@@ -7,8 +7,13 @@ hands them to processor blocks in arrival order:
 
 - a dispatched tile arrives at its expert's owner: its GEMM0 tasks (one per tile_n columns of I);
 - the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
-- the one finishing its last GEMM1 puts the tile back to its source rank;
-- the returned tile arrives at the source: one combine task, and the tile is done.
+- the one finishing its last GEMM1 puts the tile back to its source rank (the put's time on
+  that block is added to the phase's last task);
+- the returned tile arrives at the source: one combine task, and the tile is done;
+- once every task of this GPU is done, each processor sums its share of the tokens' returned
+  rows in choice order (the final combine; costs.reduce_ns, absent when the preset gives it 0).
+A processor is free again `handoff_ns` after its task ends (the scheduler sees it idle and mails
+the next task).
 
 The scheduler is a FIFO ready queue served by identical processors, so each task goes to the
 processor that frees first. `Scheduler` computes that assignment when the tasks are enqueued,
@@ -35,10 +40,12 @@ SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber war
 
 
 class Scheduler:
-    """Processor blocks as a heap of (time free, lane); tasks go to the earliest free one."""
+    """Processor blocks as a heap of (time free, lane); tasks go to the earliest free one, which
+    is free again `handoff` after the task ends."""
 
-    def __init__(self, free_at: list[float]):
+    def __init__(self, free_at: list[float], handoff: float = 0.0):
         self.free = [(t, lane) for lane, t in enumerate(free_at)]
+        self.handoff = handoff
         heapq.heapify(self.free)
 
     def assign(self, now: float, durations) -> list[tuple[int, float, float]]:
@@ -48,7 +55,7 @@ class Scheduler:
             t, lane = heapq.heappop(self.free)
             start = max(now, t)
             end = start + d
-            heapq.heappush(self.free, (end, lane))
+            heapq.heappush(self.free, (end + self.handoff, lane))
             out.append((lane, start, end))
         return out
 
@@ -81,6 +88,11 @@ class FusedKernel:
         self.processors = hw.processors
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
         self.scheduler: Scheduler | None = None
+        # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
+        # of the tiles of its tokens; at zero the final combine starts
+        self.phases_left = sum(len(phases.tasks[t]) - (COMBINE in phases.tasks[t])
+                               for t in np.flatnonzero(plan.tile_owner == rank)) + \
+            sum(COMBINE in phases.tasks[t] for t in np.flatnonzero(plan.tile_src == rank))
 
     def start(self) -> None:
         """Gate on every block, then each processor block packs and puts its share of the tiles."""
@@ -93,12 +105,14 @@ class FusedKernel:
         free_at = [gate] * self.processors
         for i, x in enumerate(outgoing):
             lane, t = i % self.processors, int(p.transfer_tile[x])
-            end = free_at[lane] + costs.pack_ns(self.hw, int(p.transfer_bytes[x]))
+            end = free_at[lane] + costs.pack_ns(self.hw, int(p.transfer_bytes[x]), int(p.transfer_link[x]))
             self.rec.add(self.rank, self.node, lane, "processor", "dispatch", free_at[lane], end,
                          int(p.tile_expert[t]), t, int(p.transfer_dst[x]), int(p.transfer_bytes[x]))
             free_at[lane] = end
             self.env.timeout(end).callbacks.append(lambda _, x=int(x): self.send(x))
-        self.scheduler = Scheduler(free_at)
+        self.scheduler = Scheduler(free_at, self.hw.handoff_ns)
+        if not self.phases_left:
+            self.final_combine(max(free_at))
 
     def arrive(self, x: int) -> None:
         """Transfer `x`'s signal has landed here: a subscriber warp turns its tile into tasks."""
@@ -115,7 +129,11 @@ class FusedKernel:
     def enqueue(self, t: int, kind: int) -> None:
         """Hand tile `t`'s tasks of one phase to the scheduler; go on when the last one ends."""
         tasks = self.phases.tasks[t][kind]
-        slots = self.scheduler.assign(self.env.now, self.durations[tasks].tolist())
+        durations = self.durations[tasks].tolist()
+        if kind == GEMM1:  # the processor finishing the tile's last task puts it home
+            x = int(self.phases.transfer[t, RETURN])
+            durations[-1] += costs.put_ns(self.hw, int(self.plan.transfer_link[x]), int(self.plan.transfer_bytes[x]))
+        slots = self.scheduler.assign(self.env.now, durations)
         name, expert = TASK_KINDS[kind], int(self.plan.tile_expert[t])
         for lane, start, end in slots:
             self.rec.add(self.rank, self.node, lane, "processor", name, start, end, expert, t)
@@ -123,9 +141,19 @@ class FusedKernel:
         self.env.timeout(last - self.env.now).callbacks.append(lambda _: self.phase_done(t, kind))
 
     def phase_done(self, t: int, kind: int) -> None:
+        self.phases_left -= 1
         if kind == GEMM0:
             self.enqueue(t, GEMM1)
         elif kind == GEMM1:
             self.send(int(self.phases.transfer[t, RETURN]))
         else:
             self.on_tile_done(t)
+        if not self.phases_left:
+            self.final_combine(self.env.now + self.hw.handoff_ns)
+
+    def final_combine(self, start: float) -> None:
+        """Every processor sums its share of this GPU's tokens (when the preset models it)."""
+        d = costs.reduce_ns(self.hw, self.cfg, self.processors)
+        if d > 0:
+            for lane in range(self.processors):
+                self.rec.add(self.rank, self.node, lane, "processor", "combine", start, start + d)
