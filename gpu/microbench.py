@@ -330,7 +330,8 @@ def main(argv: list[str]) -> int:
     out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     session = Session.start()
-    results: dict = {"gpu": session.name, "sms": session.sms, "world": session.world, "failed": {}}
+    results: dict = {"gpu": session.name, "sms": session.sms, "world": session.world,
+                     "tile": layout.compile_options(flashmoe(session.world)), "failed": {}}
 
     def save() -> None:
         if session.rank == 0:

@@ -1,4 +1,5 @@
-"""`moelab sim`: simulate one layer call (a table, JSON, a trace, a timeline), or the sweeps."""
+"""`moelab sim`: simulate one layer call (a table, JSON, a trace, a timeline), or the sweeps; also
+registers `moelab calibrate` (sim.calibrate) and `moelab compare` (sim.compare_cli)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_sim)
+    from . import calibrate, compare_cli
+
+    calibrate.register(sub)
+    compare_cli.register(sub)

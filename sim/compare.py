@@ -1,0 +1,261 @@
+"""Predicted against measured: the simulator on a measured run's config with the calibrated preset.
+
+A measured run is a kernel telemetry trace (`.npz` of the trace schema, meta "source": "gpu"
+with the run's "config", "gpu" and "n_proc") under measurements/gpu/, or a benchmark summary
+JSON naming such a trace. Its prediction is `sim.simulate` of the same config with the preset
+calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, from
+`moelab calibrate`; never fitted to layer runs). Both traces go through one definition:
+
+- layer latency: first start to last end of the trace;
+- per-phase busy time: processor time in gate, dispatch, gemm0, gemm1 and combine intervals,
+  per processor block (ms), so runs with different block counts compare;
+- SM utilization: `sim.metrics` (busy processor time over processors x latency);
+- overlap efficiency: `sim.metrics.overlap_efficiency`, T(2) / T(N) of the same layer on 2 and
+  N GPUs; reported where the measured run on 2 GPUs of the same layer is committed too (on
+  2 GPUs it is 1 by definition).
+
+Bounds (issue 4): latency within 10%, every phase's busy time within 20%, overlap efficiency
+within 0.1 absolute.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from reference import Config
+
+from . import metrics
+from .calibrate import GPU_PRESET, MEASUREMENTS
+from .engine import simulate
+from .hardware import Hardware
+from .hardware import get as get_hardware
+from .trace import KIND, ROLE, Trace, TraceError, concat
+
+PHASES = ("gate", "dispatch", "gemm0", "gemm1", "combine")
+LATENCY_BOUND, PHASE_BOUND, OVERLAP_BOUND = 0.10, 0.20, 0.10
+DEFAULT_TILE = {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8}  # gpu/microbench.py's tile shape
+
+
+class CompareError(ValueError):
+    """A measured-run file or option that is not allowed."""
+
+    def __init__(self, name: str, value, allowed: str):
+        self.field, self.value, self.allowed = name, value, allowed
+        super().__init__(f"compare option '{name}' = {value!r} is not allowed: {allowed}")
+
+
+@dataclass(eq=False)
+class MeasuredRun:
+    path: Path
+    config: Config
+    trace: Trace  # first event at t = 0
+    gpu: str
+    processors: int
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def gpu_tag(self) -> str:
+        return next((t for t in GPU_PRESET if t in self.gpu.lower()), "")
+
+
+def shifted_to_zero(trace: Trace) -> Trace:
+    t0 = float(trace["start"].min()) if len(trace) else 0.0
+    cols = dict(trace.columns)
+    cols["start"], cols["end"] = trace["start"] - t0, trace["end"] - t0
+    return Trace(cols, dict(trace.meta))
+
+
+def load_measured(path: str | Path) -> MeasuredRun:
+    """A measured run from its telemetry trace (.npz) or a benchmark summary naming one (.json)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CompareError("measured", str(path), "an existing measured-run file (.npz trace or .json summary)")
+    if path.suffix == ".json":
+        path = _trace_of_summary(path)
+    try:
+        trace = Trace.load(path)
+    except TraceError as e:
+        raise CompareError("measured", str(path), f"a telemetry trace .npz ({e})") from e
+    meta = trace.meta
+    if meta.get("source") != "gpu" or "config" not in meta:
+        raise CompareError("measured", str(path), "a kernel telemetry trace (meta source 'gpu' with its config)")
+    cfg = Config.from_dict(meta["config"])
+    procs = int(meta.get("n_proc") or np.unique(trace["lane"][trace["role"] == ROLE["processor"]]).size)
+    trace.meta["processors"] = procs
+    return MeasuredRun(path, cfg, shifted_to_zero(trace), str(meta.get("gpu", "")), procs)
+
+
+def _trace_of_summary(path: Path) -> Path:
+    """The trace a benchmark summary's (first) layer result names, found beside the summary."""
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CompareError("measured", str(path), f"well-formed JSON ({e})") from e
+    results = doc.get("results", []) if isinstance(doc, dict) else doc
+    names = [r["trace"] for r in results if isinstance(r, dict) and r.get("trace") and "kernel_ms" in r]
+    if not names:
+        raise CompareError("measured", str(path), "a summary with a benchmark result naming its trace")
+    prefix = path.name.split("-")[0] + "-"
+    for candidate in (path.parent / names[0], path.parent / (prefix + names[0])):
+        if candidate.is_file():
+            return candidate
+    raise CompareError("measured", names[0], f"a trace file beside {path}")
+
+
+def measured_runs(folder: Path | None = None) -> list[MeasuredRun]:
+    """Every committed layer run under measurements/gpu/ with the calibrated tile shape."""
+    runs = []
+    for p in sorted((folder or MEASUREMENTS / "gpu").glob("*.npz")):
+        try:
+            run = load_measured(p)
+        except (CompareError, TraceError):
+            continue
+        c = run.config
+        if (c.tile_m, c.tile_n, c.tile_k) == tuple(DEFAULT_TILE.values()) and run.gpu_tag:
+            runs.append(run)
+    return runs
+
+
+def calibrated_for(run: MeasuredRun) -> Path:
+    path = MEASUREMENTS / f"calibrated-{run.gpu_tag}.json"
+    if not path.is_file():
+        raise CompareError("hardware", str(path), f"a calibrated preset for {run.gpu!r}: run `moelab calibrate`")
+    return path
+
+
+def summary(trace: Trace, processors: int) -> dict:
+    """Latency, per-phase busy ms per processor and SM utilization of one trace."""
+    start, end, role, kind = trace["start"], trace["end"], trace["role"], trace["kind"]
+    proc = role == ROLE["processor"]
+    latency = float(end.max() - start.min()) if len(trace) else 0.0
+    out = {"latency_ms": latency / 1e6}
+    for ph in PHASES:
+        sel = proc & (kind == KIND[ph])
+        out[f"{ph}_ms"] = float((end[sel] - start[sel]).sum()) / processors / 1e6
+    busy = proc & ~np.isin(kind, metrics.NOT_BUSY)
+    out["sm_utilization"] = float((end[busy] - start[busy]).sum()) / (processors * latency) if latency else 0.0
+    return out
+
+
+@dataclass
+class Comparison:
+    run: MeasuredRun
+    hardware: Hardware
+    predicted: Trace
+    measured: dict
+    model: dict
+    rows: list = field(default_factory=list)  # (quantity, predicted, measured, error, bound, ok or None)
+
+    @property
+    def ok(self) -> bool:
+        return all(r[5] is not False for r in self.rows)
+
+
+class Predictor:
+    """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
+
+    def __init__(self):
+        self.cache: dict[tuple[str, str], object] = {}
+
+    def __call__(self, cfg: Config, hw: Hardware):
+        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(hw.to_dict(), sort_keys=True))
+        if key not in self.cache:
+            self.cache[key] = simulate(cfg, hardware=hw)
+        return self.cache[key]
+
+
+def partner(run: MeasuredRun, runs: list[MeasuredRun]) -> MeasuredRun | None:
+    """The measured run of the same layer on 2 GPUs of the same kind, if committed."""
+    want = run.config.replace(ranks=2, gpus_per_node=run.config.gpus_per_node).to_dict()
+    want.pop("name")
+    for r in runs:
+        d = r.config.to_dict()
+        d.pop("name")
+        if d == want and r.gpu_tag == run.gpu_tag:
+            return r
+    return None
+
+
+def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, runs: list[MeasuredRun] | None = None,
+            predict: Predictor | None = None) -> Comparison:
+    """Predict `run` and tabulate predicted vs measured with each quantity's error and bound."""
+    predict = predict or Predictor()
+    hw = get_hardware(str(hardware) if isinstance(hardware, Path) else hardware or str(calibrated_for(run)))
+    result = predict(run.config, hw)
+    pred_trace = shifted_to_zero(result.trace)
+    procs = int(result.trace.meta.get("processors") or hw.processors)
+    meas, model = summary(run.trace, run.processors), summary(pred_trace, procs)
+    c = Comparison(run, hw, pred_trace, meas, model)
+    c.rows.append(_row("layer latency (ms)", model["latency_ms"], meas["latency_ms"], LATENCY_BOUND))
+    for ph in PHASES:
+        if meas[f"{ph}_ms"] or model[f"{ph}_ms"]:
+            c.rows.append(_row(f"{ph} busy (ms per block)", model[f"{ph}_ms"], meas[f"{ph}_ms"], PHASE_BOUND))
+    c.rows.append(_row("SM utilization", model["sm_utilization"], meas["sm_utilization"], None))
+    two = partner(run, runs if runs is not None else [run])
+    if two is not None and run.config.ranks != 2:
+        pred_two = predict(two.config, hw).metrics["latency_ns"] / 1e6
+        meas_two = summary(two.trace, two.processors)["latency_ms"]
+        oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
+        oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])
+        c.rows.append(("overlap efficiency T(2)/T(N)", oe_p, oe_m, oe_p - oe_m, f"±{OVERLAP_BOUND} abs",
+                       abs(oe_p - oe_m) <= OVERLAP_BOUND))
+    elif run.config.ranks == 2:
+        c.rows.append(("overlap efficiency T(2)/T(N)", 1.0, 1.0, 0.0, "1 on 2 GPUs", None))
+    else:
+        c.rows.append(("overlap efficiency T(2)/T(N)", None, None, None, "no 2-GPU run of this layer", None))
+    return c
+
+
+def _row(name: str, predicted: float, measured: float, bound: float | None):
+    err = (predicted - measured) / measured if measured else None
+    ok = None if bound is None or err is None else abs(err) <= bound
+    return (name, predicted, measured, err, f"±{bound:.0%}" if bound is not None else "", ok)
+
+
+def table(c: Comparison) -> str:
+    from reference.cli import format_table
+
+    def num(v):
+        return "" if v is None else f"{v:.4g}"
+
+    rows = [(q, num(p), num(m), "" if e is None else (f"{e:+.3f}" if "overlap" in q else f"{100 * e:+.1f}%"), b,
+             {True: "ok", False: "MISS", None: ""}[ok]) for q, p, m, e, b, ok in c.rows]
+    head = (f"{c.run.name}: {c.run.config.ranks} x {c.run.gpu}, T={c.run.config.tokens}/GPU, E={c.run.config.experts}"
+            f"; predicted with {c.hardware.name}")
+    return head + "\n" + format_table(("quantity", "predicted", "measured", "error", "bound", ""), rows)
+
+
+def perfetto(c: Comparison) -> dict:
+    """Both timelines in one Chrome/Perfetto trace: measured GPUs above the predicted ones."""
+    events = []
+    for side, trace, offset in (("measured", c.run.trace, 0), ("predicted", c.predicted, 1000)):
+        for ev in trace.to_perfetto()["traceEvents"]:
+            ev = dict(ev, pid=ev["pid"] + offset)
+            if ev["ph"] == "M" and ev["name"] == "process_name":
+                ev["args"] = {"name": f"{side} GPU {ev['pid'] - offset}"}
+                events.append({"ph": "M", "name": "process_sort_index", "pid": ev["pid"],
+                               "args": {"sort_index": ev["pid"]}})
+            events.append(ev)
+    return {"traceEvents": events, "displayTimeUnit": "ns",
+            "otherData": {"measured": str(c.run.path), "hardware": c.hardware.name}}
+
+
+def picture(c: Comparison, path: str | Path) -> None:
+    """One PNG: each measured GPU's panel above its predicted panel."""
+    from . import timeline
+
+    ranks = c.run.config.ranks
+    moved = dict(c.predicted.columns)
+    moved["rank"] = c.predicted["rank"] + ranks
+    both = concat([c.run.trace, Trace(moved, {})], meta={"processors": c.run.processors})
+    fig = timeline.figure(both, title=f"{c.run.name}: measured (top) and predicted ({c.hardware.name})")
+    for i, ax in enumerate(fig.axes[: 2 * ranks]):
+        ax.set_ylabel(f"{'measured' if i < ranks else 'predicted'}\nGPU {i % ranks}", fontsize=8)
+    fig.savefig(path, dpi=110)

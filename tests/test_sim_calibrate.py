@@ -1,0 +1,101 @@
+"""`moelab calibrate` on synthetic microbenchmarks made from known figures: the fit recovers them,
+the written preset loads and changes the prediction, and bad files give one clear error."""
+
+import json
+import math
+
+import pytest
+
+import sim
+from moelab.cli import main
+from reference import presets
+from sim import calibrate, costs, hardware
+
+TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, task_overhead_ns=3000.0, copy_ns_per_byte=0.12,
+            put_local_ns_per_byte=0.2, put_nvlink_ns_per_byte=0.3, reduce_ns_per_byte=0.25,
+            gate_item_ns_per_h=350.0, gate_slot_ns=2.0, gate_fixed_ns=20000.0, handoff_ns=5000.0,
+            subscriber_ns=1500.0, nvlink_latency_ns=1200.0, nvlink_gbps=380.0)
+
+
+def _stat(v):
+    return {"median": v, "p10": v, "p90": v, "min": v, "max": v, "n": 1}
+
+
+def synthetic(gpu="NVIDIA H200"):
+    """A calibration file whose every figure follows the model with the TRUE figures."""
+    t = TRUE
+    blocks = 132 * t["blocks_per_sm"]
+    rate = 67.0 * 1e3 * t["matrix_efficiency"] / blocks
+    gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64,
+             "ns_per_task": _stat(t["task_overhead_ns"] + 2 * r * 2048 * 64 / rate)}
+            for k in ("gemm0", "gemm1") for b, r in ((1, 128), (blocks, 128), (blocks, 64), (blocks, 32))]
+    tile = 128 * 2048 * 4
+    copy = [{"blocks": 128, "rows": 128, "bytes": tile, "scaled": s, "ns_per_copy": _stat(tile * t["copy_ns_per_byte"])}
+            for s in (False, True)]
+    dispatch = [{"peer": p, "tiles": 64, "concurrent_blocks": 128, "rows": _stat(128), "bytes_per_row": 8192,
+                 "ns_per_tile": _stat(tile * (t["copy_ns_per_byte"] + t[f"put_{k}_ns_per_byte"])),
+                 "ns_per_row": _stat(8192 * (t["copy_ns_per_byte"] + t[f"put_{k}_ns_per_byte"]))}
+                for p, k in (("self", "local"), ("nvlink", "nvlink"))]
+    per_block = math.ceil(8192 / (263 * 4)) * 4 * 3 * 2048 * 4
+    gate = []
+    for tokens, experts in ((8192, 64), (1024, 64), (16384, 64), (8192, 128), (8192, 8)):
+        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts)
+        hw = hardware.PRESETS["h200-sxm"].replace(**{k: t[k] for k in ("blocks_per_sm", "gate_item_ns_per_h",
+                                                                          "gate_slot_ns", "gate_fixed_ns")})
+        gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": 2, "grid": blocks,
+                     "ns": costs.gate_ns(hw, cfg)})
+    return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "tile": {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8},
+            "occupancy": {"megakernel_grid": blocks, "n_proc": blocks - 1, "sms": 132},
+            "gemm": gemm, "copy": copy, "dispatch": dispatch, "gate": gate,
+            "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263,
+                         "ns_per_block": _stat(per_block * t["reduce_ns_per_byte"])}],
+            "scheduler": {"tasks": 4096, "gap_ns": _stat(t["handoff_ns"]),
+                          "arrival_to_first_task_ns": _stat(t["subscriber_ns"])},
+            "pingpong": [{"bytes": 0, "iters": 200, "round_trip_ns": 2 * t["nvlink_latency_ns"], "failed": False}],
+            "put": [{"peer": "nvlink", "blocks": 264, "bytes": 1 << 20, "reps": 8, "ns_per_put": _stat(1.0),
+                     "issue_ns_per_put": _stat(1.0), "aggregate_gbps": t["nvlink_gbps"]}],
+            "failed": {}}
+
+
+def test_fit_recovers_the_figures_the_microbenchmarks_were_made_from(tmp_path):
+    src = tmp_path / "calibration-h200.json"
+    src.write_text(json.dumps(synthetic()))
+    out, fit = calibrate.calibrate(src, out=tmp_path / "calibrated-h200.json")
+    for name, want in TRUE.items():
+        assert fit.values[name] == pytest.approx(want, rel=1e-6, abs=1e-6), name
+    assert all(abs(y - m) <= 1e-6 * max(abs(m), 1.0) for p, m, y in fit.residuals if "not fitted" not in p)
+    hw = hardware.get(str(out))
+    assert hw.name.startswith("h200-sxm+calibrated") and hw.processors == 263
+    assert "calibration-h200.json" in hw.source("matrix_efficiency")
+    cfg = presets.get("tiny").replace(ranks=1)
+    assert sim.simulate(cfg, hardware=hw).metrics["latency_ns"] > sim.simulate(cfg, "h200-sxm").metrics["latency_ns"]
+
+
+def test_cli_prints_the_fit_and_its_residuals(tmp_path, capsys):
+    src = tmp_path / "calibration-h200.json"
+    src.write_text(json.dumps(synthetic()))
+    out = tmp_path / "calibrated-h100.json"
+    assert main(["calibrate", "--calibration", str(src), "--base", "h100-sxm", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "matrix_efficiency" in text and "residual" in text and f"wrote {out}" in text
+    assert json.loads(out.read_text())["base"] == "h100-sxm"
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda d: d["meta"].update(gpu="NVIDIA A100"), "meta.gpu"),
+    (lambda d: d.pop("gemm"), "gemm"),
+    (lambda d: d.update(gate=d["gate"][:2]), "gate"),
+    (lambda d: d["occupancy"].update(megakernel_grid=0), "occupancy"),
+])
+def test_a_file_lacking_what_a_fit_needs_names_the_field(tmp_path, capsys, change, field):
+    raw = synthetic()
+    change(raw)
+    src = tmp_path / "calibration-h200.json"
+    src.write_text(json.dumps(raw))
+    assert main(["calibrate", "--calibration", str(src), "--out", str(tmp_path / "x.json")]) == 2
+    assert f"calibration field '{field}'" in capsys.readouterr().err
+
+
+def test_a_missing_file_is_an_error(tmp_path, capsys):
+    assert main(["calibrate", "--calibration", str(tmp_path / "nope.json")]) == 2
+    assert "calibration field 'calibration'" in capsys.readouterr().err
