@@ -121,7 +121,7 @@ def main() -> int:
     for p in args.gpus:
         cases = []
         if "checks" in args.suite:
-            cases += check_cases(p, seed)
+            cases += check_cases(p, seed, args.prefix)
         if "bench" in args.suite:
             cases += bench_cases(p, args.points, args.prefix)
         if "sitout" in args.suite and p > 1:

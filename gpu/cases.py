@@ -13,7 +13,7 @@ from __future__ import annotations
 from reference import presets
 
 
-def check_cases(p: int, seed: int) -> list[dict]:
+def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
     base = dict(tokens=200, hidden=128, ffn=256, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
                 bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed)
     cases = [
@@ -28,7 +28,7 @@ def check_cases(p: int, seed: int) -> list[dict]:
         ("tiny_tiles", dict(tokens=96, hidden=64, ffn=128, experts=8, tile_m=32, tile_n=32) if 8 % p == 0 else {}),
     ]
     return [{"name": f"check-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
-             "trace": f"trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases]
+             "trace": f"{prefix}trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases]
 
 
 def sit_out_case(p: int) -> dict:
