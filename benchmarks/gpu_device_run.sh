@@ -24,6 +24,9 @@ nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include"
 # the test's workers have their own 120 s limit per GPU count, inside this one
 # (only the GPU test module: the app's tests need plotly and streamlit, which the image lacks)
 timeout 270 python3 -m pytest -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
+# `moelab gpu` itself, as a user runs it: check against the golden, bench, trace as Perfetto JSON
+timeout 90 python3 -m moelab gpu --config tiny --gpus 2 --check --bench --trace "$R/cli-tiny-p2.json" \
+  --out /tmp/moelab-cli 2>&1 | tee "$R/cli.txt"
 timeout 280 python3 benchmarks/bench_gpu.py --gpus "$@" --suite bench --points sweep --prefix "$PREFIX" \
   --out "$R" --timeout 260 2>&1 | tee "$R/bench.txt"
 tar -czf "$OUT/results.tar.gz" -C "$R" .

@@ -58,7 +58,8 @@ class TorchLayer:
         # 16K rows: about 5 ms on an H100, more than the bf16 layer itself.)
         order = top.t().reshape(-1)
         by_expert, perm = torch.sort(order, stable=True)
-        counts = torch.bincount(order, minlength=s.E)
+        # (not torch.bincount: on CUDA it reads the maximum back to the host, a sync mid-layer)
+        counts = torch.zeros(s.E, dtype=order.dtype, device=order.device).index_add_(0, order, torch.ones_like(order))
         first = torch.cumsum(counts, 0) - counts
         pos = torch.empty_like(order)
         pos[perm] = torch.arange(order.numel(), device=order.device) - first[by_expert]
@@ -77,13 +78,19 @@ class TorchLayer:
         # would make the host wait for the device (nonzero) in the middle of the layer
         dest = torch.where(kept, expert.long() * s.C + slot.long(), s.E * s.C).reshape(-1)
         rows = torch.zeros(s.E * s.C + 1, s.H, dtype=self.dt, device=self.x.device)
-        rows[dest] = self.x.repeat_interleave(s.K, dim=0)
+        rows[dest] = self.x[:, None, :].expand(s.T, s.K, s.H).reshape(s.T * s.K, s.H)
         send = rows[: s.E * s.C].view(s.E, s.C, s.H)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=self.group)  # (E, ..) = (P, L, C, H) by owner -> by source
         a = recv.view(s.P, s.L, s.C, s.H).transpose(0, 1).reshape(s.L, s.P * s.C, s.H)
-        h = self.act(torch.bmm(a, self.w1) + self.b1[:, None, :])
-        o = torch.bmm(h, self.w2) + self.b2[:, None, :]
+        # a layer without bias adds none (its b1, b2 are zeros): two passes over the hidden rows less
+        h = torch.bmm(a, self.w1)
+        if self.cfg.bias:
+            h += self.b1[:, None, :]
+        h = self.act(h)
+        o = torch.bmm(h, self.w2)
+        if self.cfg.bias:
+            o += self.b2[:, None, :]
         back = o.view(s.L, s.P, s.C, s.H).transpose(0, 1).contiguous()
         ret = torch.empty_like(back)
         dist.all_to_all_single(ret, back, group=self.group)  # (P, L, C, H) by owner = (E, C, H) of mine
