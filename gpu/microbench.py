@@ -119,7 +119,7 @@ def sec_gemm(b: Bench, grid: int) -> list[dict]:
     out = b.zeros(a_tiles, 128, I, dtype=b.torch.float32)
     ns = b.zeros(grid)
     rows_ = []
-    points = [(1, 128, 16)] + [(grid, r, 4) for r in GEMM_ROWS]
+    points = [(1, 128, 16), (1, 32, 16)] + [(grid, r, 4) for r in GEMM_ROWS]
     for kind in (0, 1):
         b.launch("mb_gemm", grid, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(128), ptr(W),
                  ptr(bias), np.int32(experts), np.int32(H), np.int32(I), ptr(out), np.int32(1), ptr(ns))  # warm-up

@@ -5,19 +5,19 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 `moelab compare` predicts):
 
 - blocks_per_sm: the megakernel's resident blocks per SM (its grid over the SMs);
-- matrix_efficiency, task_overhead_ns: least squares of the tile GEMM task time at the
-  megakernel's grid against the task's FLOPs (full and short tiles, GEMM0 and GEMM1):
-  time = overhead + flops / block rate, block rate = peak x efficiency / blocks;
-- copy_ns_per_byte: a block's copy_rows time per byte at 128 concurrent blocks;
-- put_local_ns_per_byte, put_nvlink_ns_per_byte: the dispatch of a tile (pack + put, per row
-  byte) minus its packing;
+- matrix_efficiency, task_overhead_ns, gemm_step_ns: the tile GEMM task time at the
+  megakernel's grid (full and short tiles, GEMM0 and GEMM1) as overhead + max(flops / block
+  rate, k-slices x step): a line through the compute-bound points, the floor from the others;
+- copy_ns_per_byte, copy_gbps: copy_rows of a tile by one block alone, and by all blocks at once;
+- put_local_ns_per_byte, put_nvlink_ns_per_byte, nvlink_gbps: put-with-signal of a tile by one
+  block alone to its own GPU and to the peer, and the largest aggregate to the peer; the dispatch
+  microbenchmark (pack + put at the layer's concurrency) is checked against them, not fitted;
 - reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
 - handoff_ns, subscriber_ns: the processors' median gap between tasks and the shortest tenth of
   the arrival-to-first-task delays, from the megakernel's telemetry on a small layer;
-- nvlink_latency_ns: half a bare-signal round trip between two GPUs; nvlink_gbps: the largest
-  aggregate put bandwidth to the peer.
+- nvlink_latency_ns: half a bare-signal round trip between two GPUs.
 
 Writes a calibration preset (`{"base": preset, field: value, "sources": {field: how}}`) that
 `sim.hardware.get` loads, and prints every fit with its residuals.
@@ -39,7 +39,6 @@ from .hardware import PRESETS, HardwareError, from_dict
 
 MEASUREMENTS = Path(__file__).resolve().parent.parent / "measurements"
 GPU_PRESET = {"h100": "h100-sxm", "h200": "h200-sxm"}
-COPY_BLOCKS = 128  # the dispatch's concurrency at the FlashMoE default: one tile per block
 
 
 class CalibrationError(ValueError):
@@ -103,50 +102,81 @@ def fit(raw: dict, base: str, origin: str) -> Fit:
 
 
 def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str) -> None:
-    pts = [g for g in _need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks]
+    """time = overhead + max(flops / block rate, k-slices x step): the points with the most rows
+    are compute bound (a line through them), the others sit on the per-slice floor; the split
+    with the smallest squared error wins."""
+    pts = sorted((g for g in _need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks),
+                 key=lambda g: g["flops"])
     if len({g["flops"] for g in pts}) < 2:
         raise CalibrationError("gemm", len(pts), "tasks of two tile heights at the megakernel's grid")
     x = np.array([g["flops"] for g in pts], np.float64)
     y = np.array([g["ns_per_task"]["median"] for g in pts])
-    slope, intercept = np.polyfit(x, y, 1)
+    steps = np.array([g["k"] / raw.get("tile", {}).get("TILE_K", 8) for g in pts])
+    best = None
+    for split in range(len(pts) - 1):  # points [split:] compute bound, [:split] on the floor
+        top = x[split:]
+        if np.unique(top).size < 2:
+            continue
+        slope, intercept = np.polyfit(top, y[split:], 1)
+        step = float(np.mean((y[:split] - intercept) / steps[:split])) if split else 0.0
+        model = intercept + np.maximum(x * slope, steps * step)
+        err = float(((model - y) ** 2).sum())
+        if best is None or err < best[0]:
+            best = (err, slope, intercept, step, model)
+    _, slope, intercept, step, model = best
     rate = 1.0 / slope  # flops per ns of one block
     eff = rate * blocks / (hw.tflops_float32 * 1e3)
-    f.set("matrix_efficiency", float(min(eff, 1.0)), f"{origin}: tile GEMM tasks at the megakernel's grid, least "
-          f"squares over {len(pts)} points: {rate:.1f} FLOP/ns per block x {blocks} blocks / fp32 peak")
-    f.set("task_overhead_ns", float(max(intercept, 0.0)), f"{origin}: the same fit's intercept")
-    for g, yy in zip(pts, y):
-        f.check(f"{g['task']} {g['rows']} rows, {g['blocks']} blocks (ns)", yy, intercept + g["flops"] * slope)
+    f.set("matrix_efficiency", float(min(eff, 1.0)), f"{origin}: tile GEMM tasks at the megakernel's grid: "
+          f"{rate:.1f} FLOP/ns per block x {blocks} blocks / fp32 peak (line through the compute-bound points)")
+    f.set("task_overhead_ns", float(max(intercept, 0.0)), f"{origin}: the same line's intercept")
+    f.set("gemm_step_ns", max(step, 0.0), f"{origin}: the short tiles' time per tile_k slice above the intercept")
+    for g, yy, mm in zip(pts, y, model):
+        f.check(f"{g['task']} {g['rows']} rows, {g['blocks']} blocks (ns)", yy, mm)
     for g in raw["gemm"]:
         if g["blocks"] == 1:
-            f.check(f"{g['task']} {g['rows']} rows, 1 block alone (ns; not fitted)", g["ns_per_task"]["median"],
-                    intercept + g["flops"] * slope)
+            alone = intercept + max(g["flops"] * slope, g["k"] / raw.get("tile", {}).get("TILE_K", 8) * step)
+            f.check(f"{g['task']} {g['rows']} rows, 1 block alone (ns; not fitted)", g["ns_per_task"]["median"], alone)
 
 
 def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
-    copies = [c for c in _need(raw, "copy", "copy_rows times") if c["blocks"] == COPY_BLOCKS]
-    if not copies:
-        raise CalibrationError("copy", [c["blocks"] for c in raw["copy"]], f"a point at {COPY_BLOCKS} blocks")
-    per_byte = [c["ns_per_copy"]["median"] / c["bytes"] for c in copies]
-    copy = float(np.mean(per_byte))
-    f.set("copy_ns_per_byte", copy, f"{origin}: copy_rows of one tile by each of {COPY_BLOCKS} blocks, mean of "
-          "plain and weighted copies")
+    """A block alone and all blocks at once: copy_rows, puts to this GPU and over NVLink; the
+    dispatch microbenchmark (pack + put at the layer's concurrency) is the check."""
+    copies = _need(raw, "copy", "copy_rows times")
+    alone = [c["ns_per_copy"]["median"] / c["bytes"] for c in copies if c["blocks"] == 1]
+    if not alone:
+        raise CalibrationError("copy", [c["blocks"] for c in copies], "a point with 1 block")
+    copy1 = float(np.mean(alone))
+    most = max(c["blocks"] for c in copies)
+    agg = float(np.mean([most * c["bytes"] / c["ns_per_copy"]["median"] for c in copies if c["blocks"] == most]))
+    f.set("copy_ns_per_byte", copy1, f"{origin}: copy_rows of one tile by 1 block alone (plain and weighted)")
+    f.set("copy_gbps", agg, f"{origin}: copy_rows by {most} blocks at once, row bytes copied per ns")
     for c in copies:
-        f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {COPY_BLOCKS} blocks (ns)",
-                c["ns_per_copy"]["median"], copy * c["bytes"])
-    for d in _need(raw, "dispatch", "dispatch tile times"):
-        name = {"self": "put_local_ns_per_byte", "nvlink": "put_nvlink_ns_per_byte"}[d["peer"]]
-        per_row = d["ns_per_row"]["median"] / d["bytes_per_row"]
-        f.set(name, float(max(per_row - copy, 0.0)), f"{origin}: dispatch_tile to {d['peer']} ({d['tiles']} tiles, "
-              f"{d['concurrent_blocks']} blocks at once) per row byte, minus copy_ns_per_byte")
+        f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",
+                c["ns_per_copy"]["median"], c["bytes"] * costs.shared_ns_per_byte(copy1, c["blocks"], agg))
+    puts = _need(raw, "put", "put-with-signal times")
+    big = max(p["bytes"] for p in puts)
+    for peer, name in (("self", "put_local_ns_per_byte"), ("nvlink", "put_nvlink_ns_per_byte")):
+        one = [p for p in puts if p["peer"] == peer and p["blocks"] == 1 and p["bytes"] == big]
+        if not one:
+            raise CalibrationError("put", peer, f"a 1-block put of {big} B to {peer}")
+        f.set(name, one[0]["ns_per_put"]["median"] / big, f"{origin}: put-with-signal of {big} B to {peer} by 1 block")
+    remote = [p for p in puts if p["peer"] == "nvlink" and p["bytes"] == big]
+    best = max(remote, key=lambda p: p["aggregate_gbps"])
+    f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth to "
+          f"the peer ({best['blocks']} blocks x {best['bytes']} B)")
+    for p in puts:
+        if p["bytes"] == big:
+            local = p["peer"] == "self"
+            per = costs.shared_ns_per_byte(f.values["put_local_ns_per_byte" if local else "put_nvlink_ns_per_byte"],
+                                           p["blocks"], agg if local else f.values["nvlink_gbps"])
+            f.check(f"put {big} B to {p['peer']}, {p['blocks']} blocks (ns)", p["ns_per_put"]["median"], big * per)
+    for d in raw.get("dispatch", []):
+        n, local = d["concurrent_blocks"], d["peer"] == "self"
+        put = costs.shared_ns_per_byte(f.values["put_local_ns_per_byte" if local else "put_nvlink_ns_per_byte"], n,
+                                       agg if local else f.values["nvlink_gbps"])
         rows = d["rows"]["median"]
-        f.check(f"dispatch tile of {rows:.0f} rows to {d['peer']} (ns)", d["ns_per_tile"]["median"],
-                rows * d["bytes_per_row"] * (copy + f.values[name]))
-    for p in raw.get("put", []):
-        if p["blocks"] == COPY_BLOCKS and p["bytes"] == 1 << 20:
-            name = {"self": "put_local_ns_per_byte", "nvlink": "put_nvlink_ns_per_byte"}[p["peer"]]
-            if name in f.values:
-                f.check(f"bare put 1 MiB to {p['peer']}, {COPY_BLOCKS} blocks (ns; not fitted)",
-                        p["ns_per_put"]["median"], p["bytes"] * f.values[name])
+        f.check(f"dispatch tile of {rows:.0f} rows to {d['peer']}, {n} blocks (ns; not fitted)",
+                d["ns_per_tile"]["median"], rows * d["bytes_per_row"] * (costs.shared_ns_per_byte(copy1, n, agg) + put))
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
     moved = math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS * (comb["top_k"] + 1) * comb["hidden"] * 4
@@ -196,11 +226,6 @@ def _fit_link(f: Fit, raw: dict, origin: str) -> None:
             if p["bytes"]:
                 f.check(f"put-with-signal round trip {p['bytes']} B, 1 block (ns; not fitted)", p["round_trip_ns"],
                         2 * (f.values["nvlink_latency_ns"] + p["bytes"] * f.values.get("put_nvlink_ns_per_byte", 0.0)))
-    remote = [p for p in raw.get("put", []) if p["peer"] == "nvlink"]
-    if remote:
-        best = max(remote, key=lambda p: p["aggregate_gbps"])
-        f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth to "
-              f"the peer ({best['blocks']} blocks x {best['bytes']} B)")
 
 
 def preset_json(f: Fit, base: str, name: str) -> dict:

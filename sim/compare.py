@@ -130,12 +130,14 @@ def calibrated_for(run: MeasuredRun) -> Path:
     return path
 
 
-def summary(trace: Trace, processors: int) -> dict:
-    """Latency, per-phase busy ms per processor and SM utilization of one trace."""
+def summary(trace: Trace, processors: int, ranks: int) -> dict:
+    """Latency, per-phase busy ms per processor block and SM utilization of one trace (`processors`
+    blocks on each of `ranks` GPUs)."""
     start, end, role, kind = trace["start"], trace["end"], trace["role"], trace["kind"]
     proc = role == ROLE["processor"]
     latency = float(end.max() - start.min()) if len(trace) else 0.0
     out = {"latency_ms": latency / 1e6}
+    processors *= ranks
     for ph in PHASES:
         sel = proc & (kind == KIND[ph])
         out[f"{ph}_ms"] = float((end[sel] - start[sel]).sum()) / processors / 1e6
@@ -191,7 +193,8 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     result = predict(run.config, hw)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta.get("processors") or hw.processors)
-    meas, model = summary(run.trace, run.processors), summary(pred_trace, procs)
+    ranks = run.config.ranks
+    meas, model = summary(run.trace, run.processors, ranks), summary(pred_trace, procs, ranks)
     c = Comparison(run, hw, pred_trace, meas, model)
     c.rows.append(_row("layer latency (ms)", model["latency_ms"], meas["latency_ms"], LATENCY_BOUND))
     for ph in PHASES:
@@ -201,7 +204,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
         pred_two = predict(two.config, hw).metrics["latency_ns"] / 1e6
-        meas_two = summary(two.trace, two.processors)["latency_ms"]
+        meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])
         c.rows.append(("overlap efficiency T(2)/T(N)", oe_p, oe_m, oe_p - oe_m, f"±{OVERLAP_BOUND} abs",

@@ -56,9 +56,11 @@ class Hardware:
     gate_item_ns_per_h: float  # one block: one gate item (16 tokens x 64 experts) per element of H
     gate_slot_ns: float  # one block: scan one (token, choice) while assigning an expert's slots
     gate_fixed_ns: float  # the gate phase's fixed cost (two grid barriers, launch skew)
-    copy_ns_per_byte: float  # one block copying token rows (copy_rows: dispatch packing, combine weighting)
-    put_local_ns_per_byte: float  # one block putting a tile to its own GPU (nvshmem copies with the block)
-    put_nvlink_ns_per_byte: float  # one block putting a tile to a peer over NVLink (stores by the block)
+    gemm_step_ns: float  # one block: the least time per tile_k-deep slice of a tile GEMM (load latency)
+    copy_ns_per_byte: float  # one block alone copying token rows (copy_rows: dispatch packing, combine weighting)
+    copy_gbps: float  # all blocks of a GPU copying rows or putting to their own GPU at once (0: no limit)
+    put_local_ns_per_byte: float  # one block alone putting a tile to its own GPU (nvshmem copies with the block)
+    put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
     reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written
     handoff_ns: float  # a processor idle between two tasks: scheduler sees it idle, mails the next one
     kernel_launch_ns: float  # gap between dependent kernels of the bulk-synchronous baseline
@@ -145,9 +147,9 @@ _H100 = {
     "gpu_post_ns": (300.0, "estimate: IBGDA work request built and doorbell rung by a GPU thread; " + _ESTIMATE),
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
-    **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "copy_ns_per_byte",
-                                         "put_local_ns_per_byte", "put_nvlink_ns_per_byte", "reduce_ns_per_byte",
-                                         "handoff_ns")},
+    **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gemm_step_ns",
+                                         "copy_ns_per_byte", "copy_gbps", "put_local_ns_per_byte",
+                                         "put_nvlink_ns_per_byte", "reduce_ns_per_byte", "handoff_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),
     "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (DESIGN.md's torch "

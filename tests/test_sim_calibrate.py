@@ -11,10 +11,10 @@ from moelab.cli import main
 from reference import presets
 from sim import calibrate, costs, hardware
 
-TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, task_overhead_ns=3000.0, copy_ns_per_byte=0.12,
-            put_local_ns_per_byte=0.2, put_nvlink_ns_per_byte=0.3, reduce_ns_per_byte=0.25,
-            gate_item_ns_per_h=350.0, gate_slot_ns=2.0, gate_fixed_ns=20000.0, handoff_ns=5000.0,
-            subscriber_ns=1500.0, nvlink_latency_ns=1200.0, nvlink_gbps=380.0)
+TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, task_overhead_ns=3000.0, gemm_step_ns=500.0,
+            copy_ns_per_byte=0.06, copy_gbps=1500.0, put_local_ns_per_byte=0.05, put_nvlink_ns_per_byte=0.08,
+            nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0, gate_slot_ns=2.0,
+            gate_fixed_ns=20000.0, handoff_ns=5000.0, subscriber_ns=1500.0, nvlink_latency_ns=1200.0)
 
 
 def _stat(v):
@@ -26,16 +26,24 @@ def synthetic(gpu="NVIDIA H200"):
     t = TRUE
     blocks = 132 * t["blocks_per_sm"]
     rate = 67.0 * 1e3 * t["matrix_efficiency"] / blocks
+
+    def task(r):
+        return t["task_overhead_ns"] + max(2 * r * 2048 * 64 / rate, 2048 / 8 * t["gemm_step_ns"])
+
     gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64,
-             "ns_per_task": _stat(t["task_overhead_ns"] + 2 * r * 2048 * 64 / rate)}
-            for k in ("gemm0", "gemm1") for b, r in ((1, 128), (blocks, 128), (blocks, 64), (blocks, 32))]
+             "ns_per_task": _stat(task(r))}
+            for k in ("gemm0", "gemm1") for b, r in ((1, 128), (blocks, 128), (blocks, 96), (blocks, 64), (blocks, 32))]
     tile = 128 * 2048 * 4
-    copy = [{"blocks": 128, "rows": 128, "bytes": tile, "scaled": s, "ns_per_copy": _stat(tile * t["copy_ns_per_byte"])}
-            for s in (False, True)]
-    dispatch = [{"peer": p, "tiles": 64, "concurrent_blocks": 128, "rows": _stat(128), "bytes_per_row": 8192,
-                 "ns_per_tile": _stat(tile * (t["copy_ns_per_byte"] + t[f"put_{k}_ns_per_byte"])),
-                 "ns_per_row": _stat(8192 * (t["copy_ns_per_byte"] + t[f"put_{k}_ns_per_byte"]))}
-                for p, k in (("self", "local"), ("nvlink", "nvlink"))]
+    copy = [{"blocks": b, "rows": 128, "bytes": tile, "scaled": s,
+             "ns_per_copy": _stat(tile * costs.shared_ns_per_byte(t["copy_ns_per_byte"], b, t["copy_gbps"]))}
+            for b in (1, 32, 128, blocks) for s in (False, True)]
+    put = [{"peer": p, "blocks": b, "bytes": 1 << 20, "reps": 8, "issue_ns_per_put": _stat(1.0),
+            "ns_per_put": _stat((1 << 20) * costs.shared_ns_per_byte(t[f"put_{k}_ns_per_byte"], b, gbps)),
+            "aggregate_gbps": b / costs.shared_ns_per_byte(t[f"put_{k}_ns_per_byte"], b, gbps)}
+           for p, k, gbps in (("self", "local", t["copy_gbps"]), ("nvlink", "nvlink", t["nvlink_gbps"]))
+           for b in (1, 8, 128, blocks)]
+    dispatch = [{"peer": "self", "tiles": 64, "concurrent_blocks": 128, "rows": _stat(128), "bytes_per_row": 8192,
+                 "ns_per_tile": _stat(1.0), "ns_per_row": _stat(1.0)}]
     per_block = math.ceil(8192 / (263 * 4)) * 4 * 3 * 2048 * 4
     gate = []
     for tokens, experts in ((8192, 64), (1024, 64), (16384, 64), (8192, 128), (8192, 8)):
@@ -46,14 +54,12 @@ def synthetic(gpu="NVIDIA H200"):
                      "ns": costs.gate_ns(hw, cfg)})
     return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "tile": {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8},
             "occupancy": {"megakernel_grid": blocks, "n_proc": blocks - 1, "sms": 132},
-            "gemm": gemm, "copy": copy, "dispatch": dispatch, "gate": gate,
+            "gemm": gemm, "copy": copy, "put": put, "dispatch": dispatch, "gate": gate,
             "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263,
                          "ns_per_block": _stat(per_block * t["reduce_ns_per_byte"])}],
             "scheduler": {"tasks": 4096, "gap_ns": _stat(t["handoff_ns"]),
                           "arrival_to_first_task_ns": _stat(t["subscriber_ns"])},
             "pingpong": [{"bytes": 0, "iters": 200, "round_trip_ns": 2 * t["nvlink_latency_ns"], "failed": False}],
-            "put": [{"peer": "nvlink", "blocks": 264, "bytes": 1 << 20, "reps": 8, "ns_per_put": _stat(1.0),
-                     "issue_ns_per_put": _stat(1.0), "aggregate_gbps": t["nvlink_gbps"]}],
             "failed": {}}
 
 
