@@ -16,7 +16,7 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
 - handoff_ns, subscriber_ns: the processors' median gap between tasks and the shortest tenth of
-  the arrival-to-first-task delays, from the megakernel's telemetry on a small layer;
+  the arrival-to-first-task delays, from the megakernel's telemetry on a 12K-token layer;
 - nvlink_latency_ns: half a bare-signal round trip between two GPUs.
 
 Writes a calibration preset (`{"base": preset, field: value, "sources": {field: how}}`) that
@@ -212,7 +212,7 @@ def _fit_scheduler(f: Fit, raw: dict, origin: str) -> None:
     if not s.get("gap_ns") or not s.get("arrival_to_first_task_ns"):
         raise CalibrationError("scheduler", sorted(s), "gap_ns and arrival_to_first_task_ns")
     f.set("handoff_ns", s["gap_ns"]["median"], f"{origin}: median gap between a processor's tasks "
-          f"({s['tasks']} tasks of a small layer)")
+          f"({s['tasks']} tasks of a layer no measured run uses)")
     f.set("subscriber_ns", s["arrival_to_first_task_ns"]["p10"], f"{origin}: tenth percentile of a tile's "
           "arrival to its first task (processors idle)")
 

@@ -15,7 +15,8 @@ calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, fr
   2 GPUs it is 1 by definition).
 
 Bounds (issue 4): latency within 10%, every phase's busy time within 20%, overlap efficiency
-within 0.1 absolute.
+within 0.1 absolute. A run that recorded no commit cannot be matched to the kernel the
+microbenchmarks measured: it is compared, but not held to the bounds.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ class MeasuredRun:
     trace: Trace  # first event at t = 0
     gpu: str
     processors: int
+
+    @property
+    def commit(self) -> str | None:
+        """The commit whose kernel was measured, where the run recorded one."""
+        c = str(self.trace.meta.get("commit", ""))
+        return c if len(c) == 40 and all(ch in "0123456789abcdef" for ch in c) else None
 
     @property
     def name(self) -> str:

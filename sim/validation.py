@@ -53,6 +53,12 @@ def _pct(e):
     return "" if e is None else f"{100 * e:+.1f}%"
 
 
+def _verdict(c: Comparison) -> str:
+    if not c.run.commit:
+        return "not held: no commit recorded"
+    return "hold" if c.ok else "miss"
+
+
 def _row_of(c: Comparison, prefix: str):
     return next((r for r in c.rows if r[0].startswith(prefix)), None)
 
@@ -89,13 +95,14 @@ def markdown(comparisons: list[Comparison]) -> str:
         oe = _row_of(c, "overlap")
         oe_text = "–" if oe[1] is None else f"{oe[2]:.3f} / {oe[1]:.3f}"
         for r in c.rows:
-            if r[5] is False:
+            if r[5] is False and c.run.commit:
                 misses[r[0].split(" (")[0]] += 1
         lines.append(f"| {c.run.name} | {cfg.ranks} | {cfg.tokens} | {cfg.experts} | {lat[2]:.3f} | {lat[1]:.3f} | "
                      f"{_pct(lat[3])}{'' if lat[5] else ' **miss**'} | " + " | ".join(phases)
-                     + f" | {util[2]:.3f} / {util[1]:.3f} | {oe_text} | {'hold' if c.ok else 'miss'} |")
-    held = sum(c.ok for c in comparisons)
-    lines += ["", f"**{held} of {len(comparisons)} runs hold every bound.**"
+                     + f" | {util[2]:.3f} / {util[1]:.3f} | {oe_text} | {_verdict(c)} |")
+    bound = [c for c in comparisons if c.run.commit]
+    held = sum(c.ok for c in bound)
+    lines += ["", f"**{held} of {len(bound)} runs with a recorded kernel commit hold every bound.**"
               + ("" if not misses else " Misses by quantity: " + ", ".join(f"{k} ({n})" for k, n in misses.items())
                  + "."), ""]
     lines += ["## What the model covers", "", MODELED, "## What it gets right, what it misses and why", "",
