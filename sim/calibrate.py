@@ -5,13 +5,16 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 `moelab compare` predicts):
 
 - blocks_per_sm: the megakernel's resident blocks per SM (its grid over the SMs);
-- matrix_efficiency, task_overhead_ns, gemm_step_ns: the tile GEMM task time at the
-  megakernel's grid (full and short tiles, GEMM0 and GEMM1) as overhead + max(flops / block
-  rate, k-slices x step): a line through the compute-bound points, the floor from the others;
-- copy_ns_per_byte, copy_gbps: copy_rows of a tile by one block alone, and by all blocks at once;
-- put_local_ns_per_byte, put_nvlink_ns_per_byte, nvlink_gbps: put-with-signal of a tile by one
-  block alone to its own GPU and to the peer, and the largest aggregate to the peer; the dispatch
-  microbenchmark (pack + put at the layer's concurrency) is checked against them, not fitted;
+- matrix_efficiency, gemm_fixed_ns: the tile GEMM task as fixed cost + flops / block rate: the
+  rate from the slope over tile heights at the megakernel's grid (full and short tiles, GEMM0
+  and GEMM1), the fixed cost from the full-tile tasks of the megakernel on the scheduler layer;
+  task_overhead_ns is 0 (each microbenchmark times a whole task body);
+- copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by 1 to all blocks
+  at once: time per byte = alone + extra x inflight / (inflight + half), inflight the bytes all
+  blocks move at once (it grows as they outgrow the L2);
+- put_nvlink_ns_per_byte, nvlink_gbps: a put over NVLink by one block alone, and the largest
+  aggregate to the peer; the dispatch microbenchmark (pack + put at the layer's concurrency) is
+  checked against all these, not fitted;
 - reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
@@ -33,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from reference.plan import LOCAL, NVLINK
 
 from . import costs
 from .hardware import PRESETS, HardwareError, from_dict
@@ -102,81 +107,109 @@ def fit(raw: dict, base: str, origin: str) -> Fit:
 
 
 def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str) -> None:
-    """time = overhead + max(flops / block rate, k-slices x step): the points with the most rows
-    are compute bound (a line through them), the others sit on the per-slice floor; the split
-    with the smallest squared error wins."""
+    """time = fixed + flops / block rate. The rate: the slope over the tile heights at the
+    megakernel's grid (at most the FP32 peak). The fixed cost: from the full-tile tasks inside
+    the megakernel on the scheduler layer, whose blocks do not start every slice in lockstep as
+    the isolated microbenchmark's do; without that layer, from the isolated tasks."""
     pts = sorted((g for g in _need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks),
                  key=lambda g: g["flops"])
     if len({g["flops"] for g in pts}) < 2:
         raise CalibrationError("gemm", len(pts), "tasks of two tile heights at the megakernel's grid")
     x = np.array([g["flops"] for g in pts], np.float64)
     y = np.array([g["ns_per_task"]["median"] for g in pts])
-    steps = np.array([g["k"] / raw.get("tile", {}).get("TILE_K", 8) for g in pts])
-    best = None
-    for split in range(len(pts) - 1):  # points [split:] compute bound, [:split] on the floor
-        top = x[split:]
-        if np.unique(top).size < 2:
-            continue
-        slope, intercept = np.polyfit(top, y[split:], 1)
-        step = float(np.mean((y[:split] - intercept) / steps[:split])) if split else 0.0
-        model = intercept + np.maximum(x * slope, steps * step)
-        err = float(((model - y) ** 2).sum())
-        if best is None or err < best[0]:
-            best = (err, slope, intercept, step, model)
-    _, slope, intercept, step, model = best
-    rate = 1.0 / slope  # flops per ns of one block
-    eff = rate * blocks / (hw.tflops_float32 * 1e3)
-    f.set("matrix_efficiency", float(min(eff, 1.0)), f"{origin}: tile GEMM tasks at the megakernel's grid: "
-          f"{rate:.1f} FLOP/ns per block x {blocks} blocks / fp32 peak (line through the compute-bound points)")
-    f.set("task_overhead_ns", float(max(intercept, 0.0)), f"{origin}: the same line's intercept")
-    f.set("gemm_step_ns", max(step, 0.0), f"{origin}: the short tiles' time per tile_k slice above the intercept")
-    for g, yy, mm in zip(pts, y, model):
-        f.check(f"{g['task']} {g['rows']} rows, {g['blocks']} blocks (ns)", yy, mm)
+    slope, intercept = np.polyfit(x, y, 1)
+    peak = hw.tflops_float32 * 1e3 / blocks  # flops per ns of one block at the FP32 peak
+    rate = min(1.0 / slope, peak)
+    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights "
+          f"{sorted({g['rows'] for g in pts})} at the megakernel's grid: {1 / slope:.0f} FLOP/ns per block "
+          f"(capped at the FP32 peak, {peak:.0f})")
+    full = max(x)
+    layer = (raw.get("scheduler") or {}).get("task_ns")
+    if layer:
+        fixed = layer["median"] - full / rate
+        how = (f"{origin}: median task of the megakernel on the scheduler layer ({layer['median'] / 1e3:.0f} µs, "
+               "full tiles) minus its FLOPs at that rate")
+    else:
+        fixed = float(np.mean(y - x / rate))
+        how = f"{origin}: mean of the isolated tasks minus their FLOPs at that rate"
+    f.set("gemm_fixed_ns", max(float(fixed), 0.0), how)
+    f.set("task_overhead_ns", 0.0, f"{origin}: 0, every microbenchmark times a whole task body (its overhead "
+          "included); the gap between tasks is handoff_ns")
     for g in raw["gemm"]:
-        if g["blocks"] == 1:
-            alone = intercept + max(g["flops"] * slope, g["k"] / raw.get("tile", {}).get("TILE_K", 8) * step)
-            f.check(f"{g['task']} {g['rows']} rows, 1 block alone (ns; not fitted)", g["ns_per_task"]["median"], alone)
+        note = "" if g["blocks"] >= blocks else ", alone; not fitted"
+        f.check(f"{g['task']} {g['rows']} rows, {g['blocks']} blocks (ns{note})", g["ns_per_task"]["median"],
+                f.values["gemm_fixed_ns"] + g["flops"] / rate)
+    if layer:
+        f.check("megakernel task on the scheduler layer, median (ns)", layer["median"],
+                f.values["gemm_fixed_ns"] + full / rate)
+
+
+def _saturating(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(alone, extra, half) of time per byte = alone + extra x W / (W + half) over (bytes in
+    flight W, time per byte) points: least squares for alone and extra at each half of a
+    geometric grid, the best half kept."""
+    w = np.array([p[0] for p in points], np.float64)
+    y = np.array([p[1] for p in points], np.float64)
+    best = None
+    for half in np.geomspace(2 ** 20, 2 ** 31, 64):
+        a = np.column_stack([np.ones_like(w), w / (w + half)])
+        (alone, extra), *_ = np.linalg.lstsq(a, y, rcond=None)
+        if extra < 0:
+            continue
+        err = float(((a @ [alone, extra] - y) ** 2).sum())
+        if best is None or err < best[0]:
+            best = (err, float(alone), float(extra), float(half))
+    if best is None:  # no slowdown with more bytes in flight: the mean alone
+        return float(y.mean()), 0.0, float(2 ** 20)
+    return best[1:]
 
 
 def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
-    """A block alone and all blocks at once: copy_rows, puts to this GPU and over NVLink; the
-    dispatch microbenchmark (pack + put at the layer's concurrency) is the check."""
+    """copy_rows and puts: time per byte against the bytes all blocks have in flight at once
+    (blocks x bytes), saturating; puts over NVLink: a block alone, or the port's share. The
+    dispatch microbenchmark (pack + put at the layer's concurrency) is the check, not fitted."""
     copies = _need(raw, "copy", "copy_rows times")
-    alone = [c["ns_per_copy"]["median"] / c["bytes"] for c in copies if c["blocks"] == 1]
-    if not alone:
-        raise CalibrationError("copy", [c["blocks"] for c in copies], "a point with 1 block")
-    copy1 = float(np.mean(alone))
-    most = max(c["blocks"] for c in copies)
-    agg = float(np.mean([most * c["bytes"] / c["ns_per_copy"]["median"] for c in copies if c["blocks"] == most]))
-    f.set("copy_ns_per_byte", copy1, f"{origin}: copy_rows of one tile by 1 block alone (plain and weighted)")
-    f.set("copy_gbps", agg, f"{origin}: copy_rows by {most} blocks at once, row bytes copied per ns")
-    for c in copies:
-        f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",
-                c["ns_per_copy"]["median"], c["bytes"] * costs.shared_ns_per_byte(copy1, c["blocks"], agg))
+    c1, cx, ch = _saturating([(c["blocks"] * c["bytes"], c["ns_per_copy"]["median"] / c["bytes"]) for c in copies])
+    how = (f"{origin}: copy_rows of one tile by 1 to {max(c['blocks'] for c in copies)} blocks at once, least squares "
+           "of time per byte = alone + extra x inflight / (inflight + half)")
+    f.set("copy_ns_per_byte", c1, how)
+    f.set("copy_extra_ns_per_byte", cx, how)
+    f.set("copy_half_bytes", ch, how)
     puts = _need(raw, "put", "put-with-signal times")
     big = max(p["bytes"] for p in puts)
-    for peer, name in (("self", "put_local_ns_per_byte"), ("nvlink", "put_nvlink_ns_per_byte")):
-        one = [p for p in puts if p["peer"] == peer and p["blocks"] == 1 and p["bytes"] == big]
-        if not one:
-            raise CalibrationError("put", peer, f"a 1-block put of {big} B to {peer}")
-        f.set(name, one[0]["ns_per_put"]["median"] / big, f"{origin}: put-with-signal of {big} B to {peer} by 1 block")
+    local = [p for p in puts if p["peer"] == "self" and p["bytes"] >= big // 4]
     remote = [p for p in puts if p["peer"] == "nvlink" and p["bytes"] == big]
+    if not local or not any(p["blocks"] == 1 for p in remote):
+        raise CalibrationError("put", sorted({p["peer"] for p in puts}), f"puts of {big} B to self and nvlink")
+    p1, px, ph = _saturating([(p["blocks"] * p["bytes"], p["ns_per_put"]["median"] / p["bytes"]) for p in local])
+    how = (f"{origin}: put-with-signal to its own GPU of tiles >= {big // 4} B by 1 to "
+           f"{max(p['blocks'] for p in local)} blocks at once, the same least squares")
+    f.set("put_local_ns_per_byte", p1, how)
+    f.set("put_local_extra_ns_per_byte", px, how)
+    f.set("put_local_half_bytes", ph, how)
+    one = next(p for p in remote if p["blocks"] == 1)
+    f.set("put_nvlink_ns_per_byte", one["ns_per_put"]["median"] / big - px * big / (big + ph),
+          f"{origin}: put-with-signal of {big} B over NVLink by 1 block alone, less its own bytes' slowdown")
     best = max(remote, key=lambda p: p["aggregate_gbps"])
     f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth to "
           f"the peer ({best['blocks']} blocks x {best['bytes']} B)")
-    for p in puts:
-        if p["bytes"] == big:
-            local = p["peer"] == "self"
-            per = costs.shared_ns_per_byte(f.values["put_local_ns_per_byte" if local else "put_nvlink_ns_per_byte"],
-                                           p["blocks"], agg if local else f.values["nvlink_gbps"])
-            f.check(f"put {big} B to {p['peer']}, {p['blocks']} blocks (ns)", p["ns_per_put"]["median"], big * per)
+    hw_moves = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
+        "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
+        "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte", "nvlink_gbps")})
+    for c in copies:
+        inflight = c["blocks"] * c["bytes"]
+        f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",
+                c["ns_per_copy"]["median"], c["bytes"] * costs.contended_ns_per_byte(c1, cx, ch, inflight))
+    for p in local + remote:
+        f.check(f"put {p['bytes']} B to {p['peer']}, {p['blocks']} blocks (ns)", p["ns_per_put"]["median"],
+                costs.put_ns(hw_moves, LOCAL if p["peer"] == "self" else NVLINK, p["bytes"],
+                             p["blocks"] * p["bytes"], p["blocks"]))
     for d in raw.get("dispatch", []):
-        n, local = d["concurrent_blocks"], d["peer"] == "self"
-        put = costs.shared_ns_per_byte(f.values["put_local_ns_per_byte" if local else "put_nvlink_ns_per_byte"], n,
-                                       agg if local else f.values["nvlink_gbps"])
-        rows = d["rows"]["median"]
-        f.check(f"dispatch tile of {rows:.0f} rows to {d['peer']}, {n} blocks (ns; not fitted)",
-                d["ns_per_tile"]["median"], rows * d["bytes_per_row"] * (costs.shared_ns_per_byte(copy1, n, agg) + put))
+        n, link = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK
+        nbytes = d["rows"]["median"] * d["bytes_per_row"]
+        model = costs.pack_ns(hw_moves, nbytes, link, n * nbytes, d["tiles"]) - hw_moves.task_overhead_ns
+        f.check(f"dispatch tile of {d['rows']['median']:.0f} rows to {d['peer']}, {n} blocks (ns; not fitted)",
+                d["ns_per_tile"]["median"], model)
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
     moved = math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS * (comb["top_k"] + 1) * comb["hidden"] * 4
@@ -209,12 +242,14 @@ def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:
 
 def _fit_scheduler(f: Fit, raw: dict, origin: str) -> None:
     s = _need(raw, "scheduler", "the megakernel's task gaps")
-    if not s.get("gap_ns") or not s.get("arrival_to_first_task_ns"):
-        raise CalibrationError("scheduler", sorted(s), "gap_ns and arrival_to_first_task_ns")
+    if not s.get("gap_ns"):
+        raise CalibrationError("scheduler", sorted(s), "gap_ns")
     f.set("handoff_ns", s["gap_ns"]["median"], f"{origin}: median gap between a processor's tasks "
           f"({s['tasks']} tasks of a layer no measured run uses)")
-    f.set("subscriber_ns", s["arrival_to_first_task_ns"]["p10"], f"{origin}: tenth percentile of a tile's "
-          "arrival to its first task (processors idle)")
+    delay = s.get("arrival_to_first_task_ns") or {}
+    if delay.get("min", -1) >= 0:  # files before the fix also matched returned tiles (negative delays)
+        f.set("subscriber_ns", delay["p10"], f"{origin}: tenth percentile of a tile's arrival to its first task "
+              "(processors idle)")
 
 
 def _fit_link(f: Fit, raw: dict, origin: str) -> None:
@@ -255,6 +290,8 @@ def calibrate(path: Path, base: str | None = None, out: Path | None = None) -> t
     out_tag = next((t for t, p in GPU_PRESET.items() if p == base), tag)
     out = out or MEASUREMENTS / f"calibrated-{out_tag}.json"
     origin = _relative(path)
+    if base != GPU_PRESET[tag]:  # e.g. an H100 preset from H200 microbenchmarks: the same GH100 SMs
+        origin += f" (measured on {raw['meta']['gpu']}, applied to {base})"
     f = fit(raw, base, origin)
     doc = preset_json(f, base, f"{base}+calibrated({path.stem})")
     from_dict(doc, origin=str(out))  # the file must load as a preset

@@ -7,13 +7,13 @@ many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a co
 
 Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measured and set by
 calibration): the gate runs in float64 work items of 16 tokens x 64 experts on every block, then
-one block per expert scans all (token, choice) pairs for its slots; a tile GEMM takes at least
-`gemm_step_ns` per tile_k-deep slice, however few its rows (the weight slice is loaded whole);
-a block copies token rows at its own rate alone, and n blocks copying at once share `copy_gbps`;
-a put is done by the issuing block's threads (dispatch: after packing; return: by the processor
-finishing the tile's last GEMM1 task), alone at the block's rate, n at once sharing the copy
-bandwidth (to its own GPU) or the NVLink port; after its last task every processor sums its
-share of tokens in choice order. Times in ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
+one block per expert scans all (token, choice) pairs for its slots; a tile GEMM task costs
+`gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole); a block copies token rows
+at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a put is done
+by the issuing block's threads (dispatch: after packing; return: by the processor finishing the
+tile's last GEMM1 task), slowed the same way by the bytes in flight, and over NVLink also bound
+by the port's share; after its last task every processor sums its share of tokens in choice
+order. Times in ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from reference import Config
-from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK
+from reference.plan import COMBINE, LOCAL, NVLINK
 
 from .hardware import Hardware
 
@@ -53,10 +53,12 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
     hbm_bytes = np.where(combine, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
     compute = flops / block_flops_per_ns(hw, cfg.dtype)
     memory = hbm_bytes / block_bytes_per_ns(hw)
-    # a combine task weights its rows in place: rows x H values of the plan's (nb + 4) bytes each
-    floor = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * hw.copy_ns_per_byte,
-                     np.where(kind == GEMM0, cfg.hidden, cfg.ffn) / cfg.tile_k * hw.gemm_step_ns)
-    return np.maximum(np.maximum(compute, memory), floor) + hw.task_overhead_ns
+    if hw.copy_ns_per_byte:
+        # a measured copy rate replaces the even HBM share for the combine (it weights its rows in
+        # place: rows x H values of the plan's (nb + 4) bytes each)
+        memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * hw.copy_ns_per_byte, memory)
+    fixed = np.where(combine, 0.0, hw.gemm_fixed_ns)
+    return np.maximum(compute, memory) + fixed + hw.task_overhead_ns
 
 
 def gate_roofline_ns(hw: Hardware, cfg: Config) -> float:
@@ -76,29 +78,40 @@ def gate_ns(hw: Hardware, cfg: Config) -> float:
     return max(roofline, kernel) + hw.gate_fixed_ns
 
 
-def shared_ns_per_byte(alone: float, concurrent: int, gbps: float) -> float:
-    """A block's time per byte when `concurrent` blocks share `gbps` (0: unlimited) and one block
-    alone takes `alone`."""
-    return max(alone, concurrent / gbps if gbps > 0 else 0.0)
+def contended_ns_per_byte(alone: float, extra: float, half: float, inflight: float) -> float:
+    """A block's time per byte while all blocks have `inflight` bytes of copies or puts going."""
+    return alone + (extra * inflight / (inflight + half) if extra else 0.0)
 
 
-def put_ns(hw: Hardware, link: int, nbytes: float, concurrent: int = 1) -> float:
-    """The issuing block's time to put a tile to its own GPU or over NVLink, `concurrent` blocks
-    putting at once (the network path hands the put to a NIC or a proxy: no block time here)."""
-    if link == LOCAL:
-        return nbytes * shared_ns_per_byte(hw.put_local_ns_per_byte, concurrent, hw.copy_gbps)
-    if link == NVLINK:
-        return nbytes * shared_ns_per_byte(hw.put_nvlink_ns_per_byte, concurrent,
-                                           hw.nvlink_gbps if hw.put_nvlink_ns_per_byte else 0.0)
-    return 0.0
+def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None, over_link: int = 1) -> float:
+    """The issuing block's time to put a tile to its own GPU or over NVLink while all blocks have
+    `inflight` bytes of puts going (default: this one), `over_link` puts over this link: the
+    block's threads store the bytes, loading the GPU's memory as local puts do; over NVLink the
+    port's share bounds it too. (The network path hands the put to a NIC or a proxy: no block
+    time here.)"""
+    inflight = nbytes if inflight is None else inflight
+    stores = {LOCAL: hw.put_local_ns_per_byte, NVLINK: hw.put_nvlink_ns_per_byte}.get(link, 0.0)
+    if not stores:
+        return 0.0
+    per = contended_ns_per_byte(stores, hw.put_local_extra_ns_per_byte, hw.put_local_half_bytes, inflight)
+    return nbytes * (port_ns_per_byte(per, over_link, hw.nvlink_gbps) if link == NVLINK else per)
 
 
-def pack_ns(hw: Hardware, nbytes: float, link: int, concurrent: int = 1) -> float:
+def port_ns_per_byte(alone: float, concurrent: int, gbps: float) -> float:
+    """A block's time per byte with `concurrent` blocks sharing a port of `gbps`, `alone` without."""
+    return max(alone, concurrent / gbps)
+
+
+def pack_ns(hw: Hardware, nbytes: float, link: int, inflight: float | None = None, over_link: int = 1) -> float:
     """One block gathers a tile's token rows into the send buffer (reads and writes its bytes),
-    then puts it; `concurrent` blocks do the same at once."""
-    copy = max(2.0 * nbytes / block_bytes_per_ns(hw),
-               nbytes * shared_ns_per_byte(hw.copy_ns_per_byte, concurrent, hw.copy_gbps))
-    return copy + put_ns(hw, link, nbytes, concurrent) + hw.task_overhead_ns
+    then puts it; all blocks pack and put `inflight` bytes at once, `over_link` tiles over this link."""
+    inflight = nbytes if inflight is None else inflight
+    if hw.copy_ns_per_byte:  # a measured copy rate replaces the even HBM share
+        copy = nbytes * contended_ns_per_byte(hw.copy_ns_per_byte, hw.copy_extra_ns_per_byte, hw.copy_half_bytes,
+                                              inflight)
+    else:
+        copy = 2.0 * nbytes / block_bytes_per_ns(hw)
+    return copy + put_ns(hw, link, nbytes, inflight, over_link) + hw.task_overhead_ns
 
 
 def reduce_ns(hw: Hardware, cfg: Config, processors: int) -> float:

@@ -56,10 +56,15 @@ class Hardware:
     gate_item_ns_per_h: float  # one block: one gate item (16 tokens x 64 experts) per element of H
     gate_slot_ns: float  # one block: scan one (token, choice) while assigning an expert's slots
     gate_fixed_ns: float  # the gate phase's fixed cost (two grid barriers, launch skew)
-    gemm_step_ns: float  # one block: the least time per tile_k-deep slice of a tile GEMM (load latency)
+    gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
+    # block copies and puts slow down as the bytes all blocks have in flight at once grow past the
+    # L2: time per byte = alone + extra x inflight / (inflight + half)
     copy_ns_per_byte: float  # one block alone copying token rows (copy_rows: dispatch packing, combine weighting)
-    copy_gbps: float  # all blocks of a GPU copying rows or putting to their own GPU at once (0: no limit)
+    copy_extra_ns_per_byte: float  # what a copy's time per byte tends to with very many bytes in flight, beyond alone
+    copy_half_bytes: float  # the bytes in flight at which half that extra is reached
     put_local_ns_per_byte: float  # one block alone putting a tile to its own GPU (nvshmem copies with the block)
+    put_local_extra_ns_per_byte: float  # the same extra for puts (their stores load the GPU's memory the same way)
+    put_local_half_bytes: float  # and its half point
     put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
     reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written
     handoff_ns: float  # a processor idle between two tasks: scheduler sees it idle, mails the next one
@@ -147,9 +152,12 @@ _H100 = {
     "gpu_post_ns": (300.0, "estimate: IBGDA work request built and doorbell rung by a GPU thread; " + _ESTIMATE),
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
-    **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gemm_step_ns",
-                                         "copy_ns_per_byte", "copy_gbps", "put_local_ns_per_byte",
-                                         "put_nvlink_ns_per_byte", "reduce_ns_per_byte", "handoff_ns")},
+    **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gemm_fixed_ns",
+                                         "copy_ns_per_byte",
+                                         "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
+                                         "put_local_extra_ns_per_byte", "put_local_half_bytes",
+                                         "put_nvlink_ns_per_byte",
+                                         "reduce_ns_per_byte", "handoff_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),
     "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (DESIGN.md's torch "

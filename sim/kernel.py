@@ -103,10 +103,14 @@ class FusedKernel:
         p = self.plan
         outgoing = np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank))
         free_at = [gate] * self.processors
-        together = min(outgoing.size, self.processors)  # blocks packing and putting at once
+        # bytes the first round of dispatching blocks has in flight, tiles over each link at once
+        first = outgoing[: self.processors]
+        inflight = float(p.transfer_bytes[first].sum())
+        links = p.transfer_link[first]
+        over = {int(k): int((links == k).sum()) for k in np.unique(links)}
         for i, x in enumerate(outgoing):
-            lane, t = i % self.processors, int(p.transfer_tile[x])
-            end = free_at[lane] + costs.pack_ns(self.hw, int(p.transfer_bytes[x]), int(p.transfer_link[x]), together)
+            lane, t, link = i % self.processors, int(p.transfer_tile[x]), int(p.transfer_link[x])
+            end = free_at[lane] + costs.pack_ns(self.hw, int(p.transfer_bytes[x]), link, inflight, over.get(link, 1))
             self.rec.add(self.rank, self.node, lane, "processor", "dispatch", free_at[lane], end,
                          int(p.tile_expert[t]), t, int(p.transfer_dst[x]), int(p.transfer_bytes[x]))
             free_at[lane] = end
