@@ -61,3 +61,14 @@ def test_cli_rejects_a_file_that_is_not_a_measured_run(tmp_path, capsys):
     bad.write_bytes(b"not a trace")
     assert main(["compare", "--measured", str(bad)]) == 2
     assert "compare option 'measured'" in capsys.readouterr().err
+
+
+def test_validation_doc_is_current():
+    from pathlib import Path
+
+    from sim import validation
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
+    comparisons = [compare.compare(r, runs=RUNS, predict=PREDICT) for r in RUNS]
+    assert validation.markdown(comparisons) == doc.read_text(), \
+        "docs/validation.md is stale: moelab compare --all --markdown docs/validation.md"
