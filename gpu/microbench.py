@@ -13,8 +13,9 @@ job cut short still leaves the others:
 - put: put-with-signal per block vs message size and issuing blocks, to this GPU and to the peer;
 - pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size;
 - gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts;
-- dispatch / combine: dispatch_tile over a FlashMoE-default layer's routed tiles, and the
-  per-token ordered combine, from the blocks' telemetry logs;
+- dispatch / combine: dispatch_tile over the routed tiles of the gate's 64-expert layers (1K to
+  16K tokens: less or more than the L2 in flight), and the per-token ordered combine of the
+  FlashMoE default, from the blocks' telemetry logs;
 - scheduler: gaps between consecutive tasks of a processor (scheduler hand-off) and from a
   tile's arrival to its first task (subscriber), from the megakernel's telemetry on a layer
   that is not one of the measured layer runs (leave-one-out: 12K tokens per GPU).
@@ -42,7 +43,8 @@ KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatc
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
 GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
 PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
-PUT_BLOCKS = (1, 8, 32, 128)  # and the full grid
+# blocks x bytes in flight from 16 KiB to the full grid's 264 MiB, densest around the L2 (50 MiB)
+PUT_BLOCKS = (1, 8, 16, 32, 64, 128)  # and the full grid
 PING_SIZES = (0, 4 << 10, 64 << 10, 1 << 20)
 GEMM_ROWS = (128, 96, 64, 32)
 EV_DISPATCH, EV_GEMM0, EV_GEMM1, EV_COMBINE, EV_SIGNAL = 1, 2, 3, 4, 7  # kernels/params.cuh
@@ -141,7 +143,7 @@ def sec_copy(b: Bench, grid: int) -> list[dict]:
     scales = b.randn(grid * rows * reps)
     ns = b.zeros(grid)
     out = []
-    for blocks in sorted({1, 32, 128, grid}):
+    for blocks in sorted({1, 4, 8, 16, 24, 32, 48, 64, 96, 128, grid}):  # 1 MiB each: across the L2
         for scaled in (False, True):
             b.launch("mb_copy", blocks, ptr(src), np.int32(src_rows), ptr(dst), np.int32(rows), np.int32(H),
                      ptr(scales) if scaled else np.uint64(0), np.int32(reps), ptr(ns))
@@ -252,7 +254,7 @@ def tlog_events(layer: Layer, kind: int) -> list[tuple[int, float, int, int]]:
 
 
 def sec_layer_pieces(b: Bench, results: dict, save) -> None:
-    """Gate over GATE_POINTS; dispatch and combine on the FlashMoE default's layer."""
+    """Gate over GATE_POINTS; dispatch on its 64-expert layers; combine on the FlashMoE default."""
     s = b.s
     results["gate"], results["dispatch"], results["combine"] = [], [], []
     for tokens, experts in GATE_POINTS:
@@ -263,7 +265,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
             ns, grid = gate_time(b, layer)
             results["gate"].append({"tokens": tokens, "experts": experts, "hidden": H, "top_k": cfg.top_k,
                                     "grid": grid, "ns": ns})
-            if (tokens, experts) == GATE_POINTS[0]:
+            if experts == 64:
                 layer.run()  # routing, counts and rows in place for dispatch and combine
                 for _ in range(2):
                     with b.torch.cuda.stream(s.torch_stream):
@@ -279,10 +281,12 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                                    ("nvlink", [e for e in ev if e[2] != s.rank])):
                     if sel:
                         results["dispatch"].append({
-                            "peer": where, "tiles": len(sel), "concurrent_blocks": min(len(ev), layer.n_proc),
+                            "tokens": tokens, "peer": where, "tiles": len(sel),
+                            "concurrent_blocks": min(len(ev), layer.n_proc),
                             "rows": stats([e[3] for e in sel]), "bytes_per_row": H * 4,
                             "ns_per_tile": stats([e[1] for e in sel]),
                             "ns_per_row": stats([e[1] / max(e[3], 1) for e in sel])})
+            if (tokens, experts) == GATE_POINTS[0]:
                 with b.torch.cuda.stream(s.torch_stream):
                     layer._work32.zero_()
                 b.launch("mb_combine", layer.grid, ptr(layer._params))
