@@ -32,6 +32,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if not sep:
             raise ConfigError("--set", item, "FIELD=VALUE")
         changes[key] = _parse_value(value)
+    edited = {k: v for k, v in changes.items() if k != "name" and getattr(cfg, k, None) != v}
+    if edited and "name" not in changes:
+        # an edited preset is no longer that preset: say so wherever the name is printed
+        changes["name"] = cfg.name + "".join(f"+{k}={v}" for k, v in edited.items())
     if args.gpus is not None:
         changes["ranks"] = args.gpus
     return Config.from_dict({**cfg.to_dict(), **changes}) if changes else cfg

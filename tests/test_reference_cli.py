@@ -66,3 +66,17 @@ def test_cli_help_on_every_level(capsys):
             main(argv)
         assert e.value.code == 0
     assert "--config" in capsys.readouterr().out
+
+
+def test_an_edited_preset_is_named_by_its_edits():
+    import argparse
+
+    from reference.cli import config_from_args
+
+    def cfg_of(*sets, gpus=None):
+        return config_from_args(argparse.Namespace(config="tiny", set=list(sets), gpus=gpus))
+
+    assert cfg_of("tokens=64", "top_k=1").name == "tiny+tokens=64+top_k=1"
+    assert cfg_of("tokens=96").name == "tiny"  # tiny's own value: still tiny
+    assert cfg_of("tokens=64", "name=mine").name == "mine"
+    assert cfg_of(gpus=4).name == "tiny" and cfg_of(gpus=4).ranks == 4
