@@ -9,17 +9,17 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   rate from the slope over tile heights at the megakernel's grid (full and short tiles, GEMM0
   and GEMM1), the fixed cost from the full-tile tasks of the megakernel on the scheduler layer;
   task_overhead_ns is 0 (each microbenchmark times a whole task body);
-- copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by 1 to all blocks
-  at once: time per byte = alone + extra x inflight / (inflight + half), inflight the bytes all
-  blocks move at once (it grows as they outgrow the L2);
+- l2_knee_bytes, copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by
+  1 to all blocks at once: time per byte = alone while the bytes all blocks move at once fit in
+  the L2 (up to the knee), + extra x beyond / (beyond + half) for the bytes beyond it;
 - put_nvlink_ns_per_byte, nvlink_gbps: a put over NVLink by one block alone, and the largest
   aggregate to the peer; the dispatch microbenchmark (pack + put at the layer's concurrency) is
   checked against all these, not fitted;
 - reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
-- handoff_ns, subscriber_ns: the processors' median gap between tasks and the shortest tenth of
-  the arrival-to-first-task delays, from the megakernel's telemetry on a 12K-token layer;
+- handoff_ns, subscriber_ns: the processors' median gap between tasks and the shortest
+  arrival-to-first-task delay less that gap, from the megakernel's telemetry on a 12K-token layer;
 - nvlink_latency_ns: half a bare-signal round trip between two GPUs.
 
 Writes a calibration preset (`{"base": preset, field: value, "sources": {field: how}}`) that
@@ -144,62 +144,74 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str) -> None:
                 f.values["gemm_fixed_ns"] + full / rate)
 
 
-def _saturating(points: list[tuple[float, float]]) -> tuple[float, float, float]:
-    """(alone, extra, half) of time per byte = alone + extra x W / (W + half) over (bytes in
-    flight W, time per byte) points: least squares for alone and extra at each half of a
-    geometric grid, the best half kept."""
+# grids of the moves' fit: the knee (0: slower from the first byte) and the half point, in bytes
+KNEES = np.concatenate([[0.0], np.geomspace(2 ** 20, 2 ** 28, 65)])
+HALVES = np.geomspace(2 ** 16, 2 ** 31, 61)
+
+
+def _saturating(points: list[tuple[float, float]], knee: float) -> tuple[float, float, float, float]:
+    """(relative squared error, alone, extra, half) of time per byte = alone + extra x beyond /
+    (beyond + half), beyond = max(W - knee, 0), over (bytes in flight W, time per byte) points:
+    least squares of the relative residuals for alone and extra at each half of HALVES, the best
+    half kept (no slowdown with more bytes in flight: the mean alone)."""
     w = np.array([p[0] for p in points], np.float64)
     y = np.array([p[1] for p in points], np.float64)
-    best = None
-    for half in np.geomspace(2 ** 20, 2 ** 31, 64):
-        a = np.column_stack([np.ones_like(w), w / (w + half)])
-        (alone, extra), *_ = np.linalg.lstsq(a, y, rcond=None)
-        if extra < 0:
+    beyond = np.maximum(w - knee, 0.0)
+    best = (float((((y - y.mean()) / y) ** 2).sum()), float(y.mean()), 0.0, float(HALVES[0]))
+    for half in HALVES:
+        a = np.column_stack([np.ones_like(w), beyond / (beyond + half)]) / y[:, None]
+        (alone, extra), *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+        if extra < 0 or alone < 0:
             continue
-        err = float(((a @ [alone, extra] - y) ** 2).sum())
-        if best is None or err < best[0]:
+        err = float(((a @ [alone, extra] - 1.0) ** 2).sum())
+        if err < best[0]:
             best = (err, float(alone), float(extra), float(half))
-    if best is None:  # no slowdown with more bytes in flight: the mean alone
-        return float(y.mean()), 0.0, float(2 ** 20)
-    return best[1:]
+    return best
 
 
 def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
     """copy_rows and puts: time per byte against the bytes all blocks have in flight at once
-    (blocks x bytes), saturating; puts over NVLink: a block alone, or the port's share. The
-    dispatch microbenchmark (pack + put at the layer's concurrency) is the check, not fitted."""
+    (blocks x bytes): flat while the L2 holds them, then slower, with one knee for copies and
+    local puts alike (the same L2; the knee of least total relative error); puts over NVLink: a
+    block alone, or the port's share. The dispatch microbenchmark (pack + put at the layer's
+    concurrency, on both sides of the knee) is the check, not fitted."""
     copies = _need(raw, "copy", "copy_rows times")
-    c1, cx, ch = _saturating([(c["blocks"] * c["bytes"], c["ns_per_copy"]["median"] / c["bytes"]) for c in copies])
-    how = (f"{origin}: copy_rows of one tile by 1 to {max(c['blocks'] for c in copies)} blocks at once, least squares "
-           "of time per byte = alone + extra x inflight / (inflight + half)")
-    f.set("copy_ns_per_byte", c1, how)
-    f.set("copy_extra_ns_per_byte", cx, how)
-    f.set("copy_half_bytes", ch, how)
     puts = _need(raw, "put", "put-with-signal times")
     big = max(p["bytes"] for p in puts)
     local = [p for p in puts if p["peer"] == "self" and p["bytes"] >= big // 4]
     remote = [p for p in puts if p["peer"] == "nvlink" and p["bytes"] == big]
     if not local or not any(p["blocks"] == 1 for p in remote):
         raise CalibrationError("put", sorted({p["peer"] for p in puts}), f"puts of {big} B to self and nvlink")
-    p1, px, ph = _saturating([(p["blocks"] * p["bytes"], p["ns_per_put"]["median"] / p["bytes"]) for p in local])
+    cpts = [(c["blocks"] * c["bytes"], c["ns_per_copy"]["median"] / c["bytes"]) for c in copies]
+    ppts = [(p["blocks"] * p["bytes"], p["ns_per_put"]["median"] / p["bytes"]) for p in local]
+    knee, (_, c1, cx, ch), (_, p1, px, ph) = min(
+        ((k, _saturating(cpts, k), _saturating(ppts, k)) for k in KNEES), key=lambda r: r[1][0] + r[2][0])
+    f.set("l2_knee_bytes", float(knee), f"{origin}: copy_rows and local puts by 1 to "
+          f"{max(c['blocks'] for c in copies)} blocks at once, the knee of least relative error of both fits below")
+    how = (f"{origin}: copy_rows of one tile by 1 to {max(c['blocks'] for c in copies)} blocks at once, least squares "
+           "of time per byte = alone + extra x beyond / (beyond + half), beyond the knee")
+    f.set("copy_ns_per_byte", c1, how)
+    f.set("copy_extra_ns_per_byte", cx, how)
+    f.set("copy_half_bytes", ch, how)
     how = (f"{origin}: put-with-signal to its own GPU of tiles >= {big // 4} B by 1 to "
            f"{max(p['blocks'] for p in local)} blocks at once, the same least squares")
     f.set("put_local_ns_per_byte", p1, how)
     f.set("put_local_extra_ns_per_byte", px, how)
     f.set("put_local_half_bytes", ph, how)
     one = next(p for p in remote if p["blocks"] == 1)
-    f.set("put_nvlink_ns_per_byte", one["ns_per_put"]["median"] / big - px * big / (big + ph),
+    own = costs.contended_ns_per_byte(0.0, px, ph, big, knee)
+    f.set("put_nvlink_ns_per_byte", one["ns_per_put"]["median"] / big - own,
           f"{origin}: put-with-signal of {big} B over NVLink by 1 block alone, less its own bytes' slowdown")
     best = max(remote, key=lambda p: p["aggregate_gbps"])
     f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth to "
           f"the peer ({best['blocks']} blocks x {best['bytes']} B)")
     hw_moves = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
-        "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
+        "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
         "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte", "nvlink_gbps")})
     for c in copies:
         inflight = c["blocks"] * c["bytes"]
         f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",
-                c["ns_per_copy"]["median"], c["bytes"] * costs.contended_ns_per_byte(c1, cx, ch, inflight))
+                c["ns_per_copy"]["median"], c["bytes"] * costs.contended_ns_per_byte(c1, cx, ch, inflight, knee))
     for p in local + remote:
         f.check(f"put {p['bytes']} B to {p['peer']}, {p['blocks']} blocks (ns)", p["ns_per_put"]["median"],
                 costs.put_ns(hw_moves, LOCAL if p["peer"] == "self" else NVLINK, p["bytes"],
@@ -208,7 +220,8 @@ def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
         n, link = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK
         nbytes = d["rows"]["median"] * d["bytes_per_row"]
         model = costs.pack_ns(hw_moves, nbytes, link, n * nbytes, d["tiles"]) - hw_moves.task_overhead_ns
-        f.check(f"dispatch tile of {d['rows']['median']:.0f} rows to {d['peer']}, {n} blocks (ns; not fitted)",
+        layer = f"T={d['tokens']}, " if "tokens" in d else ""
+        f.check(f"dispatch tile of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{n} blocks (ns; not fitted)",
                 d["ns_per_tile"]["median"], model)
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
@@ -248,8 +261,10 @@ def _fit_scheduler(f: Fit, raw: dict, origin: str) -> None:
           f"({s['tasks']} tasks of a layer no measured run uses)")
     delay = s.get("arrival_to_first_task_ns") or {}
     if delay.get("min", -1) >= 0:  # files before the fix also matched returned tiles (negative delays)
-        f.set("subscriber_ns", delay["p10"], f"{origin}: tenth percentile of a tile's arrival to its first task "
-              "(processors idle)")
+        # most tiles arrive while every processor is busy and wait in the queue; the shortest delay
+        # found one idle: the subscriber's turn, then the hand-off to that processor
+        f.set("subscriber_ns", max(delay["min"] - f.values["handoff_ns"], 0.0),
+              f"{origin}: the shortest of a tile's arrival to its first task (a processor idle) less handoff_ns")
 
 
 def _fit_link(f: Fit, raw: dict, origin: str) -> None:

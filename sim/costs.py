@@ -78,9 +78,11 @@ def gate_ns(hw: Hardware, cfg: Config) -> float:
     return max(roofline, kernel) + hw.gate_fixed_ns
 
 
-def contended_ns_per_byte(alone: float, extra: float, half: float, inflight: float) -> float:
-    """A block's time per byte while all blocks have `inflight` bytes of copies or puts going."""
-    return alone + (extra * inflight / (inflight + half) if extra else 0.0)
+def contended_ns_per_byte(alone: float, extra: float, half: float, inflight: float, knee: float = 0.0) -> float:
+    """A block's time per byte while all blocks have `inflight` bytes of copies or puts going:
+    `alone` while they fit in the L2 (up to `knee` bytes), slower as the bytes beyond it grow."""
+    beyond = max(inflight - knee, 0.0)
+    return alone + (extra * beyond / (beyond + half) if extra else 0.0)
 
 
 def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None, over_link: int = 1) -> float:
@@ -93,7 +95,8 @@ def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None
     stores = {LOCAL: hw.put_local_ns_per_byte, NVLINK: hw.put_nvlink_ns_per_byte}.get(link, 0.0)
     if not stores:
         return 0.0
-    per = contended_ns_per_byte(stores, hw.put_local_extra_ns_per_byte, hw.put_local_half_bytes, inflight)
+    per = contended_ns_per_byte(stores, hw.put_local_extra_ns_per_byte, hw.put_local_half_bytes, inflight,
+                                hw.l2_knee_bytes)
     return nbytes * (port_ns_per_byte(per, over_link, hw.nvlink_gbps) if link == NVLINK else per)
 
 
@@ -108,7 +111,7 @@ def pack_ns(hw: Hardware, nbytes: float, link: int, inflight: float | None = Non
     inflight = nbytes if inflight is None else inflight
     if hw.copy_ns_per_byte:  # a measured copy rate replaces the even HBM share
         copy = nbytes * contended_ns_per_byte(hw.copy_ns_per_byte, hw.copy_extra_ns_per_byte, hw.copy_half_bytes,
-                                              inflight)
+                                              inflight, hw.l2_knee_bytes)
     else:
         copy = 2.0 * nbytes / block_bytes_per_ns(hw)
     return copy + put_ns(hw, link, nbytes, inflight, over_link) + hw.task_overhead_ns

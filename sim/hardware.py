@@ -57,11 +57,12 @@ class Hardware:
     gate_slot_ns: float  # one block: scan one (token, choice) while assigning an expert's slots
     gate_fixed_ns: float  # the gate phase's fixed cost (two grid barriers, launch skew)
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
-    # block copies and puts slow down as the bytes all blocks have in flight at once grow past the
-    # L2: time per byte = alone + extra x inflight / (inflight + half)
+    # block copies and puts slow down once the bytes all blocks have in flight at once outgrow the
+    # L2: time per byte = alone + extra x beyond / (beyond + half), beyond = max(inflight - knee, 0)
+    l2_knee_bytes: float  # the bytes in flight that copies and puts can have before they slow (the L2 holds them)
     copy_ns_per_byte: float  # one block alone copying token rows (copy_rows: dispatch packing, combine weighting)
     copy_extra_ns_per_byte: float  # what a copy's time per byte tends to with very many bytes in flight, beyond alone
-    copy_half_bytes: float  # the bytes in flight at which half that extra is reached
+    copy_half_bytes: float  # the bytes in flight beyond the knee at which half that extra is reached
     put_local_ns_per_byte: float  # one block alone putting a tile to its own GPU (nvshmem copies with the block)
     put_local_extra_ns_per_byte: float  # the same extra for puts (their stores load the GPU's memory the same way)
     put_local_half_bytes: float  # and its half point
@@ -153,7 +154,7 @@ _H100 = {
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gemm_fixed_ns",
-                                         "copy_ns_per_byte",
+                                         "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
                                          "put_nvlink_ns_per_byte",

@@ -22,13 +22,16 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
 - **dispatch**: each tile gathered by one processor block (`copy_*`), then put by the same
   block's threads (`put_local_*`, `put_nvlink_ns_per_byte`, `nvlink_gbps`): NVSHMEM's block put
   moves the bytes with the block, so a put costs the issuing block its duration, not only link
-  time. Both slow down as the bytes all blocks move at once outgrow the L2 (time per byte =
-  alone + extra x inflight / (inflight + half), fitted on 1 to 264 blocks of 256 KiB to 1 MiB);
+  time. Both run at their speed alone while the bytes all blocks move at once fit in the L2 and
+  slow down beyond it (time per byte = alone + extra x beyond / (beyond + half), beyond the
+  bytes in flight past `l2_knee_bytes`; one knee for copies and puts, fitted on 1 to 264 blocks
+  of 256 KiB to 1 MiB; the dispatch microbenchmark at 1K to 16K tokens checks it);
 - **GEMM0/GEMM1 tasks**: fixed cost + FLOPs over the block's rate at the megakernel's occupancy
   of 2 blocks per SM (`gemm_fixed_ns`, `matrix_efficiency`); the processor finishing a tile's
   last GEMM1 task also puts the tile home;
 - **scheduling**: a processor is free again `handoff_ns` after a task (the scheduler warp must
-  see it idle and mail it the next one);
+  see it idle and mail it the next one); an arrived tile becomes tasks `subscriber_ns` after its
+  signal (the shortest arrival-to-first-task delay of a 12K-token layer, less the hand-off);
 - **combine**: the per-tile weighting task (a copy by one block), then, once every task of the
   GPU is done, every processor's share of the final ordered combine (`reduce_ns_per_byte`).
 """
@@ -56,19 +59,17 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
   roofline;
 - a **put is done by the block's threads** (about 10 GB/s for one block, to its own GPU or over
   NVLink), so the dispatch costs a block about as much as packing and putting 1 MiB at 2-4 GB/s
-  when 128 blocks move 128 MiB at once: block copies and puts slow down 2-3x once the bytes in
-  flight outgrow the L2;
+  when 128 blocks move 128 MiB at once: block copies and puts keep their speed alone up to
+  ~15 MB in flight (the **L2 knee**: each byte is read and written, so ~30 MB of the 50 MB L2)
+  and slow down 2-3x beyond it. A smooth slowdown fitted without the knee over-predicted the
+  dispatch at 1K tokens (16 MB of 32-row tiles in flight) by 43-48%;
+- the **gate reads cold tokens** in a layer: timed warm, the gate microbenchmark under-predicted
+  small token counts by 21-25%; it now evicts the L2 before each launch;
 - **every processor ends with the ordered combine** of its share of tokens (~60 us at 8K).
 
 Missed, and why:
 
-- **gate at small token counts** (1K-4K, -21% to -25% on three runs): the gate microbenchmark
-  repeats the gate with its inputs likely warm in L2, while in a layer they are cold; the gap
-  is largest when the tokens fit in L2 (8 MiB at 1K). `gpu/microbench.py` now evicts L2 before
-  each gate launch; the next calibration measures it cold.
-- **dispatch at 1K tokens** (+43%, +48%): 64 tiles of 32 rows put 16 MiB at once, below the L2
-  knee; the saturating slowdown, fitted on 1 MiB puts, already adds half of its extra there. A
-  model with the L2's capacity (a knee, not a smooth curve) would fit both ends.
+- Nothing on the H200 runs: every bound holds with the calibration of the current kernel.
 - The **H100 run** predates the gate rewrite (commit 160c78b: gate loads batched and prefetched,
   2x faster) and recorded no commit, so it is compared but not held to the bounds: its gate
   (1.5 ms) and slower combine belong to an older kernel than the one calibrated.

@@ -12,19 +12,10 @@ from sim import compare
 
 RUNS = compare.measured_runs()
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
-GATE_WARM = ("the gate microbenchmark repeated the gate with its tokens likely warm in L2; in a layer they are cold "
-             "(+40 to +140 us, most at small T); gpu/microbench.py now evicts L2 first: recalibrate")
-DISPATCH_KNEE = ("16 MB of 32-row tiles in flight sit below the L2 knee, where the saturating slowdown fitted on "
-                 "1 MB puts already adds 50%")
 # (run, quantity) misses of the calibration committed in measurements/calibration-h200.json, each with
-# its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list.
-KNOWN_MISSES = {
-    ("h200x2-trace-flashmoe-tokens-1k-p1", "dispatch"): DISPATCH_KNEE,
-    ("h200x2-trace-flashmoe-tokens-1k-p2", "dispatch"): DISPATCH_KNEE,
-    ("h200x2-trace-flashmoe-tokens-1k-p2", "gate"): GATE_WARM,
-    ("h200x2-trace-flashmoe-tokens-2k-p2", "gate"): GATE_WARM,
-    ("h200x2-trace-flashmoe-tokens-4k-p1", "gate"): GATE_WARM,
-}
+# its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list. Empty since
+# the recalibration at a308851 (cold-L2 gate, the L2 knee of copies and puts).
+KNOWN_MISSES: dict[tuple[str, str], str] = {}
 
 
 def test_there_are_measured_runs():

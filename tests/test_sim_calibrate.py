@@ -4,7 +4,6 @@ the written preset loads and changes the prediction, and bad files give one clea
 import json
 import math
 
-import numpy as np
 import pytest
 
 import sim
@@ -13,8 +12,9 @@ from reference import presets
 from reference.plan import LOCAL, NVLINK
 from sim import calibrate, costs, hardware
 
-HALVES = np.geomspace(2 ** 20, 2 ** 31, 64)  # the fit's grid of half points
+HALVES, KNEES = calibrate.HALVES, calibrate.KNEES  # the fit's grids
 TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task_overhead_ns=0.0,
+            l2_knee_bytes=float(KNEES[33]),
             copy_ns_per_byte=0.04, copy_extra_ns_per_byte=0.13, copy_half_bytes=float(HALVES[50]),
             put_local_ns_per_byte=0.08, put_local_extra_ns_per_byte=0.2, put_local_half_bytes=float(HALVES[25]),
             put_nvlink_ns_per_byte=0.1, nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0,
@@ -40,13 +40,14 @@ def synthetic(gpu="NVIDIA H200"):
              "ns_per_task": _stat(task(r) * (1.2 if b == 1 else 1.0))}  # alone: not fitted
             for k in ("gemm0", "gemm1") for b, r in ((1, 128), (blocks, 128), (blocks, 96), (blocks, 64), (blocks, 32))]
     tile = 128 * 2048 * 4
+    copy_blocks = (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, blocks)
     per_byte = [costs.contended_ns_per_byte(t["copy_ns_per_byte"], t["copy_extra_ns_per_byte"], t["copy_half_bytes"],
-                                            b * tile) for b in (1, 32, 128, blocks)]
+                                            b * tile, t["l2_knee_bytes"]) for b in copy_blocks]
     copy = [{"blocks": b, "rows": 128, "bytes": tile, "scaled": s, "ns_per_copy": _stat(tile * v)}
-            for b, v in zip((1, 32, 128, blocks), per_byte) for s in (False, True)]
+            for b, v in zip(copy_blocks, per_byte) for s in (False, True)]
     put = [{"peer": p, "blocks": b, "bytes": size, "reps": 8, "issue_ns_per_put": _stat(1.0),
             "ns_per_put": _stat(costs.put_ns(hw, link, size, b * size, b)), "aggregate_gbps": 0.0}
-           for p, link in (("self", LOCAL), ("nvlink", NVLINK)) for b in (1, 8, 128, blocks)
+           for p, link in (("self", LOCAL), ("nvlink", NVLINK)) for b in (1, 8, 16, 32, 64, 128, blocks)
            for size in (1 << 18, 1 << 20)]
     for p in put:
         p["aggregate_gbps"] = p["blocks"] * p["bytes"] / p["ns_per_put"]["median"]
@@ -64,7 +65,7 @@ def synthetic(gpu="NVIDIA H200"):
             "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263,
                          "ns_per_block": _stat(per_block * t["reduce_ns_per_byte"])}],
             "scheduler": {"tasks": 4096, "gap_ns": _stat(t["handoff_ns"]), "task_ns": _stat(task(128)),
-                          "arrival_to_first_task_ns": _stat(t["subscriber_ns"])},
+                          "arrival_to_first_task_ns": _stat(t["subscriber_ns"] + t["handoff_ns"])},
             "pingpong": [{"bytes": 0, "iters": 200, "round_trip_ns": 2 * t["nvlink_latency_ns"], "failed": False}],
             "failed": {}}
 
