@@ -82,22 +82,30 @@ def test_simulate_page_reruns_on_transport_and_shows_a_bad_config():
     assert not at.get("plotly_chart")
 
 
+def gpu_run(tr):
+    """A test trace as a kernel telemetry run on an H200 (what sim.compare reads)."""
+    tr.meta.update(source="gpu", gpu="NVIDIA H200")
+    return tr
+
+
 @needs_sim
 def test_compare_page_puts_a_measured_run_beside_its_prediction(tmp_path, monkeypatch):
-    pipeline_trace(ranks=2, blocks=8, config="tiny").save(tmp_path / "tiny-run.npz")
+    gpu_run(pipeline_trace(ranks=2, blocks=8, config="tiny")).save(tmp_path / "tiny-run.npz")
     (tmp_path / "not-a-trace.npz").write_bytes(b"junk")
     monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
     at = page("compare")
-    assert '"Timeline: tiny measured vs simulated' in at.get("plotly_chart")[0].proto.spec
+    spec = at.get("plotly_chart")[0].proto.spec
+    assert '"Timeline: tiny measured vs simulated (h200-sxm+calibrated' in spec  # sim.compare's preset
     errors = table(at)
-    assert errors and {"metric", "predicted", "measured", "relative error"} <= set(errors[0])
-    at.selectbox[2].set_value("ibrc").run()
-    assert not at.exception
+    assert {"quantity", "predicted", "measured", "error", "bound", "holds"} == set(errors[0])
+    assert errors[0]["quantity"] == "layer latency (ms)" and errors[0]["bound"] == "±10%"
+    at.selectbox[1].set_value("h100-sxm").run()
+    assert not at.exception and table(at) != errors
 
 
 @needs_sim
 def test_compare_page_names_a_measured_run_whose_config_is_bad(tmp_path, monkeypatch):
-    tr = pipeline_trace(ranks=1, blocks=2, tasks=2)
+    tr = gpu_run(pipeline_trace(ranks=1, blocks=2, tasks=2))
     tr.meta["config"]["tokens"] = 0
     tr.save(tmp_path / "bad-run.npz")
     monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
