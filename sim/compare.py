@@ -39,6 +39,7 @@ from .trace import KIND, ROLE, Trace, TraceError, concat
 PHASES = ("gate", "dispatch", "gemm0", "gemm1", "combine")
 LATENCY_BOUND, PHASE_BOUND, OVERLAP_BOUND = 0.10, 0.20, 0.10
 DEFAULT_TILE = {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8}  # gpu/microbench.py's tile shape
+CALIBRATED = "calibrated"  # `compare`'s hardware: the preset calibrated on the run's GPU
 
 
 class CompareError(ValueError):
@@ -196,7 +197,9 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
             predict: Predictor | None = None) -> Comparison:
     """Predict `run` and tabulate predicted vs measured with each quantity's error and bound."""
     predict = predict or Predictor()
-    hw = get_hardware(str(hardware) if isinstance(hardware, Path) else hardware or str(calibrated_for(run)))
+    if hardware in (None, CALIBRATED):
+        hardware = calibrated_for(run)
+    hw = get_hardware(str(hardware) if isinstance(hardware, Path) else hardware)
     result = predict(run.config, hw)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta.get("processors") or hw.processors)
@@ -259,13 +262,22 @@ def perfetto(c: Comparison) -> dict:
 
 def picture(c: Comparison, path: str | Path) -> None:
     """One PNG: each measured GPU's panel above its predicted panel."""
+    figure(c).savefig(path, dpi=110)
+
+
+def figure(c: Comparison):
+    """The matplotlib figure of `picture`."""
     from . import timeline
 
     ranks = c.run.config.ranks
     moved = dict(c.predicted.columns)
     moved["rank"] = c.predicted["rank"] + ranks
-    both = concat([c.run.trace, Trace(moved, {})], meta={"processors": c.run.processors})
-    fig = timeline.figure(both, title=f"{c.run.name}: measured (top) and predicted ({c.hardware.name})")
+    both = concat([c.run.trace, Trace(moved, {})], meta={})
+    # each panel's busy fraction over its own processors: the preset may run another block count
+    predicted = int(c.predicted.meta.get("processors") or c.hardware.processors)
+    lanes = {r: c.run.processors for r in range(ranks)} | {r + ranks: predicted for r in range(ranks)}
+    fig = timeline.figure(both, title=f"{c.run.name}: measured (top) and predicted ({c.hardware.name})",
+                          processors=lanes)
     for i, ax in enumerate(fig.axes[: 2 * ranks]):
         ax.set_ylabel(f"{'measured' if i < ranks else 'predicted'}\nGPU {i % ranks}", fontsize=8)
-    fig.savefig(path, dpi=110)
+    return fig

@@ -34,7 +34,10 @@ def busy_fraction(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.n
     return np.diff(covered(edges)) / np.diff(edges)
 
 
-def figure(trace: Trace, title: str = ""):
+def figure(trace: Trace, title: str = "", processors: dict[int, int] | None = None):
+    """Per GPU, its processors' busy fraction by task kind and its link, NIC and proxy strips.
+    `processors`: the processor blocks of each rank where ranks differ (a measured run beside its
+    prediction on another preset); else the trace's meta "processors", else the lanes seen."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -46,11 +49,11 @@ def figure(trace: Trace, title: str = ""):
     mid_us = (edges[:-1] + edges[1:]) / 2e3
     fig, axes = plt.subplots(len(ranks) or 1, 1, figsize=(12, 1.9 * max(1, len(ranks)) + 0.8),
                              sharex=True, squeeze=False)
-    processors = trace.meta.get("processors")
+    per_rank, processors = processors, trace.meta.get("processors")
     for ax, r in zip(axes[:, 0], ranks):
         mine = trace.select(trace["rank"] == r)
         proc = mine["role"] == ROLE["processor"]
-        lanes = processors or max(1, np.unique(mine["lane"][proc]).size)
+        lanes = (per_rank or {}).get(r) or processors or max(1, np.unique(mine["lane"][proc]).size)
         layers, labels, colors = [], [], []
         for name in ("gate", "dispatch", "gemm0", "gemm1", "combine"):
             sel = proc & (mine["kind"] == KIND[name])

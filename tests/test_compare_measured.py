@@ -47,6 +47,20 @@ def test_cli_writes_both_timelines(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_each_panel_counts_its_own_processors():
+    """A preset of another block count (h100-sxm: 4 per SM, the H100 run: 2) must not push the
+    predicted 'SMs busy' past 1 into the link strips above it."""
+    run = next(r for r in RUNS if r.gpu_tag == "h100")
+    c = compare.compare(run, "h100-sxm", predict=PREDICT)
+    assert c.hardware.processors > run.processors
+    fig = compare.figure(c)
+    for ax in fig.axes[: 2 * run.config.ranks]:
+        busy = [p for p in ax.collections if p.get_label() in compare.PHASES]
+        assert busy, ax.get_ylabel()
+        top = max(path.vertices[:, 1].max() for p in busy for path in p.get_paths())
+        assert 0.5 < top <= 1.0 + 1e-9, (ax.get_ylabel(), top)
+
+
 def test_cli_rejects_a_file_that_is_not_a_measured_run(tmp_path, capsys):
     bad = tmp_path / "x.npz"
     bad.write_bytes(b"not a trace")
