@@ -1,12 +1,17 @@
 """The GPU matrix: build, check and time the megakernel against the golden and the torch layer.
 
     python benchmarks/bench_gpu.py --gpus 1 2 4 --suite checks bench --out OUT_DIR
+    python benchmarks/bench_gpu.py --gpus 1 2 --suite bench --dtypes bfloat16 float32 --untraced float32
 
 `checks`: small configs against the float64 golden (fresh seeds, skewed routing, all tokens to one
 expert, capacity dropping, T not a multiple of tile_m, E = P and E = 8P, every gate and
 activation the kernel supports), telemetry on/off, and a rank that sits out (the others must
 time out and raise). `bench`: the FlashMoE default and its token/expert sweeps, kernel vs the
-torch layer (float32 and bf16), random inputs drawn on the GPU, checked against the torch layer.
+torch layer of the same dtype (float32 points also beside torch bf16), random inputs drawn on the GPU,
+checked against the torch layer; `--dtypes` picks the kernels (float32, bfloat16), `--untraced`
+those whose points keep no trace, and `checks` then includes the bf16 kernel's checks against the
+reference's bf16-emulated golden. The matmul ceiling of each dtype is measured first (torch,
+8192^3) and each point's rate is given as a share of its own dtype's ceiling.
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -27,17 +32,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu import spawn  # noqa: E402
-from gpu.cases import bench_cases, check_cases, sit_out_case  # noqa: E402
+from gpu.cases import bench_cases, bf16_check_cases, check_cases, sit_out_case  # noqa: E402
 from reference.cli import format_table  # noqa: E402
 
 
-def fp32_ceiling_tflops() -> float:
-    """Measured fp32 matmul rate (torch, no TF32, 8192^3, median of 10 after 3 warm-ups) on GPU 0."""
+def ceiling_tflops(dtype: str = "float32") -> float:
+    """Measured matmul rate of `dtype` (torch, no TF32, 8192^3 random operands, median of 10 after
+    3 warm-ups) on GPU 0."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    a = torch.randn(8192, 8192, device="cuda")
-    b = torch.randn(8192, 8192, device="cuda")
+    dt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    a = torch.randn(8192, 8192, device="cuda", dtype=dt)
+    b = torch.randn(8192, 8192, device="cuda", dtype=dt)
     times = []
     for i in range(13):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,19 +92,26 @@ def run_meta(args_line: str) -> dict:
             "nvcc": (out(["nvcc", "--version"]).splitlines() or ["unknown"])[-1]}
 
 
-def table(all_results: list[dict], ceiling: float) -> str:
+def table(all_results: list[dict], ceilings: dict[str, float]) -> str:
+    """One row per bench point: the kernel against the torch layer of its own dtype, its rate as a
+    share of that dtype's ceiling, and the GEMM phase's rate (GEMM FLOPs over the GEMM task time
+    per processor block, from telemetry) as a share of it."""
     rows = []
     for r in all_results:
         if "kernel_ms" not in r:
             continue
         c = r["config"]
+        dt = c.get("dtype", "float32")
+        ceil = ceilings[dt] * c["ranks"]
         tf = flops(r) / (r["kernel_ms"] * 1e-3) / 1e12
-        rows.append((r["name"], c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], r.get("torch_float32_ms", 0.0),
-                     r.get("torch_float32_ms", 0.0) / r["kernel_ms"], r.get("torch_bfloat16_ms", 0.0), tf,
-                     100 * tf / (ceiling * c["ranks"]), 100 * r.get("sm_utilization", 0.0),
-                     100 * (r["kernel_telemetry_ms"] / r["kernel_ms"] - 1), r.get("vs_baseline_rel_err", -1.0)))
-    head = ("point", "GPUs", "T/rank", "E", "kernel ms", "torch fp32 ms", "speedup", "torch bf16 ms", "TFLOP/s",
-            "% fp32 ceil", "SM util %", "telemetry +%", "rel err vs torch")
+        gemm_tf = flops(r) / (r["gemm_ms_per_proc"] * 1e-3) / 1e12 if r.get("gemm_ms_per_proc") else 0.0
+        torch_ms = r.get(f"torch_{dt}_ms", 0.0)
+        rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], torch_ms,
+                     torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, 100 * gemm_tf / ceil,
+                     100 * r.get("sm_utilization", 0.0), 100 * (r["kernel_telemetry_ms"] / r["kernel_ms"] - 1),
+                     r.get("vs_baseline_rel_err", -1.0)))
+    head = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
+            "% ceil", "GEMM phase % ceil", "SM util %", "telemetry +%", "rel err vs torch")
     return format_table(head, rows)
 
 
@@ -109,12 +123,17 @@ def main() -> int:
     ap.add_argument("--out", default="artifacts/gpu")
     ap.add_argument("--timeout", type=float, default=560.0, help="wall-clock limit per GPU count, seconds")
     ap.add_argument("--prefix", default="", help="prefix of the trace files' names (e.g. h200x2-)")
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="kernels to bench (and, with bfloat16, to check)")
+    ap.add_argument("--untraced", nargs="*", default=[], choices=["float32", "bfloat16"],
+                    help="dtypes whose bench points keep no telemetry trace")
     args = ap.parse_args()
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
-    ceiling = fp32_ceiling_tflops()
-    meta["fp32_ceiling_tflops"] = ceiling
-    print(f"measured fp32 matmul ceiling: {ceiling:.1f} TFLOP/s per GPU", flush=True)
+    ceilings = {dt: ceiling_tflops(dt) for dt in ("float32", "bfloat16")}
+    meta["fp32_ceiling_tflops"], meta["bf16_ceiling_tflops"] = ceilings["float32"], ceilings["bfloat16"]
+    print(f"measured matmul ceilings per GPU: fp32 {ceilings['float32']:.1f}, bf16 {ceilings['bfloat16']:.1f} TFLOP/s",
+          flush=True)
     seed = int.from_bytes(os.urandom(4), "little")
     meta["seed"] = seed
     everything = []
@@ -122,8 +141,11 @@ def main() -> int:
         cases = []
         if "checks" in args.suite:
             cases += check_cases(p, seed, args.prefix)
+            if "bfloat16" in args.dtypes:
+                cases += bf16_check_cases(p, seed)
         if "bench" in args.suite:
-            cases += bench_cases(p, args.points, args.prefix)
+            for dt in args.dtypes:
+                cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
         for c in cases:
@@ -144,12 +166,12 @@ def main() -> int:
             print(r["name"], "FAILED:", r["failed"], flush=True)
     checks = [r for r in everything if r["name"].startswith(("check", "sit"))]
     for r in checks:
-        keys = ("routing_equal", "counts_equal", "weight_max_abs_err", "rel_err", "dropped", "nan",
+        keys = ("routing_equal", "counts_equal", "weight_max_abs_err", "rel_err", "golden_path", "dropped", "nan",
                 "telemetry_same_output", "sm_utilization", "raised", "seconds_to_raise", "error", "failed")
         print(r["name"], {k: r[k] for k in keys if k in r}, flush=True)
     print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}, "
-          f"fp32 ceiling {ceiling:.1f} TFLOP/s per GPU")
-    print(table(everything, ceiling))
+          f"ceilings per GPU: fp32 {ceilings['float32']:.1f}, bf16 {ceilings['bfloat16']:.1f} TFLOP/s")
+    print(table(everything, ceilings))
     return 0
 
 

@@ -2,10 +2,12 @@
 
 check_cases: small configs against the float64 golden, covering fresh seeds, E = P and E = 8P,
 every supported gate and activation, skewed routing, all tokens to one expert with and without
-capacity dropping, T not a multiple of tile_m, tiny tiles. sit_out_case: one rank does not
+capacity dropping, T not a multiple of tile_m, tiny tiles. bf16_check_cases: the bf16 kernel on
+the same kinds of configs, against the reference's bf16-emulated golden. sit_out_case: one rank does not
 launch, the others must time out and raise. bench_cases: the FlashMoE default and its token and
 expert sweeps (random inputs drawn on the GPU, checked against the torch layer), each with its
-telemetry trace.
+telemetry trace, in float32 (tiles 128 x 64 x 8) or bf16 (128 x 64 x 32: the tensor-core tile
+GEMM steps K by 16).
 """
 
 from __future__ import annotations
@@ -31,27 +33,55 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
              "trace": f"{prefix}trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases]
 
 
+BF16_TILE_K = 32  # the bench's bf16 tile depth: two mma k-steps per cp.async stage
+
+
+def bf16_check_cases(p: int, seed: int) -> list[dict]:
+    base = dict(tokens=200, hidden=128, ffn=256, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=32, seed=seed, dtype="bfloat16")
+    cases = [
+        ("fresh", {}),
+        ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
+        ("nodrop_silu_topk_softmax_k16", dict(capacity_factor=None, activation="silu", gate="topk_softmax",
+                                              tile_k=16)),
+        ("skewed_sigmoid_gelu", dict(skew=2.0, gate="sigmoid_bias", activation="gelu")),
+        ("one_expert_dropping", dict(skew=1000.0, capacity_factor=1.0)),
+        ("t_not_multiple_tile128", dict(tokens=333, tile_m=128, tile_n=64, hidden=256, ffn=512, experts=8 * p)),
+    ]
+    return [{"name": f"check-bf16-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
+             "baseline_check": True} for n, ch in cases]
+
+
 def sit_out_case(p: int) -> dict:
     cfg = dict(tokens=256, hidden=128, ffn=256, experts=4 * p, top_k=2, ranks=p, tile_m=64, tile_n=32, tile_k=8)
     return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}
 
 
-def bench_cases(p: int, points: str, prefix: str = "") -> list[dict]:
-    """Every point is timed and keeps its telemetry trace (`prefix` + trace-NAME-pP.npz); the
-    default point also profiles the torch layer."""
+def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True) -> list[dict]:
+    """Every point is timed beside the torch layer of the same dtype (float32 points also beside
+    torch bf16) and, with `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16]-pP.npz);
+    the default point also profiles the torch layer."""
+    bf16 = dtype == "bfloat16"
+    tag = "-bf16" if bf16 else ""
     chosen = []
     for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]:
         if points == "default" and c.name != "flashmoe":
             continue
         if c.experts % p:
             continue
-        chosen.append(c.replace(ranks=p))
+        chosen.append(c.replace(ranks=p, dtype="bfloat16", tile_k=BF16_TILE_K) if bf16 else c.replace(ranks=p))
+    if bf16 and points == "sweep":
+        # the default with 128-column tiles: half the A-tile reads from L2 per FLOP (K steps of 16
+        # keep three stages in static shared memory)
+        flash = next(c for c in chosen if c.name == "flashmoe")
+        chosen.append(flash.replace(name="flashmoe-tile128x128x16", tile_n=128, tile_k=16))
     seen, cases = set(), []
     for c in chosen:
         if c.name in seen:
             continue
         seen.add(c.name)
-        cases.append({"name": f"bench-{c.name}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
-                      "bench": True, "baselines": ["float32", "bfloat16"], "warmup": 3, "iters": 10,
-                      "trace": f"{prefix}trace-{c.name}-p{p}.npz", "profile": c.name == "flashmoe"})
+        cases.append({"name": f"bench-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
+                      "bench": True, "baselines": ["bfloat16"] if bf16 else ["float32", "bfloat16"], "warmup": 3,
+                      "iters": 10, "trace": f"{prefix}trace-{c.name}{tag}-p{p}.npz" if trace else None,
+                      "profile": c.name == "flashmoe"})
     return cases

@@ -42,12 +42,14 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("gpu", help="run the CUDA megakernel on local GPUs",
-                       description="Build (cached), launch and check the float32 megakernel on N GPUs of this "
+                       description="Build (cached), launch and check the megakernel (float32, or the bf16 "
+                                   "tensor-core kernel for a bfloat16 config) on N GPUs of this "
                                    "host, one process each; optionally time it against the torch layer and save "
                                    "its telemetry trace.")
     add_config_args(p)
     p.add_argument("--check", action="store_true",
-                   help="compare with the float64 golden (reference inputs) and the torch layer")
+                   help="compare with the golden (reference inputs; float64, or the bf16-emulated path for "
+                        "bfloat16) and the torch layer")
     p.add_argument("--bench", action="store_true", help="time kernel and torch layer (CUDA events, median)")
     p.add_argument("--trace", metavar="OUT.npz|OUT.json", help="save the kernel's telemetry trace")
     p.add_argument("--inputs", choices=["reference", "random"], default="reference",

@@ -5,6 +5,10 @@
     layer.run()                            # one layer call; raises KernelTimeout on a failed wait
     layer.output()                         # (T, H) float32 numpy, this rank's tokens
 
+A bfloat16 config runs the bf16 kernel: tokens and expert weights on the GPU in bf16, gate
+weights and biases float32 holding bf16-rounded values (the reference's bf16 path rounds them
+all), the moved rows and the GEMM0 output in bf16, y in float32.
+
 Every rank runs the same sequence of Layer calls (NVSHMEM allocation and free are collective).
 Signals carry the launch's epoch, so no flag is reset between launches; the local working state
 is zeroed on the stream before each launch.
@@ -21,8 +25,6 @@ from reference import Config, weights
 
 from . import build, errors, layout, telemetry
 from .layout import BLOCK_THREADS, OS_WARPS, TLOG_CAP, Sizes
-
-KERNEL_NAME = "moelab_moe_fp32"
 
 
 class Session:
@@ -70,7 +72,7 @@ class Session:
         if built.key not in self._kernels:
             obj = ObjectCode.from_cubin(built.cubin.read_bytes())
             nvshmem.library_init(NvshmemKernelObject.from_obj(obj))
-            self._kernels[built.key] = (obj, obj.get_kernel(KERNEL_NAME))
+            self._kernels[built.key] = (obj, obj.get_kernel(layout.kernel_name(cfg)))
         return self._kernels[built.key][1]
 
     def barrier(self) -> None:
@@ -94,7 +96,8 @@ class Session:
 @dataclass
 class Inputs:
     """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset and gate_bias
-    (E,) float64, and the local experts' w1 (L, H, I), b1 (L, I), w2 (L, I, H), b2 (L, H)."""
+    (E,) float64, and the local experts' w1 (L, H, I), b1 (L, I), w2 (L, I, H), b2 (L, H).
+    For a bfloat16 config x, w1 and w2 are bf16 and wg, b1, b2 float32 rounded to bf16 values."""
 
     x: object
     wg: object
@@ -119,7 +122,8 @@ class Inputs:
 
         return cls(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
                    gate_bias=t(gate_bias.astype(np.float64)),
-                   **{name: t(np.stack([ex[i] for ex in experts])) for i, name in enumerate(("w1", "b1", "w2", "b2"))})
+                   **{name: t(np.stack([ex[i] for ex in experts])) for i, name in enumerate(("w1", "b1", "w2", "b2"))}
+                   ).as_dtype(cfg.dtype)
 
     @classmethod
     def random(cls, cfg: Config, rank: int, seed: int) -> Inputs:
@@ -141,7 +145,19 @@ class Inputs:
                    logit_offset=torch.from_numpy(logit_offset(cfg)).to(dev),
                    gate_bias=n((e,), 0.1, gshared).double(),
                    w1=n((L, h, i), h ** -0.5), b1=zeros(L, i) if zeros else n((L, i), 0.1),
-                   w2=n((L, i, h), i ** -0.5), b2=zeros(L, h) if zeros else n((L, h), 0.1))
+                   w2=n((L, i, h), i ** -0.5), b2=zeros(L, h) if zeros else n((L, h), 0.1)).as_dtype(cfg.dtype)
+
+    def as_dtype(self, dtype: str) -> Inputs:
+        """These float32 inputs as the kernel of `dtype` takes them (torch rounds to bf16 to
+        nearest even, as reference.numerics.round_bf16)."""
+        import torch
+
+        if dtype != "bfloat16":
+            return self
+        bf = torch.bfloat16
+        return Inputs(x=self.x.to(bf), wg=self.wg.to(bf).float(), logit_offset=self.logit_offset,
+                      gate_bias=self.gate_bias, w1=self.w1.to(bf), b1=self.b1.to(bf).float(), w2=self.w2.to(bf),
+                      b2=self.b2.to(bf).float())
 
 
 def logit_offset(cfg: Config) -> np.ndarray:
@@ -171,9 +187,10 @@ class Layer:
         self.logs = self.n_proc + OS_WARPS
         dev = torch.device("cuda", session.local_rank)
         f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
+        elem = torch.bfloat16 if cfg.dtype == "bfloat16" else f32
         rows = s.E * s.C
         with torch.cuda.stream(session.torch_stream):
-            self._sym_f = symmetric.tensor((4, rows, s.H), dtype=f32)
+            self._sym_f = symmetric.tensor((4, rows, s.H), dtype=elem)
             self._sym_sig = symmetric.tensor((s.signal_words,), dtype=i64)
             self._sym_sig.zero_()
             def empty(*shape, dtype):
@@ -182,7 +199,7 @@ class Layer:
             b = dict(y=empty(s.T, s.H, dtype=f32), logits=empty(s.T, s.E, dtype=f64), expert=empty(s.T, s.K, dtype=i32),
                      weight=empty(s.T, s.K, dtype=f64), slot=empty(s.T, s.K, dtype=i32), counts=empty(s.E, dtype=i32),
                      row_token=empty(rows, dtype=i32), row_choice=empty(rows, dtype=i32),
-                     row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=f32),
+                     row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=elem),
                      queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))
             b.update(inbox=self._sym_f[0], staging=self._sym_f[1], outbuf=self._sym_f[2], combox=self._sym_f[3],
                      sig_count=self._sym_sig[: s.E], sig_tile=self._sym_sig[s.E: s.E + s.E * s.TM],
@@ -223,9 +240,11 @@ class Layer:
         s = self.sizes
         want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), w1=(s.L, s.H, s.I),
                     b1=(s.L, s.I), w2=(s.L, s.I, s.H), b2=(s.L, s.H))
+        elem = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
         for name, shape in want.items():
             v = t[name]
-            dtype = torch.float64 if name in ("logit_offset", "gate_bias") else torch.float32
+            dtype = torch.float64 if name in ("logit_offset", "gate_bias") else \
+                elem if name in ("x", "w1", "w2") else torch.float32
             if tuple(v.shape) != shape or v.dtype != dtype or not v.is_contiguous() or not v.is_cuda:
                 raise ValueError(f"input {name}: {tuple(v.shape)} {v.dtype} is not allowed: a contiguous CUDA "
                                  f"tensor {shape} {dtype}")
@@ -289,7 +308,8 @@ class Layer:
         tlog, counts = self.telemetry_logs()
         bases = telemetry.tile_base(send_counts, self.cfg.tile_m) if send_counts is not None else None
         return telemetry.decode(tlog, counts, rank=self.session.rank, node=self.cfg.node_of(self.session.rank),
-                                n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, bases=bases)
+                                n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, bases=bases,
+                                elem_bytes=self.sizes.elem_bytes)
 
     def kernel_start_ns(self) -> int:
         """Earliest event start of the last telemetry launch (globaltimer ns)."""

@@ -26,8 +26,9 @@ def tile_base(send_counts: np.ndarray, tile_m: int) -> np.ndarray:
 
 
 def decode(tlog: np.ndarray, counts: np.ndarray, *, rank: int, node: int, n_proc: int, hidden: int,
-           origin_ns: int, bases: np.ndarray | None = None) -> tuple[TraceBuilder, int]:
+           origin_ns: int, bases: np.ndarray | None = None, elem_bytes: int = 4) -> tuple[TraceBuilder, int]:
     """Events of one rank's logs appended to a TraceBuilder; also the number of dropped events.
+    A moved row is `hidden` elements of `elem_bytes` (2 in the bf16 kernel).
 
     tlog: (logs, cap, 4) uint64; counts: (logs,) events written per log (> cap: dropped)."""
     tlog = np.asarray(tlog, np.uint64)
@@ -59,7 +60,7 @@ def decode(tlog: np.ndarray, counts: np.ndarray, *, rank: int, node: int, n_proc
                 # the tile's source rank: the sender of a dispatch is this rank, of a GEMM the peer
                 src = rank if kind in (_DISPATCH, _COMBINE) or (kind == _SIGNAL and col == 1) else peer
                 tile = int(bases[src, expert]) + chunk
-            moved = rows * hidden * 4 if kind in (_DISPATCH, _COMBINE, _SIGNAL) else 0
+            moved = rows * hidden * elem_bytes if kind in (_DISPATCH, _COMBINE, _SIGNAL) else 0
             tb.add(rank, node, lane, role, KINDS[kind], float(w0 - origin_ns), float(w1 - origin_ns),
                    expert=expert, tile=tile, peer=peer, nbytes=int(moved))
     return tb, dropped

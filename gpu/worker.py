@@ -43,11 +43,18 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
     return golden.max_rel_error(got, want)
 
 
+def golden_path(cfg: Config) -> str:
+    """The golden a kernel run is held to: float64 for the float32 kernel, the reference's
+    bf16-emulated path (bf16 operands and activation, float32 accumulation) for the bf16 one."""
+    return "bfloat16" if cfg.dtype == "bfloat16" else "float64"
+
+
 def check_golden(cfg: Config, ys: list, routes: list) -> dict:
-    """Kernel routing and output of every rank against the reference's float64 golden."""
+    """Kernel routing and output of every rank against the reference's golden of its dtype (the
+    routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights)."""
     w = weights.draw(cfg)
     r = routing.route(cfg, w.x, w.wg, w.gate_bias)
-    y64 = golden.dense(cfg, w, r, "float64")
+    y64 = golden.dense(cfg, w, r, golden_path(cfg))
     expert = np.stack([x["expert"] for x in routes])
     slot = np.stack([x["slot"] for x in routes])
     weight = np.stack([x["weight"] for x in routes])
@@ -55,7 +62,7 @@ def check_golden(cfg: Config, ys: list, routes: list) -> dict:
     return {"routing_equal": bool(np.array_equal(expert, r.expert) and np.array_equal(slot, r.slot)),
             "counts_equal": bool(np.array_equal(counts, r.counts(cfg.experts))),
             "weight_max_abs_err": float(np.abs(weight - r.weight).max()),
-            "rel_err": _rel(np.stack(ys), y64), "dropped": r.dropped,
+            "rel_err": _rel(np.stack(ys), y64), "golden_path": golden_path(cfg), "dropped": r.dropped,
             "nan": bool(np.isnan(np.stack(ys)).any())}
 
 
@@ -129,7 +136,7 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
     parts = _gather(session, (tb.build(), dropped))
     if session.rank != 0:
         return None
-    from sim.trace import concat
+    from sim.trace import KIND, ROLE, concat
 
     trace = concat([p[0] for p in parts], meta={
         "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
@@ -137,6 +144,12 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
         "dropped_events": sum(p[1] for p in parts),
         "time_origin": "earliest kernel start over ranks (globaltimer ns)"})
     res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)
+    # GEMM task time per processor block: the layer's GEMM FLOPs over it give the rate of the
+    # GEMM phase as if it had all processors to itself (the bar of "GEMM phases at x% of ceiling")
+    proc, kind = trace["role"] == ROLE["processor"], trace["kind"]
+    gemm = proc & ((kind == KIND["gemm0"]) | (kind == KIND["gemm1"]))
+    res["gemm_ms_per_proc"] = float((trace["end"][gemm] - trace["start"][gemm]).sum()) / (
+        layer.n_proc * session.world) / 1e6
     res["trace_events"] = len(trace)
     res["dropped_events"] = trace.meta["dropped_events"]
     res["trace_span_ms"] = float(trace["end"].max() - trace["start"].min()) / 1e6 if len(trace) else 0.0
@@ -182,7 +195,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         res["kept_rows"] = int(send_counts.sum())  # rows the experts computed, over all ranks
         trace = last_trace(session, layer, cfg, send_counts, res)
         if case.get("baseline_check") or case.get("bench"):
-            base = TorchLayer(cfg, inputs, session.rank, "float32")
+            base = TorchLayer(cfg, inputs, session.rank, "bfloat16" if cfg.dtype == "bfloat16" else "float32")
             yb, eb, wb, sb = base.forward()
             same_route = bool(torch.equal(eb.cpu(), torch.from_numpy(rt["expert"])) and
                               torch.equal(sb.cpu(), torch.from_numpy(rt["slot"])))
@@ -238,9 +251,10 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
                 del b
         res["seconds"] = time.perf_counter() - t0
         if trace is not None and case.get("trace"):
-            keep = ("name", "grid", "n_proc", "sm_utilization", "warmup", "iters", "kernel_ms", "kernel_ms_all",
-                    "kernel_telemetry_ms", "kernel_telemetry_ms_all", "torch_float32_ms", "torch_float32_ms_all",
-                    "torch_bfloat16_ms", "torch_bfloat16_ms_all", "vs_baseline_rel_err", "rel_err")
+            keep = ("name", "grid", "n_proc", "sm_utilization", "gemm_ms_per_proc", "warmup", "iters", "kernel_ms",
+                    "kernel_ms_all", "kernel_telemetry_ms", "kernel_telemetry_ms_all", "torch_float32_ms",
+                    "torch_float32_ms_all", "torch_bfloat16_ms", "torch_bfloat16_ms_all", "vs_baseline_rel_err",
+                    "rel_err")
             trace.meta.update({k: res[k] for k in keep if k in res})
             trace.meta.update(case.get("meta", {}))
             trace.save(out_dir / case["trace"])

@@ -18,5 +18,13 @@ def test_kernel_compiles_and_device_links(tmp_path):
     assert again.cached and again.cubin == built.cubin
 
 
+def test_bf16_kernel_compiles_and_device_links(tmp_path):
+    # the tensor-core tile GEMM at the bench's shape and at the checks' narrower ones
+    for tile in ((128, 64, 32), (64, 32, 16)):
+        opts = {"TILE_M": tile[0], "TILE_N": tile[1], "TILE_K": tile[2], "MOE_BF16": 1}
+        data = build.build(opts, cache=tmp_path).cubin.read_bytes()
+        assert data[:4] == b"\x7fELF" and b"moelab_moe_bf16" in data and b"nvshmem" in data
+
+
 def test_nvshmem_is_the_gpu_machines_version():
     assert build.nvshmem_version(build.nvshmem_dir()) == "3.4.5"

@@ -10,13 +10,44 @@ from sim.trace import KIND
 
 def test_unsupported_fields_are_named():
     base = presets.get("tiny")
-    for change, field in [(dict(dtype="bfloat16"), "dtype"), (dict(activation="swiglu"), "activation"),
+    for change, field in [(dict(dtype="float64"), "dtype"), (dict(activation="swiglu"), "activation"),
                           (dict(shared_experts=1), "shared_experts"), (dict(tile_m=24, tokens=96), "tile_m"),
                           (dict(tile_n=12, hidden=96, ffn=96), "tile_n")]:
         with pytest.raises(layout.UnsupportedConfig) as e:
             layout.check_supported(base.replace(**change))
         assert e.value.field == field and field in str(e.value)
     layout.check_supported(base)
+
+
+def test_bf16_tile_shape_is_checked_field_by_field():
+    flash = presets.get("flashmoe")
+    bf = flash.replace(dtype="bfloat16", tile_k=32)
+    layout.check_supported(bf)
+    for change, field in [(dict(tile_k=8), "tile_k"), (dict(tile_m=32), "tile_m"), (dict(tile_n=8), "tile_n"),
+                          (dict(tile_k=128), "tile_k")]:  # 3 stages of 128 x 64 x 128 exceed 47 KiB
+        with pytest.raises(layout.UnsupportedConfig) as e:
+            layout.check_supported(bf.replace(**change))
+        assert e.value.field == field and "bfloat16" in str(e.value)
+    with pytest.raises(layout.UnsupportedConfig, match="tile_k.*multiple of 16"):
+        layout.check_supported(flash.replace(dtype="bfloat16"))  # the fp32 default's tile_k = 8
+    assert layout.compile_options(bf) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": 32, "MOE_BF16": 1}
+    assert layout.kernel_name(bf) == "moelab_moe_bf16" and layout.kernel_name(flash) == "moelab_moe_fp32"
+    # bf16 rows are half the bytes: the symmetric heap halves but for the signals
+    s32, s16 = layout.Sizes.of(flash), layout.Sizes.of(bf)
+    assert s16.elem_bytes == 2 and s16.symmetric_bytes - 8 * s16.signal_words == (
+        s32.symmetric_bytes - 8 * s32.signal_words) // 2
+
+
+def test_bf16_cases_are_supported():
+    from gpu import cases
+
+    for c in cases.bf16_check_cases(2, 7) + cases.bench_cases(2, "sweep", "x-", "bfloat16"):
+        cfg = Config.from_dict(c["config"])
+        assert cfg.dtype == "bfloat16"
+        layout.check_supported(cfg)
+    bench = cases.bench_cases(1, "default", "x-", "bfloat16")
+    assert bench[0]["trace"] == "x-trace-flashmoe-bf16-p1.npz" and bench[0]["baselines"] == ["bfloat16"]
+    assert cases.bench_cases(1, "default", "x-", trace=False)[0]["trace"] is None
 
 
 def test_sizes_derive_from_config():

@@ -3,7 +3,10 @@
 For 1, 2 and 4 GPUs (as many as the machine has): every check case of gpu.cases against the
 float64 golden (routing exactly, output rel. error < 1e-5, poisoned outputs fully written,
 telemetry on/off bit-identical), and with more than one GPU a rank that sits out: the others
-must raise KernelTimeout within their time budget instead of hanging.
+must raise KernelTimeout within their time budget instead of hanging. The bf16 kernel (tensor
+cores) on the bf16 check cases against the reference's bf16-emulated golden: routing exactly (the
+reference routes the bf16-rounded tokens and gate weights), rel. error < 2e-2, outputs poisoned
+and fully written, telemetry on/off bit-identical.
 """
 
 import os
@@ -29,14 +32,14 @@ def suite(request, tmp_path_factory):
     from gpu import cases, spawn
 
     seed = int.from_bytes(os.urandom(4), "little")
-    todo = cases.check_cases(p, seed) + ([cases.sit_out_case(p)] if p > 1 else [])
+    todo = cases.check_cases(p, seed) + cases.bf16_check_cases(p, seed) + ([cases.sit_out_case(p)] if p > 1 else [])
     results = spawn.run(todo, p, tmp_path_factory.mktemp(f"gpus{p}"), timeout_s=120)
     return p, {r["name"]: r for r in results}
 
 
 def test_kernel_matches_golden(suite):
     p, results = suite
-    checks = [r for name, r in results.items() if name.startswith("check-")]
+    checks = [r for name, r in results.items() if name.startswith("check-") and not name.startswith("check-bf16-")]
     assert checks
     for r in checks:
         assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
@@ -45,6 +48,22 @@ def test_kernel_matches_golden(suite):
         assert not r["nan"], r["name"]
         assert r["rel_err"] < 1e-5, (r["name"], r["rel_err"])
         assert r["telemetry_same_output"], r["name"]
+
+
+def test_bf16_kernel_matches_bf16_golden(suite):
+    p, results = suite
+    checks = [r for name, r in results.items() if name.startswith("check-bf16-")]
+    assert checks
+    for r in checks:
+        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
+        assert r["config"]["dtype"] == "bfloat16" and r["golden_path"] == "bfloat16", r["name"]
+        assert r["routing_equal"] and r["counts_equal"], r["name"]
+        assert r["weight_max_abs_err"] < 1e-12, r["name"]
+        assert not r["nan"], r["name"]
+        assert r["rel_err"] < 2e-2, (r["name"], r["rel_err"])
+        assert r["telemetry_same_output"], r["name"]
+        assert r["baseline_routing_equal"], r["name"]
+    assert results[f"check-bf16-one_expert_dropping-p{p}"]["dropped"] > 0
 
 
 def test_dropping_and_skew_were_exercised(suite):

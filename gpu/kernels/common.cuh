@@ -136,4 +136,7 @@ __device__ bool wait_all_started(const Params& p, uint64_t epoch) {
   return ok;
 }
 
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+
 __device__ __forceinline__ int ceil_div(long long a, long long b) { return (int)((a + b - 1) / b); }

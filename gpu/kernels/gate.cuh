@@ -1,6 +1,7 @@
 // Gate and capacity, reproducing reference/routing.py exactly:
 // - logits in float64 of the float32 operands (products are exact, so only the summation order
 //   can differ from NumPy's, far below any gap between two experts' logits), minus the skew offset;
+//   the bf16 kernel reads bf16 tokens and bf16-rounded gate weights, as the reference's bf16 path;
 // - top-k best first, a tie to the lower expert index (strict > while scanning upwards);
 // - weights by the config's gate variant, in float64;
 // - slots per expert in priority order (choice j first, then token index), dropped at >= C.
@@ -26,7 +27,7 @@ __device__ void gate_scores(const Params& p, int t0, double* smem) {
 #pragma unroll
     for (int u = 0; u < XN; ++u) {
       int v = tid + 128 * u, tt = t0 + v / GATE_DEPTH, hh = h0 + v % GATE_DEPTH;
-      xv[u] = (tt < p.T && hh < p.H) ? __ldg(p.x + (long long)tt * p.H + hh) : 0.f;
+      xv[u] = (tt < p.T && hh < p.H) ? to_f32(__ldg(p.x + (long long)tt * p.H + hh)) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < WN; ++u) {

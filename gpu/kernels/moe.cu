@@ -1,4 +1,6 @@
-// moelab's MoE megakernel, float32: one persistent launch per layer call on every GPU.
+// moelab's MoE megakernel: one persistent launch per layer call on every GPU. Built as
+// moelab_moe_fp32 (float32, SIMT tile GEMM) or, with -DMOE_BF16=1, moelab_moe_bf16 (bf16 tokens,
+// weights and moved rows; tensor-core tile GEMM with float32 accumulation; see params.cuh).
 // Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
 // Phases: gate (all blocks) | barrier | slots (all blocks) | barrier | dispatch + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 -> return put -> combine) | final ordered combine.
@@ -18,11 +20,17 @@
 #endif
 
 constexpr int BLOCK_THREADS = 128;
-constexpr int GEMM_SMEM_FLOATS = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS;
-constexpr int SMEM_BYTES = GEMM_SMEM_FLOATS * 4 > GATE_SMEM_DOUBLES * 8 ? GEMM_SMEM_FLOATS * 4 : GATE_SMEM_DOUBLES * 8;
+#if MOE_BF16
+constexpr int GEMM_SMEM_BYTES = TcTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES;
+#define MOE_KERNEL moelab_moe_bf16
+#else
+constexpr int GEMM_SMEM_BYTES = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS * 4;
+#define MOE_KERNEL moelab_moe_fp32
+#endif
+constexpr int SMEM_BYTES = GEMM_SMEM_BYTES > GATE_SMEM_DOUBLES * 8 ? GEMM_SMEM_BYTES : GATE_SMEM_DOUBLES * 8;
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
-moelab_moe_fp32(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
+MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   const Params& p = *params;
   __shared__ __align__(16) unsigned char smem_raw[SMEM_BYTES];
   __shared__ int warp_sums[BLOCK_THREADS / 32];
@@ -75,7 +83,7 @@ moelab_moe_fp32(const Params* __restrict__ params, uint64_t epoch, int telemetry
     const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
     if (tile < ceil_div(__ldcg(p.counts + e), TILE_M)) dispatch_tile<TILE_M>(p, epoch, telemetry, e, tile);
   }
-  processor<TILE_M, TILE_N, TILE_K>(p, epoch, telemetry, reinterpret_cast<float*>(smem_raw));
+  processor<TILE_M, TILE_N, TILE_K>(p, epoch, telemetry, smem_raw);
   if (!aborted(p)) combine_tokens(p, telemetry);
   if (threadIdx.x == 0) nvshmem_quiet();
 }

@@ -3,16 +3,25 @@
 // no padding and a numpy structured array of uint64 matches it byte for byte.
 #pragma once
 #include <stdint.h>
+#include <cuda_bf16.h>
+
+// The element type of tokens, expert weights and the rows moved between ranks: float32, or bf16
+// in the kernel built with -DMOE_BF16=1 (gate weights, biases, logits and y stay float32/64).
+#if MOE_BF16
+typedef __nv_bfloat16 elem_t;
+#else
+typedef float elem_t;
+#endif
 
 struct Params {
   // inputs of this rank
-  const float* x;              // [T][H] tokens living on this rank
+  const elem_t* x;             // [T][H] tokens living on this rank
   const float* wg;             // [H][E] gate weights
   const double* logit_offset;  // [E]    skew * ln(1 + e), subtracted from the float64 logits
   const double* gate_bias;     // [E]    selection-only bias of the sigmoid_bias gate
-  const float* w1;             // [L][H][I] the local experts' weights
+  const elem_t* w1;            // [L][H][I] the local experts' weights
   const float* b1;             // [L][I]
-  const float* w2;             // [L][I][H]
+  const elem_t* w2;            // [L][I][H]
   const float* b2;             // [L][H]
   // outputs of this rank
   float* y;                    // [T][H]
@@ -25,16 +34,16 @@ struct Params {
   int* row_choice;             // [E][C] choice index of each slot
   float* row_weight;           // [E][C] combine weight of each slot
   // symmetric (NVSHMEM) buffers
-  float* inbox;                // [P][L][C][H] dispatched rows arriving from each source rank
-  float* staging;              // [E][C][H]    this rank's rows packed per expert, put from here
-  float* outbuf;               // [P][L][C][H] GEMM1 output per source, put back from here
-  float* combox;               // [E][C][H]    returned rows of this rank's tokens
+  elem_t* inbox;               // [P][L][C][H] dispatched rows arriving from each source rank
+  elem_t* staging;             // [E][C][H]    this rank's rows packed per expert, put from here
+  elem_t* outbuf;              // [P][L][C][H] GEMM1 output per source, put back from here
+  elem_t* combox;              // [E][C][H]    returned rows of this rank's tokens
   uint64_t* sig_count;         // [P][L]       (epoch << 32) | rows, from each source
   uint64_t* sig_tile;          // [P][L][TM]   epoch when a dispatched tile has landed
   uint64_t* sig_comb;          // [E][TM]      epoch when a returned tile has landed
   uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
   // local working state, zeroed before every launch
-  float* hidden;               // [P][L][C][I] GEMM0 output
+  elem_t* hidden;              // [P][L][C][I] GEMM0 output
   int* state;                  // STATE_WORDS ints: barrier, abort, queue tail, ...
   int4* queue;                 // [Q] task descriptors
   int* queue_ready;            // [Q] 1 once the descriptor is written

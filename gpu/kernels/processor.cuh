@@ -19,14 +19,15 @@ __device__ __forceinline__ float activate(int kind, float h) {
   }
 }
 
-// Row copies by warps: dst row r (H floats) = scale(r) * src(r). Each warp moves ROW_GROUP rows
-// at a time with all of a batch's 16-byte loads issued before any store: these copies are bound
-// by load latency, not bandwidth, when each load waits for the one before.
+// Row copies by warps: dst row r (H elements) = scale(r) * src(r), or src(r) where scales is null
+// (scales only on float32 rows). Each warp moves ROW_GROUP rows at a time with all of a batch's
+// 16-byte loads issued before any store: these copies are bound by load latency, not bandwidth,
+// when each load waits for the one before.
 constexpr int ROW_GROUP = 4, ROW_BATCH = 2;
 template <class Src>
-__device__ void copy_rows(const Params& p, float* dst, int rows, Src src, const float* scales) {
+__device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const float* scales) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  const int H4 = (int)(p.H / 4);
+  const int H4 = (int)(p.H * sizeof(elem_t) / 16);  // 16-byte vectors per row
   for (int r0 = warp * ROW_GROUP; r0 < rows; r0 += nwarps * ROW_GROUP) {
     const float4* s[ROW_GROUP];
     float w[ROW_GROUP];
@@ -49,7 +50,8 @@ __device__ void copy_rows(const Params& p, float* dst, int rows, Src src, const 
 #pragma unroll
         for (int u = 0; u < ROW_BATCH; ++u)
           if (s[g] && h + 32 * u < H4)
-            d[h + 32 * u] = make_float4(w[g] * v[g][u].x, w[g] * v[g][u].y, w[g] * v[g][u].z, w[g] * v[g][u].w);
+            d[h + 32 * u] = scales ? make_float4(w[g] * v[g][u].x, w[g] * v[g][u].y, w[g] * v[g][u].z, w[g] * v[g][u].w)
+                                   : v[g][u];
       }
     }
   }
@@ -61,7 +63,7 @@ __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, i
   const int rows_all = __ldcg(p.counts + e), rows = min(BM, rows_all - tile * BM);
   const uint64_t t0 = now_ns();
   const long long H = p.H, s0 = (long long)tile * BM;
-  float* dst = p.staging + ((long long)e * p.C + s0) * H;
+  elem_t* dst = p.staging + ((long long)e * p.C + s0) * H;
   copy_rows(p, dst, rows, [&](int r) {
     return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + (long long)e * p.C + s0 + r) * H);
   }, nullptr);
@@ -69,15 +71,77 @@ __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, i
   __threadfence();
   const int owner = (int)(e / p.L), le = (int)(e % p.L);
   const long long block = p.rank * p.L + le;  // (source = this rank, local expert) at the owner
-  nvshmemx_putmem_signal_nbi_block(p.inbox + (block * p.C + s0) * H, dst, (size_t)rows * H * sizeof(float),
+  nvshmemx_putmem_signal_nbi_block(p.inbox + (block * p.C + s0) * H, dst, (size_t)rows * H * sizeof(elem_t),
                                    p.sig_tile + block * p.TM + tile, epoch, NVSHMEM_SIGNAL_SET, owner);
   if (threadIdx.x == 0)
     log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, rows, tile, 0);
 }
 
+#if MOE_BF16
+// A GEMM0 or GEMM1 task of the bf16 kernel, as the reference's bf16 path computes it: bf16
+// operands, float32 accumulation, bias and activation in float32, the activation rounded to bf16
+// (round to nearest even) into `hidden`. The GEMM1 output is rounded to bf16 too, for the trip
+// home (half the bytes; one more rounding than the reference, whose combine reads float32 rows).
 template <int BM, int BN, int BK>
-__device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem) {
+__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, void* smem) {
+  using Gemm = TcTileGemm<BM, BN, BK>;
+  float acc[Gemm::MT][Gemm::NT][4];
+  __nv_bfloat16* sm = reinterpret_cast<__nv_bfloat16*>(smem);
+  const int act = (int)p.act_kind;
+  if (kind == TASK_GEMM0) {
+    Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, sm, acc);
+    const float* b = p.b1 + (long long)le * p.I + col0;
+    elem_t* out = p.hidden + s0 * p.I + col0;
+    Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
+      *reinterpret_cast<__nv_bfloat162*>(out + r * p.I + c) =
+          __floats2bfloat162_rn(activate(act, v0 + b[c]), activate(act, v1 + b[c + 1]));
+    });
+  } else {
+    Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, sm, acc);
+    const float* b = p.b2 + (long long)le * p.H + col0;
+    elem_t* out = p.outbuf + s0 * p.H + col0;
+    Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
+      *reinterpret_cast<__nv_bfloat162*>(out + r * p.H + c) = __floats2bfloat162_rn(v0 + b[c], v1 + b[c + 1]);
+    });
+  }
+}
+#else
+// A GEMM0 or GEMM1 task of the float32 kernel: SIMT, bias and activation in float32.
+template <int BM, int BN, int BK>
+__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, void* smem) {
   using Gemm = SimtTileGemm<BM, BN, BK>;
+  float acc[Gemm::TM][Gemm::TN];
+  float* sm = reinterpret_cast<float*>(smem);
+  if (kind == TASK_GEMM0) {
+    Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, sm, acc);
+#pragma unroll
+    for (int i = 0; i < Gemm::TM; ++i) {
+      int r = Gemm::row_of(i);
+      if (r >= rows) continue;
+#pragma unroll
+      for (int j = 0; j < Gemm::TN; ++j) {
+        int c = col0 + Gemm::col_of(j);
+        p.hidden[(s0 + r) * p.I + c] = activate((int)p.act_kind, acc[i][j] + p.b1[(long long)le * p.I + c]);
+      }
+    }
+  } else {
+    Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, sm, acc);
+#pragma unroll
+    for (int i = 0; i < Gemm::TM; ++i) {
+      int r = Gemm::row_of(i);
+      if (r >= rows) continue;
+#pragma unroll
+      for (int j = 0; j < Gemm::TN; ++j) {
+        int c = col0 + Gemm::col_of(j);
+        p.outbuf[(s0 + r) * p.H + c] = acc[i][j] + p.b2[(long long)le * p.H + c];
+      }
+    }
+  }
+}
+#endif
+
+template <int BM, int BN, int BK>
+__device__ void processor(const Params& p, uint64_t epoch, int tel, void* smem) {
   __shared__ int4 task;
   __shared__ int last;
   const int me = blockIdx.x, tid = threadIdx.x;
@@ -103,12 +167,16 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
     const uint64_t t0 = now_ns();
     const int block = tk.y, tile = tk.z, col0 = tk.w;
     if (tk.x == TASK_COMBINE) {
-      // weight the returned rows of expert `block` in place: combox row = weight * row
       const int e = block, rows = min(BM, __ldcg(p.counts + e) - tile * BM);
+#if !MOE_BF16
+      // weight the returned rows of expert `block` in place: combox row = weight * row
       const long long s0 = (long long)e * p.C + (long long)tile * BM;
-      float* rows_at = p.combox + s0 * p.H;
+      elem_t* rows_at = p.combox + s0 * p.H;
       copy_rows(p, rows_at, rows, [&](int r) { return reinterpret_cast<const float4*>(rows_at + (long long)r * p.H); },
                 p.row_weight + s0);
+#endif
+      // (bf16: the returned bf16 rows are weighted in float32 by the final combine; this task only
+      // marks the tile's arrival, which the scheduler waits for before it stops the processors)
       __syncthreads();
       if (tid == 0) {
         __threadfence();
@@ -120,32 +188,7 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
     const int rows = min(BM, __ldcg(p.in_count + block) - tile * BM);
     const long long s0 = (long long)block * p.C + (long long)tile * BM;  // first row of the tile
     const int le = (int)(block % p.L), src = (int)(block / p.L);
-    float acc[Gemm::TM][Gemm::TN];
-    if (tk.x == TASK_GEMM0) {
-      Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, smem, acc);
-#pragma unroll
-      for (int i = 0; i < Gemm::TM; ++i) {
-        int r = Gemm::row_of(i);
-        if (r >= rows) continue;
-#pragma unroll
-        for (int j = 0; j < Gemm::TN; ++j) {
-          int c = col0 + Gemm::col_of(j);
-          p.hidden[(s0 + r) * p.I + c] = activate((int)p.act_kind, acc[i][j] + p.b1[(long long)le * p.I + c]);
-        }
-      }
-    } else {
-      Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, smem, acc);
-#pragma unroll
-      for (int i = 0; i < Gemm::TM; ++i) {
-        int r = Gemm::row_of(i);
-        if (r >= rows) continue;
-#pragma unroll
-        for (int j = 0; j < Gemm::TN; ++j) {
-          int c = col0 + Gemm::col_of(j);
-          p.outbuf[(s0 + r) * p.H + c] = acc[i][j] + p.b2[(long long)le * p.H + c];
-        }
-      }
-    }
+    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, smem);
     __syncthreads();
     const long long tile_id = (long long)block * p.TM + tile;
     if (tid == 0) {
@@ -163,7 +206,7 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
       __threadfence();
       const long long e = p.rank * p.L + le;
       nvshmemx_putmem_signal_nbi_block(p.combox + (e * p.C + (long long)tile * BM) * p.H, p.outbuf + s0 * p.H,
-                                       (size_t)rows * p.H * sizeof(float), p.sig_comb + e * p.TM + tile, epoch,
+                                       (size_t)rows * p.H * sizeof(elem_t), p.sig_comb + e * p.TM + tile, epoch,
                                        NVSHMEM_SIGNAL_SET, src);
     }
     if (tid == 0) {
@@ -174,6 +217,64 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, float* smem)
   }
 }
 
+#if MOE_BF16
+// y[t] = sum over kept choices j = 0..k-1, in that order, of weight_j * returned row_j: the bf16
+// rows widened to float32, each product rounded to float32 and then added (no fused multiply-add),
+// as the reference's ordered sum of float32 contributions.
+__device__ void combine_tokens(const Params& p, int tel) {
+  const uint64_t t0 = now_ns();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  const int H8 = (int)(p.H / 8);  // 16-byte vectors of 8 bf16 per row
+  constexpr int BATCH = 2;
+  for (long long t = (long long)blockIdx.x * nwarps + warp; t < p.T; t += p.n_proc * nwarps) {
+    // lane j < K holds choice j's returned row (nullptr where dropped) and its combine weight
+    const uint4* mine = nullptr;
+    float w_mine = 0.f;
+    if (lane < p.K) {
+      int s = __ldcg(p.slot + t * p.K + lane);
+      if (s >= 0) {
+        const long long r = (long long)__ldcg(p.expert + t * p.K + lane) * p.C + s;
+        mine = reinterpret_cast<const uint4*>(p.combox + r * p.H);
+        w_mine = __ldcg(p.row_weight + r);
+      }
+    }
+    float4* out = reinterpret_cast<float4*>(p.y + t * p.H);
+    for (int h = lane; h < H8; h += 32 * BATCH) {
+      float acc[BATCH][8];
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u)
+#pragma unroll
+        for (int q = 0; q < 8; ++q) acc[u][q] = 0.f;
+      for (int j = 0; j < p.K; ++j) {  // choice order: the fixed order of the golden
+        const uint4* row = reinterpret_cast<const uint4*>(__shfl_sync(0xffffffffu, (unsigned long long)mine, j));
+        const float w = __shfl_sync(0xffffffffu, w_mine, j);
+        if (!row) continue;
+        uint4 v[BATCH];
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u)
+          if (h + 32 * u < H8) v[u] = __ldcg(row + h + 32 * u);
+#pragma unroll
+        for (int u = 0; u < BATCH; ++u) {
+          const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float2 f = __bfloat1622float2(b2[q]);
+            acc[u][2 * q] = __fadd_rn(acc[u][2 * q], __fmul_rn(w, f.x));
+            acc[u][2 * q + 1] = __fadd_rn(acc[u][2 * q + 1], __fmul_rn(w, f.y));
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u)
+        if (h + 32 * u < H8) {
+          out[2 * (h + 32 * u)] = make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
+          out[2 * (h + 32 * u) + 1] = make_float4(acc[u][4], acc[u][5], acc[u][6], acc[u][7]);
+        }
+    }
+  }
+  if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_COMBINE, t0, now_ns(), -1, (int)p.rank, 0, -1, 0);
+}
+#else
 // y[t] = sum over kept choices j = 0..k-1, in that order, of the weighted returned rows.
 __device__ void combine_tokens(const Params& p, int tel) {
   const uint64_t t0 = now_ns();
@@ -215,3 +316,4 @@ __device__ void combine_tokens(const Params& p, int tel) {
   }
   if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_COMBINE, t0, now_ns(), -1, (int)p.rank, 0, -1, 0);
 }
+#endif

@@ -1,0 +1,34 @@
+#!/bin/bash
+# One device call for the bf16 tensor-core kernel: its ptxas report, the GPU tests (float32 and
+# bf16 checks on every GPU count), then the bench: the bf16 sweep (a telemetry trace per point)
+# and the float32 sweep (no traces: the committed float32 traces stay those of their own run),
+# each beside the torch layer of its dtype, on the GPU counts given. Prints the table last.
+#   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu_bf16_device_run.sh h200x2-bf16- 1 2
+# Carry .whl (nvshmem4py-cu13 0.4.1, simpy) and .cache (prebuilt cubins). $OUT/results.tar.gz
+# holds every result file.
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 MOELAB_CACHE=$PWD/.cache/moelab
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export MOELAB_COMMAND="MOELAB_COMMIT=$MOELAB_COMMIT bash benchmarks/gpu_bf16_device_run.sh $*"
+PREFIX=$1
+shift
+OUT=${OUT:-artifacts/device}
+R=$OUT/r
+mkdir -p "$R"
+{ echo "$MOELAB_COMMAND"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvidia-smi topo -m; nvcc --version | tail -1; } 2>&1 | tee "$R/log.txt"
+NVH=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])")
+# the report compiles beside the tests (the tests load prebuilt cubins)
+( nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include" -DTILE_M=128 -DTILE_N=64 \
+    -DTILE_K=32 -DMOE_BF16=1 -DMIN_BLOCKS_PER_SM=2 -Xptxas -v -o /tmp/ptxas.o 2>&1 \
+    | grep -A2 "for moelab_moe_bf16" > "$R/ptxas.txt" ) &
+timeout 150 python3 -m pytest -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
+wait
+tee -a "$R/log.txt" < "$R/ptxas.txt"
+timeout 240 python3 benchmarks/bench_gpu.py --gpus "$@" --suite bench --points sweep --dtypes bfloat16 float32 \
+  --untraced float32 --prefix "$PREFIX" --out "$R" --timeout 225 2>&1 | tee "$R/bench.txt"
+tar -czf "$OUT/results.tar.gz" -C "$R" .
+tail -n 3 "$R/pytest.txt"
+tail -n 45 "$R/bench.txt"
