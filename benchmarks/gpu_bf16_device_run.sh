@@ -23,7 +23,11 @@ NVH=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])")
 # the report compiles beside the tests (the tests load prebuilt cubins)
 ( nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include" -DTILE_M=128 -DTILE_N=64 \
     -DTILE_K=32 -DMOE_BF16=1 -DMIN_BLOCKS_PER_SM=2 -Xptxas -v -o /tmp/ptxas.o 2>&1 \
-    | grep -A2 "for moelab_moe_bf16" > "$R/ptxas.txt" ) &
+    | grep -A2 "for moelab_moe_bf16" > "$R/ptxas.txt"
+  # which instructions the tile GEMM became (tensor-core HMMA, cp.async LDGSTS, ldmatrix LDSM, local memory)
+  cuobjdump -sass /tmp/ptxas.o 2>/dev/null | awk '/Function : moelab_moe_bf16/{f=1} f' \
+    | grep -oE "HMMA[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*" | sort | uniq -c \
+    >> "$R/ptxas.txt" ) &
 timeout 150 python3 -m pytest -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
 wait
 tee -a "$R/log.txt" < "$R/ptxas.txt"
