@@ -119,7 +119,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1])
     ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout"])
-    ap.add_argument("--points", default="sweep", choices=["default", "sweep"])
+    ap.add_argument("--points", default="sweep", choices=["default", "sweep", "tiles"])
     ap.add_argument("--out", default="artifacts/gpu")
     ap.add_argument("--timeout", type=float, default=560.0, help="wall-clock limit per GPU count, seconds")
     ap.add_argument("--prefix", default="", help="prefix of the trace files' names (e.g. h200x2-)")

@@ -34,6 +34,7 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
 
 
 BF16_TILE_K = 32  # the bench's bf16 tile depth: two mma k-steps per cp.async stage
+BF16_TILE_VARIANTS = ((128, 128, 16), (256, 64, 16))  # `tiles` points: the default at these shapes
 
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
@@ -60,21 +61,24 @@ def sit_out_case(p: int) -> dict:
 def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True) -> list[dict]:
     """Every point is timed beside the torch layer of the same dtype (float32 points also beside
     torch bf16) and, with `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16]-pP.npz);
-    the default point also profiles the torch layer."""
+    the default point also profiles the torch layer. `points`: default, sweep (tokens and experts;
+    bf16 also the default at 128 x 128 x 16 tiles), tiles (bf16: the default at each tile variant)."""
     bf16 = dtype == "bfloat16"
     tag = "-bf16" if bf16 else ""
     chosen = []
     for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]:
-        if points == "default" and c.name != "flashmoe":
+        if points in ("default", "tiles") and c.name != "flashmoe":
             continue
         if c.experts % p:
             continue
         chosen.append(c.replace(ranks=p, dtype="bfloat16", tile_k=BF16_TILE_K) if bf16 else c.replace(ranks=p))
-    if bf16 and points == "sweep":
-        # the default with 128-column tiles: half the A-tile reads from L2 per FLOP (K steps of 16
-        # keep three stages in static shared memory)
+    if bf16 and points in ("sweep", "tiles"):
+        # the default with larger tiles: fewer operand bytes from L2 per FLOP ((BM + BN) / (BM BN)),
+        # 256 rows also one tile per (source, expert) at the default, so each weight is read once;
+        # K steps of 16 keep three stages in static shared memory
         flash = next(c for c in chosen if c.name == "flashmoe")
-        chosen.append(flash.replace(name="flashmoe-tile128x128x16", tile_n=128, tile_k=16))
+        chosen += [flash.replace(name=f"flashmoe-tile{m}x{n}x{k}", tile_m=m, tile_n=n, tile_k=k)
+                   for m, n, k in (BF16_TILE_VARIANTS if points == "tiles" else BF16_TILE_VARIANTS[:1])]
     seen, cases = set(), []
     for c in chosen:
         if c.name in seen:

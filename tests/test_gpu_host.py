@@ -41,7 +41,8 @@ def test_bf16_tile_shape_is_checked_field_by_field():
 def test_bf16_cases_are_supported():
     from gpu import cases
 
-    for c in cases.bf16_check_cases(2, 7) + cases.bench_cases(2, "sweep", "x-", "bfloat16"):
+    for c in (cases.bf16_check_cases(2, 7) + cases.bench_cases(2, "sweep", "x-", "bfloat16")
+              + cases.bench_cases(2, "tiles", "x-", "bfloat16")):
         cfg = Config.from_dict(c["config"])
         assert cfg.dtype == "bfloat16"
         layout.check_supported(cfg)
