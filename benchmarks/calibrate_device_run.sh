@@ -4,10 +4,7 @@
 # COMMIT: `git rev-parse HEAD` taken where the call is made (the copy there may have no .git).
 # Carry .whl (nvshmem4py-cu13 0.4.1, simpy) and .cache (prebuilt cubins) with the call.
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 MOELAB_CACHE=$PWD/.cache/moelab
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. benchmarks/device_env.sh
 OUT=${OUT:-artifacts/calibration}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/log.txt"

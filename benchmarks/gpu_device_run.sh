@@ -6,10 +6,7 @@
 # argument prefixes the trace files' names. Carry .whl (nvshmem4py-cu13 0.4.1, simpy) and .cache
 # (prebuilt cubins) with the call. $OUT/results.tar.gz holds every result file.
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 MOELAB_CACHE=$PWD/.cache/moelab
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. benchmarks/device_env.sh
 export MOELAB_COMMAND="MOELAB_COMMIT=$MOELAB_COMMIT bash benchmarks/gpu_device_run.sh $*"
 PREFIX=$1
 shift
