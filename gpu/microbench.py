@@ -25,6 +25,7 @@ Job: {"cases": [{"name", "config"}], "commit": ...}; the cases' configs size NVS
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -153,23 +154,35 @@ def sec_copy(b: Bench, grid: int) -> list[dict]:
     return out
 
 
-def sec_put(b: Bench, grid: int) -> list[dict]:
-    """Rank 0 puts (with signal) from every one of `blocks` blocks to itself and to rank 1."""
+@contextlib.contextmanager
+def symmetric_pair(b: Bench, shape: tuple[int, ...], signals: int):
+    """A float32 symmetric buffer of `shape` and `signals` zeroed int64 signal words, freed on exit."""
+    import nvshmem.core as nvshmem
     import nvshmem.core.interop.torch as symmetric
 
+    with b.torch.cuda.stream(b.s.torch_stream):
+        buf = symmetric.tensor(shape, dtype=b.torch.float32)
+        sig = symmetric.tensor((signals,), dtype=b.torch.int64)
+        sig.zero_()
+    try:
+        yield buf, sig
+    finally:
+        nvshmem.free_tensor(buf)
+        nvshmem.free_tensor(sig)
+
+
+def sec_put(b: Bench, grid: int) -> list[dict]:
+    """Rank 0 puts (with signal) from every one of `blocks` blocks to itself and to rank 1."""
     s = b.s
     top = max(PUT_SIZES)
-    with b.torch.cuda.stream(s.torch_stream):
-        buf = symmetric.tensor((2, grid * top // 4), dtype=b.torch.float32)
-        sig = symmetric.tensor((grid,), dtype=b.torch.int64)
-        buf.normal_()
-        sig.zero_()
-    s.barrier()
-    s.sync()
     ns = b.zeros(2 * grid)
     out = []
     peers = [0] + ([1] if s.world > 1 else [])
-    try:
+    with symmetric_pair(b, (2, grid * top // 4), grid) as (buf, sig):
+        with b.torch.cuda.stream(s.torch_stream):
+            buf.normal_()
+        s.barrier()
+        s.sync()
         if s.rank == 0:
             for peer in peers:
                 for blocks in sorted({*PUT_BLOCKS, grid}):
@@ -184,29 +197,17 @@ def sec_put(b: Bench, grid: int) -> list[dict]:
                                     "aggregate_gbps": blocks * reps * size / float(t[:, 1].max())})
         s.barrier()
         s.sync()
-    finally:
-        import nvshmem.core as nvshmem
-
-        nvshmem.free_tensor(buf)
-        nvshmem.free_tensor(sig)
     return out
 
 
 def sec_pingpong(b: Bench) -> list[dict]:
     """Round trips between ranks 0 and 1: a bare signal (bytes 0) or a put with its signal."""
-    import nvshmem.core as nvshmem
-    import nvshmem.core.interop.torch as symmetric
-
     s = b.s
     if s.world < 2:
         return []
-    with b.torch.cuda.stream(s.torch_stream):
-        buf = symmetric.tensor((max(PING_SIZES) // 4,), dtype=b.torch.float32)
-        sig = symmetric.tensor((1,), dtype=b.torch.int64)
-        sig.zero_()
     res = b.zeros(2)
     out = []
-    try:
+    with symmetric_pair(b, (max(PING_SIZES) // 4,), 1) as (buf, sig):
         for size in PING_SIZES:
             iters = 200 if size <= (64 << 10) else 50
             s.barrier()
@@ -218,9 +219,6 @@ def sec_pingpong(b: Bench) -> list[dict]:
             out.append({"bytes": size, "iters": iters, "round_trip_ns": total / (iters - 1), "failed": bool(failed)})
         s.barrier()
         s.sync()
-    finally:
-        nvshmem.free_tensor(buf)
-        nvshmem.free_tensor(sig)
     return out
 
 
