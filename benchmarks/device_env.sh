@@ -5,3 +5,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   || exit 1
 export PYTHONPATH=/tmp/site:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 MOELAB_CACHE=$PWD/.cache/moelab
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+# The gpu benchmark scripts' start: record the command (the copy there has no .git, so the commit
+# comes in MOELAB_COMMIT), make $R for the results, log the GPUs, topology and nvcc, find NVSHMEM.
+begin_run() {
+  export MOELAB_COMMAND="MOELAB_COMMIT=$MOELAB_COMMIT bash $0 $*"
+  OUT=${OUT:-artifacts/device}
+  R=$OUT/r
+  mkdir -p "$R"
+  { echo "$MOELAB_COMMAND"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    nvidia-smi topo -m; nvcc --version | tail -1; } 2>&1 | tee "$R/log.txt"
+  NVH=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])")
+}

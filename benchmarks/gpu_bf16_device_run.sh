@@ -8,15 +8,9 @@
 # holds every result file.
 set -o pipefail
 . benchmarks/device_env.sh
-export MOELAB_COMMAND="MOELAB_COMMIT=$MOELAB_COMMIT bash benchmarks/gpu_bf16_device_run.sh $*"
+begin_run "$@"
 PREFIX=$1
 shift
-OUT=${OUT:-artifacts/device}
-R=$OUT/r
-mkdir -p "$R"
-{ echo "$MOELAB_COMMAND"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  nvidia-smi topo -m; nvcc --version | tail -1; } 2>&1 | tee "$R/log.txt"
-NVH=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])")
 # the report compiles beside the tests (the tests load prebuilt cubins)
 ( nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include" -DTILE_M=128 -DTILE_N=64 \
     -DTILE_K=32 -DMOE_BF16=1 -DMIN_BLOCKS_PER_SM=2 -Xptxas -v -o /tmp/ptxas.o 2>&1 \

@@ -7,15 +7,9 @@
 # (prebuilt cubins) with the call. $OUT/results.tar.gz holds every result file.
 set -o pipefail
 . benchmarks/device_env.sh
-export MOELAB_COMMAND="MOELAB_COMMIT=$MOELAB_COMMIT bash benchmarks/gpu_device_run.sh $*"
+begin_run "$@"
 PREFIX=$1
 shift
-OUT=${OUT:-artifacts/device}
-R=$OUT/r
-mkdir -p "$R"
-{ echo "$MOELAB_COMMAND"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  nvidia-smi topo -m; nvcc --version | tail -1; } 2>&1 | tee "$R/log.txt"
-NVH=$(python3 -c "import nvidia.nvshmem as m; print(list(m.__path__)[0])")
 nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include" -DTILE_M=128 -DTILE_N=64 -DTILE_K=8 \
   -DMIN_BLOCKS_PER_SM=2 -Xptxas -v -o /tmp/ptxas.o 2>&1 | grep -A2 "for moelab_moe_fp32" | tee -a "$R/log.txt"
 # the test's workers have their own 120 s limit per GPU count, inside this one
