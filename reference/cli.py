@@ -41,6 +41,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return Config.from_dict({**cfg.to_dict(), **changes}) if changes else cfg
 
 
+def path_ending(*suffixes: str):
+    """An argparse type: a file path that must end in one of `suffixes` (the format it selects)."""
+    def check(text: str) -> str:
+        if not text.endswith(suffixes):
+            raise argparse.ArgumentTypeError(f"{text!r} must end in {' or '.join(suffixes)}")
+        return text
+    return check
+
+
 def _parse_value(text: str):
     low = text.lower()
     if low in ("true", "false"):

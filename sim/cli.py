@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from reference.cli import Progress, add_config_args, config_from_args, format_table
+from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending
 
 from .hardware import DEFAULT, PRESETS, HardwareError
 from .network import TRANSPORTS
@@ -94,14 +94,6 @@ def _sweep(args) -> int:
     return 0
 
 
-def _path_ending(*suffixes: str):
-    def check(text: str) -> str:
-        if not text.endswith(suffixes):
-            raise argparse.ArgumentTypeError(f"{text!r} must end in {' or '.join(suffixes)}")
-        return text
-    return check
-
-
 def register(sub) -> None:
     p = sub.add_parser("sim", help="simulate a layer call (fused kernel or baseline), or the papers' sweeps",
                        description="Simulate one MoE layer call with the discrete-event model of FlashMoE's "
@@ -114,9 +106,9 @@ def register(sub) -> None:
     p.add_argument("--transport", default="ibgda", choices=TRANSPORTS,
                    help="how tiles cross nodes (default: ibgda)")
     p.add_argument("--baseline", action="store_true", help="simulate the bulk-synchronous baseline instead")
-    p.add_argument("--trace", metavar="FILE", type=_path_ending(".json", ".npz"),
+    p.add_argument("--trace", metavar="FILE", type=path_ending(".json", ".npz"),
                    help="write the trace: .json (Perfetto) or .npz")
-    p.add_argument("--timeline", metavar="FILE", type=_path_ending(".png", ".html"),
+    p.add_argument("--timeline", metavar="FILE", type=path_ending(".png", ".html"),
                    help="draw the timeline: .png or .html (self-contained)")
     p.add_argument("--sweep", nargs="?", const="all", choices=SWEEPS,
                    help="print the papers' sweep tables instead (fused: FlashMoE vs baseline; nodes: "

@@ -9,19 +9,12 @@ import sys
 from pathlib import Path
 
 from reference import ConfigError
+from reference.cli import path_ending
 
 from . import compare as cmp
 from . import validation
 from .calibrate import CalibrationError
 from .hardware import HardwareError
-
-
-def _path_ending(*suffixes: str):
-    def check(text: str) -> str:
-        if not text.endswith(suffixes):
-            raise argparse.ArgumentTypeError(f"{text!r} must end in {' or '.join(suffixes)}")
-        return text
-    return check
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -85,10 +78,10 @@ def register(sub) -> None:
     p.add_argument("--all", action="store_true", help="every committed measured run under measurements/gpu/")
     p.add_argument("--hardware", metavar="FILE", help="a calibrated preset .json (default: "
                                                       "measurements/calibrated-<gpu>.json of the run's GPU)")
-    p.add_argument("--trace", metavar="FILE", type=_path_ending(".json"),
+    p.add_argument("--trace", metavar="FILE", type=path_ending(".json"),
                    help="write both timelines into one Perfetto .json (measured above predicted)")
-    p.add_argument("--png", metavar="FILE", type=_path_ending(".png"), help="draw both timelines into one picture")
-    p.add_argument("--markdown", metavar="FILE", type=_path_ending(".md"),
+    p.add_argument("--png", metavar="FILE", type=path_ending(".png"), help="draw both timelines into one picture")
+    p.add_argument("--markdown", metavar="FILE", type=path_ending(".md"),
                    help="with --all: write the error table and findings (docs/validation.md)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
