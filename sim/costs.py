@@ -6,7 +6,7 @@ block's bandwidth, whichever dominates, plus the per-task overhead. GEMM operand
 many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a combine streams.
 
 Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measured and set by
-calibration): the gate runs in float64 work items of 16 tokens x 64 experts on every block, then
+calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on every block, then
 one block per expert scans all (token, choice) pairs for its slots; a tile GEMM task costs
 `gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole); a block copies token rows
 at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a put is done
@@ -27,7 +27,7 @@ from reference.plan import COMBINE, LOCAL, NVLINK
 
 from .hardware import Hardware
 
-GATE_TOKENS, GATE_EXPERTS = 16, 64  # the gate's work item (gpu/kernels/gate.cuh)
+GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 
 

@@ -53,7 +53,7 @@ class Hardware:
     subscriber_ns: float  # subscriber warp: decode one tile's arrival flag, enqueue its tasks
     # mechanisms of moelab's megakernel that the datasheet figures miss; 0 in the presets (not
     # modeled), measured by gpu/microbench.py and set by `moelab calibrate`
-    gate_item_ns_per_h: float  # one block: one gate item (16 tokens x 64 experts) per element of H
+    gate_item_ns_per_h: float  # one block: one gate item (32 tokens x 64 experts) per element of H
     gate_slot_ns: float  # one block: scan one (token, choice) while assigning an expert's slots
     gate_fixed_ns: float  # the gate phase's fixed cost (two grid barriers, launch skew)
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)

@@ -15,7 +15,7 @@ MODELED = """\
 The simulator runs the tile plan of the measured layer through the model of FlashMoE's
 persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
 
-- **gate phase**: the kernel's float64 gate in work items of 16 tokens x 64 experts spread over
+- **gate phase**: the kernel's float64 gate (FP64 tensor cores) in work items of 32 tokens x 64 experts spread over
   all blocks, then one block per expert scanning every (token, choice) for its slots, then two
   grid barriers (`gate_item_ns_per_h`, `gate_slot_ns`, `gate_fixed_ns`, fitted over six
   (tokens, experts) points of the gate alone);

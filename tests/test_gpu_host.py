@@ -1,10 +1,13 @@
 """The launcher's pure-Python parts: argument checks, sizes, cache keys, error and log decoding."""
 
+import re
+
 import numpy as np
 import pytest
 
 from gpu import build, errors, layout, telemetry
 from reference import Config, presets
+from sim import costs
 from sim.trace import KIND
 
 
@@ -68,6 +71,13 @@ def test_param_fields_match_the_struct():
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "TM", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
              "tlog_cap", "timeout_ns"}
     assert sizes <= set(fields)
+
+
+def test_simulated_gate_item_is_the_kernels():
+    """sim.costs models the gate by the kernel's work item; the kernel's constants are its own."""
+    text = (layout.KERNEL_DIR / "gate.cuh").read_text()
+    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (GATE_\w+) = (\d+);", text)}
+    assert (const["GATE_TOKENS"], const["GATE_EXPERTS"]) == (costs.GATE_TOKENS, costs.GATE_EXPERTS)
 
 
 def test_cache_key_covers_sources_options_and_toolchain():

@@ -8,18 +8,34 @@
 #pragma once
 #include "common.cuh"
 
-constexpr int GATE_TOKENS = 16;  // tokens per gate work item
-constexpr int GATE_EXPERTS = 64; // experts per pass over H
-constexpr int GATE_DEPTH = 32;   // slice of H held in shared memory
-constexpr int GATE_SMEM_LOGITS = 128;  // experts whose logits the selection reads from shared memory
-constexpr int GATE_SCORE_DOUBLES = GATE_TOKENS * GATE_DEPTH + GATE_DEPTH * GATE_EXPERTS;
+constexpr int GATE_TOKENS = 32;       // tokens per gate work item
+constexpr int GATE_EXPERTS = 64;      // experts per pass over H
+constexpr int GATE_DEPTH = 32;        // slice of H held in shared memory
+constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
+// Row strides of the staged slices, in doubles: 4 more than a multiple of 16, so the 16 lanes of a
+// half-warp reading an mma fragment (4 rows x 4 columns) hit 16 different 8-byte banks.
+constexpr int GATE_XS_LD = GATE_DEPTH + 4, GATE_WS_LD = GATE_EXPERTS + 4;
+constexpr int GATE_SCORE_DOUBLES = GATE_TOKENS * GATE_XS_LD + GATE_DEPTH * GATE_WS_LD;
 constexpr int GATE_SMEM_DOUBLES = GATE_SCORE_DOUBLES + GATE_TOKENS * GATE_SMEM_LOGITS;
 
+// d += a . b on the FP64 tensor cores: an 8x4 by 4x8 product per warp. Lane l holds a = A[l/4][l%4],
+// b = B[l%4][l/4] and d = D[l/4][2 (l%4) + {0, 1}]; every product and sum is an IEEE fp64 fma.
+__device__ __forceinline__ void dmma_8x8x4(double (&d)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a), "d"(b));
+}
+
+// Logits of tokens t0.. (GATE_TOKENS of them) against every expert, GATE_EXPERTS per pass.
+// Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 4 x 2 mma tiles.
 __device__ void gate_scores(const Params& p, int t0, double* smem) {
-  double* xs = smem;                            // [GATE_TOKENS][GATE_DEPTH]
-  double* ws = smem + GATE_TOKENS * GATE_DEPTH; // [GATE_DEPTH][GATE_EXPERTS]
-  const int tid = threadIdx.x, tok = tid / 8, eg = tid % 8;  // 16 tokens x 8 expert lanes
+  double* xs = smem;                          // [GATE_TOKENS][GATE_XS_LD]
+  double* ws = smem + GATE_TOKENS * GATE_XS_LD; // [GATE_DEPTH][GATE_WS_LD]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int row = lane / 4, quad = lane % 4;
+  constexpr int MT = GATE_TOKENS / 8, NT = GATE_EXPERTS / 4 / 8;  // mma tiles per warp
   constexpr int XN = GATE_TOKENS * GATE_DEPTH / 128, WN = GATE_DEPTH * GATE_EXPERTS / 128;
+  static_assert(GATE_EXPERTS == 4 * 8 * NT && GATE_TOKENS % 8 == 0 && GATE_DEPTH % 4 == 0, "gate item shape");
   float xv[XN], wv[WN];
   // a slice's loads are all issued before any use (one latency, not XN + WN), and the next
   // slice's loads are in flight while the current slice is multiplied
@@ -37,35 +53,52 @@ __device__ void gate_scores(const Params& p, int t0, double* smem) {
   };
   load(0, 0);
   for (int e0 = 0; e0 < p.E; e0 += GATE_EXPERTS) {
-    double acc[8];
+    double acc[MT][NT][2];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = 0.0;
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = 0.0;
     for (int h0 = 0; h0 < p.H; h0 += GATE_DEPTH) {
 #pragma unroll
-      for (int u = 0; u < XN; ++u) xs[tid + 128 * u] = (double)xv[u];
+      for (int u = 0; u < XN; ++u) {
+        int v = tid + 128 * u;
+        xs[(v / GATE_DEPTH) * GATE_XS_LD + v % GATE_DEPTH] = (double)xv[u];
+      }
 #pragma unroll
-      for (int u = 0; u < WN; ++u) ws[tid + 128 * u] = (double)wv[u];
+      for (int u = 0; u < WN; ++u) {
+        int v = tid + 128 * u;
+        ws[(v / GATE_EXPERTS) * GATE_WS_LD + v % GATE_EXPERTS] = (double)wv[u];
+      }
       __syncthreads();
       if (h0 + GATE_DEPTH < p.H) load(e0, h0 + GATE_DEPTH);
       else if (e0 + GATE_EXPERTS < p.E) load(e0 + GATE_EXPERTS, 0);
-#pragma unroll 4
-      for (int hh = 0; hh < GATE_DEPTH; ++hh) {
-        double xd = xs[tok * GATE_DEPTH + hh];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = fma(xd, ws[hh * GATE_EXPERTS + eg + 8 * i], acc[i]);
+      for (int k0 = 0; k0 < GATE_DEPTH; k0 += 4) {
+        double a[MT], b[NT];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) a[m] = xs[(8 * m + row) * GATE_XS_LD + k0 + quad];
+#pragma unroll
+        for (int n = 0; n < NT; ++n) b[n] = ws[(k0 + quad) * GATE_WS_LD + 16 * warp + 8 * n + row];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int n = 0; n < NT; ++n) dmma_8x8x4(acc[m][n], a[m], b[n]);
       }
       __syncthreads();
     }
-    int t = t0 + tok;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      int e = e0 + eg + 8 * i;
-      if (t < p.T && e < p.E) {
-        double z = acc[i] - p.logit_offset[e];
-        p.logits[(long long)t * p.E + e] = z;
-        if (p.E <= GATE_SMEM_LOGITS) smem[GATE_SCORE_DOUBLES + tok * p.E + e] = z;
-      }
-    }
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int tok = 8 * m + row, t = t0 + tok, e = e0 + 16 * warp + 8 * n + 2 * quad + c;
+          if (t < p.T && e < p.E) {
+            double z = acc[m][n][c] - p.logit_offset[e];
+            p.logits[(long long)t * p.E + e] = z;
+            if (p.E <= GATE_SMEM_LOGITS) smem[GATE_SCORE_DOUBLES + tok * p.E + e] = z;
+          }
+        }
   }
 }
 

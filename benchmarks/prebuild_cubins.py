@@ -1,0 +1,60 @@
+"""Build here every cubin a device call will load, so the GPU machine spends no time in nvcc.
+
+    python benchmarks/prebuild_cubins.py            # then carry .cache with the call
+
+Collects the compile-time options (tile shape, dtype) of every GPU test case and benchmark point
+on 1, 2, 4 and 8 GPUs, plus the calibration microbenchmarks, and builds them into
+.cache/moelab/cubins (the folder benchmarks/device_env.sh points MOELAB_CACHE to), two at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpu import build, cases, layout, microbench  # noqa: E402
+from reference import Config  # noqa: E402
+
+
+def wanted() -> list[tuple[dict, str]]:
+    """(compile options, unit) of everything the device scripts run."""
+    todo = []
+    for p in (1, 2, 4, 8):
+        todo += cases.check_cases(p, 0) + cases.bf16_check_cases(p, 0) + ([cases.sit_out_case(p)] if p > 1 else [])
+        for dtype in ("float32", "bfloat16"):
+            for points in ("sweep", "tiles"):
+                todo += cases.bench_cases(p, points, dtype=dtype)
+    opts = {tuple(sorted(layout.compile_options(Config(**c["config"])).items())) for c in todo}
+    units = [(dict(o), "moe.cu") for o in sorted(opts)]
+    return units + [(layout.compile_options(microbench.flashmoe(1)), "microbench.cu")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "moelab" / "cubins")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    args = ap.parse_args()
+    todo = wanted()
+    t0 = time.time()
+
+    def one(item):
+        opts, unit = item
+        built = build.build(opts, cache=args.cache, unit=unit)
+        return f"{unit:14s} {opts}: {'cached' if built.cached else 'built'} {built.cubin.name}"
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for i, line in enumerate(pool.map(one, todo), 1):
+            print(f"[{i}/{len(todo)}] {line}", flush=True)
+    print(f"{len(todo)} cubins in {args.cache} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
