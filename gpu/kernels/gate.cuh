@@ -1,8 +1,10 @@
 // Gate and capacity, reproducing reference/routing.py exactly:
-// - logits in float64 of the float32 operands (products are exact, so only the summation order
-//   can differ from NumPy's, far below any gap between two experts' logits), minus the skew offset;
+// - logits in float64 of the float32 operands on the FP64 tensor cores (products are exact, so only
+//   the summation order can differ from NumPy's, far below any gap between two experts' logits),
+//   minus the skew offset;
 //   the bf16 kernel reads bf16 tokens and bf16-rounded gate weights, as the reference's bf16 path;
-// - top-k best first, a tie to the lower expert index (strict > while scanning upwards);
+// - top-k best first, a tie to the lower expert index (4 lanes per token each scan their experts
+//   upwards with strict >, then keep the lower index of equal scores when they combine);
 // - weights by the config's gate variant, in float64;
 // - slots per expert in priority order (choice j first, then token index), dropped at >= C.
 #pragma once
@@ -36,29 +38,38 @@ __device__ void gate_scores(const Params& p, int t0, double* smem) {
   constexpr int MT = GATE_TOKENS / 8, NT = GATE_EXPERTS / 4 / 8;  // mma tiles per warp
   constexpr int XN = GATE_TOKENS * GATE_DEPTH / 128, WN = GATE_DEPTH * GATE_EXPERTS / 128;
   static_assert(GATE_EXPERTS == 4 * 8 * NT && GATE_TOKENS % 8 == 0 && GATE_DEPTH % 4 == 0, "gate item shape");
+  // sizes and pointers in registers, loads unconditional at clamped indices (zeros selected
+  // after): one straight run of independent loads per slice, so their latencies overlap. (With a
+  // bounds-checked branch per load, each re-reading its pointer from Params, a slice took 4.7 us
+  // on H200 instead of 1.9 us.)
+  const int T = (int)p.T, H = (int)p.H, E = (int)p.E;  // each < 2^31 (checked on the host)
+  const auto* __restrict__ x = p.x;
+  const float* __restrict__ wg = p.wg;
   float xv[XN], wv[WN];
   // a slice's loads are all issued before any use (one latency, not XN + WN), and the next
   // slice's loads are in flight while the current slice is multiplied
   auto load = [&](int e0, int h0) {
 #pragma unroll
     for (int u = 0; u < XN; ++u) {
-      int v = tid + 128 * u, tt = t0 + v / GATE_DEPTH, hh = h0 + v % GATE_DEPTH;
-      xv[u] = (tt < p.T && hh < p.H) ? to_f32(__ldg(p.x + (long long)tt * p.H + hh)) : 0.f;
+      const int v = tid + 128 * u, tt = t0 + v / GATE_DEPTH, hh = h0 + v % GATE_DEPTH;
+      const float got = to_f32(__ldg(x + (long long)min(tt, T - 1) * H + min(hh, H - 1)));
+      xv[u] = (tt < T && hh < H) ? got : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < WN; ++u) {
-      int v = tid + 128 * u, hh = h0 + v / GATE_EXPERTS, e = e0 + v % GATE_EXPERTS;
-      wv[u] = (hh < p.H && e < p.E) ? __ldg(p.wg + (long long)hh * p.E + e) : 0.f;
+      const int v = tid + 128 * u, hh = h0 + v / GATE_EXPERTS, e = e0 + v % GATE_EXPERTS;
+      const float got = __ldg(wg + (long long)min(hh, H - 1) * E + min(e, E - 1));
+      wv[u] = (hh < H && e < E) ? got : 0.f;
     }
   };
   load(0, 0);
-  for (int e0 = 0; e0 < p.E; e0 += GATE_EXPERTS) {
+  for (int e0 = 0; e0 < E; e0 += GATE_EXPERTS) {
     double acc[MT][NT][2];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = 0.0;
-    for (int h0 = 0; h0 < p.H; h0 += GATE_DEPTH) {
+    for (int h0 = 0; h0 < H; h0 += GATE_DEPTH) {
 #pragma unroll
       for (int u = 0; u < XN; ++u) {
         int v = tid + 128 * u;
@@ -70,8 +81,8 @@ __device__ void gate_scores(const Params& p, int t0, double* smem) {
         ws[(v / GATE_EXPERTS) * GATE_WS_LD + v % GATE_EXPERTS] = (double)wv[u];
       }
       __syncthreads();
-      if (h0 + GATE_DEPTH < p.H) load(e0, h0 + GATE_DEPTH);
-      else if (e0 + GATE_EXPERTS < p.E) load(e0 + GATE_EXPERTS, 0);
+      const bool row_end = h0 + GATE_DEPTH >= H;  // the next slice starts the next pass
+      if (!row_end || e0 + GATE_EXPERTS < E) load(row_end ? e0 + GATE_EXPERTS : e0, row_end ? 0 : h0 + GATE_DEPTH);
 #pragma unroll
       for (int k0 = 0; k0 < GATE_DEPTH; k0 += 4) {
         double a[MT], b[NT];
@@ -104,111 +115,140 @@ __device__ void gate_scores(const Params& p, int t0, double* smem) {
 
 __device__ __forceinline__ double sigmoid64(double z) { return 1.0 / (1.0 + exp(-z)); }
 
-// Top-k and weights of one token from its float64 logits z (shared memory when E is small).
-__device__ void gate_select(const Params& p, int t, const double* z) {
+constexpr int SELECT_LANES = 128 / GATE_TOKENS;  // lanes that share one token's selection
+static_assert(SELECT_LANES == 4, "the selection's shuffles pair lanes 1 and 2 apart");
+
+// The better of two candidates: the higher score, a tie to the lower expert index (-1: none).
+__device__ __forceinline__ void keep_better(int& best, double& score, int other, double other_score) {
+  if (other >= 0 && (best < 0 || other_score > score || (other_score == score && other < best))) {
+    best = other;
+    score = other_score;
+  }
+}
+
+// Top-k and weights of one token from its float64 logits z (shared memory when E is small),
+// by SELECT_LANES neighbouring lanes: lane `part` scans experts part, part + 4, ..., then the
+// lanes combine by shuffles. All lanes of the warp take part (`valid` false: nothing written).
+__device__ void gate_select(const Params& p, int t, const double* z, int part, bool valid) {
   const bool sig = p.gate_kind == GATE_SIGMOID_BIAS;
+  const int E = (int)p.E, K = (int)p.K;
   int chosen[16];  // K <= 16, checked on the host
-  for (int j = 0; j < p.K; ++j) {
+  for (int j = 0; j < K; ++j) {
     int best = -1;
     double best_score = 0.0;
-    for (int e = 0; e < p.E; ++e) {
+    for (int e = part; e < E; e += SELECT_LANES) {
       bool taken = false;
       for (int q = 0; q < j; ++q) taken |= chosen[q] == e;
-      if (taken) continue;
-      double s = sig ? sigmoid64(z[e]) + p.gate_bias[e] : z[e];
-      if (best < 0 || s > best_score) {
-        best = e;
-        best_score = s;
-      }
+      if (!taken) keep_better(best, best_score, e, sig ? sigmoid64(z[e]) + p.gate_bias[e] : z[e]);
     }
-    chosen[j] = best;
-    p.expert[(long long)t * p.K + j] = best;
+#pragma unroll
+    for (int d = 1; d < SELECT_LANES; d *= 2) {
+      const int other = __shfl_xor_sync(0xffffffffu, best, d);
+      const double other_score = __shfl_xor_sync(0xffffffffu, best_score, d);
+      keep_better(best, best_score, other, other_score);
+    }
+    chosen[j] = best;  // the same on every lane of the token
   }
   double w[16], total = 0.0;
   if (p.gate_kind == GATE_SOFTMAX_TOPK || p.gate_kind == GATE_SOFTMAX_TOPK_RENORM) {
-    double m = z[0];
-    for (int e = 1; e < p.E; ++e) m = fmax(m, z[e]);
-    double s = 0.0;
-    for (int e = 0; e < p.E; ++e) s += exp(z[e] - m);
-    for (int j = 0; j < p.K; ++j) w[j] = exp(z[chosen[j]] - m) / s;
+    double m = -INFINITY, s = 0.0;
+    for (int e = part; e < E; e += SELECT_LANES) m = fmax(m, z[e]);
+#pragma unroll
+    for (int d = 1; d < SELECT_LANES; d *= 2) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, d));
+    for (int e = part; e < E; e += SELECT_LANES) s += exp(z[e] - m);
+#pragma unroll
+    for (int d = 1; d < SELECT_LANES; d *= 2) s += __shfl_xor_sync(0xffffffffu, s, d);
+    for (int j = 0; j < K; ++j) w[j] = exp(z[chosen[j]] - m) / s;
     if (p.gate_kind == GATE_SOFTMAX_TOPK_RENORM) {
-      for (int j = 0; j < p.K; ++j) total += w[j];
-      for (int j = 0; j < p.K; ++j) w[j] /= total;
+      for (int j = 0; j < K; ++j) total += w[j];
+      for (int j = 0; j < K; ++j) w[j] /= total;
     }
   } else if (p.gate_kind == GATE_TOPK_SOFTMAX) {
     double m = z[chosen[0]];
-    for (int j = 1; j < p.K; ++j) m = fmax(m, z[chosen[j]]);
-    for (int j = 0; j < p.K; ++j) total += (w[j] = exp(z[chosen[j]] - m));
-    for (int j = 0; j < p.K; ++j) w[j] /= total;
+    for (int j = 1; j < K; ++j) m = fmax(m, z[chosen[j]]);
+    for (int j = 0; j < K; ++j) total += (w[j] = exp(z[chosen[j]] - m));
+    for (int j = 0; j < K; ++j) w[j] /= total;
   } else {
-    for (int j = 0; j < p.K; ++j) total += (w[j] = sigmoid64(z[chosen[j]]));
-    for (int j = 0; j < p.K; ++j) w[j] /= total;
+    for (int j = 0; j < K; ++j) total += (w[j] = sigmoid64(z[chosen[j]]));
+    for (int j = 0; j < K; ++j) w[j] /= total;
   }
-  for (int j = 0; j < p.K; ++j) p.weight[(long long)t * p.K + j] = w[j];
+  if (valid && part == 0)
+    for (int j = 0; j < K; ++j) {
+      p.expert[(long long)t * K + j] = chosen[j];
+      p.weight[(long long)t * K + j] = w[j];
+    }
 }
 
-// Gate work item: GATE_TOKENS tokens' logits, then their selections.
+// Gate work item: GATE_TOKENS tokens' logits, then their selections (SELECT_LANES threads each).
 __device__ void gate_item(const Params& p, int item, double* smem) {
-  int t0 = item * GATE_TOKENS;
+  const int t0 = item * GATE_TOKENS, tok = threadIdx.x / SELECT_LANES, t = t0 + tok;
   gate_scores(p, t0, smem);
   __syncthreads();  // the block's logits are written before its threads read them back
-  if (threadIdx.x < GATE_TOKENS && t0 + threadIdx.x < p.T) {
-    const double* z = p.E <= GATE_SMEM_LOGITS ? smem + GATE_SCORE_DOUBLES + threadIdx.x * p.E
-                                              : p.logits + (long long)(t0 + threadIdx.x) * p.E;
-    gate_select(p, t0 + threadIdx.x, z);
-  }
+  const bool valid = t < p.T;
+  const double* z = p.E <= GATE_SMEM_LOGITS ? smem + GATE_SCORE_DOUBLES + tok * p.E
+                                            : p.logits + (long long)(valid ? t : t0) * p.E;
+  gate_select(p, t, z, threadIdx.x % SELECT_LANES, valid);
   __syncthreads();  // the shared logits are read before the next item overwrites them
 }
 
-// Slots of expert e: scan assignments in priority order (index j * T + t), SLOT_RUN consecutive
-// entries per thread, with a block prefix sum of the matches.
-constexpr int SLOT_RUN = 8;
+// Slots of expert e: scan assignments in priority order (choice j, then token t), SLOT_RUN
+// consecutive tokens per thread, with a block prefix sum of the matches. A chunk's loads are all
+// issued before the scan, and (j, t) are counted directly, with no 64-bit division per entry.
+constexpr int SLOT_RUN = 16;
 __device__ void assign_expert_slots(const Params& p, int e, int* warp_sums) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
-  const long long n = p.T * p.K;
+  const long long T = p.T, K = p.K, C = p.C;
+  const int* __restrict__ expert = p.expert;
   int running = 0;
-  for (long long base = 0; base < n; base += (long long)blockDim.x * SLOT_RUN) {
-    const long long first = base + (long long)tid * SLOT_RUN;
-    int ex[SLOT_RUN];
+  for (long long j = 0; j < K; ++j) {
+    for (long long base = 0; base < T; base += (long long)blockDim.x * SLOT_RUN) {
+      const long long first = base + (long long)tid * SLOT_RUN;
+      int ex[SLOT_RUN];
 #pragma unroll
-    for (int u = 0; u < SLOT_RUN; ++u) {
-      long long idx = first + u;
-      ex[u] = idx < n ? __ldcg(p.expert + (idx % p.T) * p.K + idx / p.T) : -1;
-    }
-    int mine = 0;
-#pragma unroll
-    for (int u = 0; u < SLOT_RUN; ++u) mine += ex[u] == e;
-    int incl = mine;  // inclusive scan over the warp
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      int up = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += up;
-    }
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    int before = running, block_total = 0;
-    for (int w = 0; w < nwarps; ++w) {
-      if (w < warp) before += warp_sums[w];
-      block_total += warp_sums[w];
-    }
-    int pos = before + incl - mine;
-#pragma unroll
-    for (int u = 0; u < SLOT_RUN; ++u) {
-      if (ex[u] != e) continue;
-      long long idx = first + u;
-      int t = (int)(idx % p.T), j = (int)(idx / p.T);
-      int s = pos < p.C ? pos : -1;
-      p.slot[(long long)t * p.K + j] = s;
-      if (s >= 0) {
-        long long r = (long long)e * p.C + s;
-        p.row_token[r] = t;
-        p.row_choice[r] = j;
-        p.row_weight[r] = (float)__ldcg(p.weight + (long long)t * p.K + j);
+      for (int u = 0; u < SLOT_RUN; ++u) {
+        const long long t = first + u;
+        const int got = __ldcg(expert + min(t, T - 1) * K + j);
+        ex[u] = t < T ? got : -1;
       }
-      ++pos;
+      int mine = 0;
+#pragma unroll
+      for (int u = 0; u < SLOT_RUN; ++u) mine += ex[u] == e;
+      int incl = mine;  // inclusive scan over the warp
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        int up = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += up;
+      }
+      if (lane == 31) warp_sums[warp] = incl;
+      __syncthreads();
+      int before = running, block_total = 0;
+      for (int w = 0; w < nwarps; ++w) {
+        if (w < warp) before += warp_sums[w];
+        block_total += warp_sums[w];
+      }
+      int pos = before + incl - mine;
+      // the matches' weights are loaded together (predicated), not one latency per match
+      float wt[SLOT_RUN];
+#pragma unroll
+      for (int u = 0; u < SLOT_RUN; ++u)
+        wt[u] = ex[u] == e ? (float)__ldcg(p.weight + (first + u) * K + j) : 0.f;
+#pragma unroll
+      for (int u = 0; u < SLOT_RUN; ++u) {
+        if (ex[u] != e) continue;
+        const long long t = first + u;
+        const int s = pos < C ? pos : -1;
+        p.slot[t * K + j] = s;
+        if (s >= 0) {
+          const long long r = (long long)e * C + s;
+          p.row_token[r] = (int)t;
+          p.row_choice[r] = (int)j;
+          p.row_weight[r] = wt[u];
+        }
+        ++pos;
+      }
+      running += block_total;
+      __syncthreads();  // warp_sums is rewritten by the next chunk
     }
-    running += block_total;
-    __syncthreads();  // warp_sums is rewritten by the next chunk
   }
-  if (tid == 0) p.counts[e] = running < p.C ? running : (int)p.C;
+  if (tid == 0) p.counts[e] = running < C ? running : (int)C;
 }
