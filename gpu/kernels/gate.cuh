@@ -9,16 +9,23 @@
 // - slots per expert in priority order (choice j first, then token index), dropped at >= C.
 #pragma once
 #include "common.cuh"
+#include "tile_gemm.cuh"  // cp_async16, cp_async_commit, cp_async_wait
 
 constexpr int GATE_TOKENS = 32;       // tokens per gate work item
 constexpr int GATE_EXPERTS = 64;      // experts per pass over H
-constexpr int GATE_DEPTH = 32;        // slice of H held in shared memory
+constexpr int GATE_DEPTH = 32;        // slice of H per pipeline stage
+constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
 constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
-// Row strides of the staged slices, in doubles: 4 more than a multiple of 16, so the 16 lanes of a
-// half-warp reading an mma fragment (4 rows x 4 columns) hit 16 different 8-byte banks.
-constexpr int GATE_XS_LD = GATE_DEPTH + 4, GATE_WS_LD = GATE_EXPERTS + 4;
-constexpr int GATE_SCORE_DOUBLES = GATE_TOKENS * GATE_XS_LD + GATE_DEPTH * GATE_WS_LD;
-constexpr int GATE_SMEM_DOUBLES = GATE_SCORE_DOUBLES + GATE_TOKENS * GATE_SMEM_LOGITS;
+// Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
+// the mma fragments are read). Row strides, in elements, make a fragment read (8 rows x 4 columns
+// of A, 4 rows x 8 columns of B) hit 32 different banks, and keep rows 16-byte aligned for cp.async.
+constexpr int GATE_XS_LD = GATE_DEPTH + (sizeof(elem_t) == 4 ? 4 : 8);
+constexpr int GATE_WS_LD = GATE_EXPERTS + 8;
+constexpr int GATE_STAGE_BYTES = GATE_TOKENS * GATE_XS_LD * (int)sizeof(elem_t) + GATE_DEPTH * GATE_WS_LD * 4;
+constexpr int GATE_LOGIT_BYTES = GATE_TOKENS * GATE_SMEM_LOGITS * 8;  // after the stages are drained
+constexpr int GATE_SMEM_BYTES = GATE_STAGES * GATE_STAGE_BYTES > GATE_LOGIT_BYTES ? GATE_STAGES * GATE_STAGE_BYTES
+                                                                                   : GATE_LOGIT_BYTES;
+constexpr int GATE_SMEM_DOUBLES = (GATE_SMEM_BYTES + 7) / 8;
 
 // d += a . b on the FP64 tensor cores: an 8x4 by 4x8 product per warp. Lane l holds a = A[l/4][l%4],
 // b = B[l%4][l/4] and d = D[l/4][2 (l%4) + {0, 1}]; every product and sum is an IEEE fp64 fma.
@@ -28,89 +35,115 @@ __device__ __forceinline__ void dmma_8x8x4(double (&d)[2], double a, double b) {
                : "d"(a), "d"(b));
 }
 
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0));
+}
+
 // Logits of tokens t0.. (GATE_TOKENS of them) against every expert, GATE_EXPERTS per pass.
 // Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 4 x 2 mma tiles.
-__device__ void gate_scores(const Params& p, int t0, double* smem) {
-  double* xs = smem;                          // [GATE_TOKENS][GATE_XS_LD]
-  double* ws = smem + GATE_TOKENS * GATE_XS_LD; // [GATE_DEPTH][GATE_WS_LD]
+// The slices of every pass form one cp.async pipeline, GATE_STAGES deep: the gate is bound by
+// load latency, not arithmetic (one slice in flight per block took ~1.9 us per slice on H200).
+// Copies past T, H or E are zero-filled by the copy itself. The logits of E <= GATE_SMEM_LOGITS
+// experts are also left in shared memory (over the drained stages) for the selection.
+__device__ void gate_scores(const Params& p, int t0, unsigned char* smem) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, quad = lane % 4;
   constexpr int MT = GATE_TOKENS / 8, NT = GATE_EXPERTS / 4 / 8;  // mma tiles per warp
-  constexpr int XN = GATE_TOKENS * GATE_DEPTH / 128, WN = GATE_DEPTH * GATE_EXPERTS / 128;
+  constexpr int XV = 16 / (int)sizeof(elem_t);                      // tokens' elements per 16-byte copy
+  constexpr int X_COPIES = GATE_TOKENS * GATE_DEPTH / XV / 128, W_COPIES = GATE_DEPTH * GATE_EXPERTS / 4 / 128;
   static_assert(GATE_EXPERTS == 4 * 8 * NT && GATE_TOKENS % 8 == 0 && GATE_DEPTH % 4 == 0, "gate item shape");
-  // sizes and pointers in registers, loads unconditional at clamped indices (zeros selected
-  // after): one straight run of independent loads per slice, so their latencies overlap. (With a
-  // bounds-checked branch per load, each re-reading its pointer from Params, a slice took 4.7 us
-  // on H200 instead of 1.9 us.)
+  static_assert(X_COPIES * XV * 128 == GATE_TOKENS * GATE_DEPTH && W_COPIES * 4 * 128 == GATE_DEPTH * GATE_EXPERTS,
+                "every thread issues the same number of copies");
+  // H is a multiple of tile_n (8 for float32, 16 for bf16), so a token row's 16-byte chunks are
+  // whole and aligned; gate weight rows are only when E % 4 == 0 (else 4-byte copies)
   const int T = (int)p.T, H = (int)p.H, E = (int)p.E;  // each < 2^31 (checked on the host)
-  const auto* __restrict__ x = p.x;
+  const elem_t* __restrict__ x = p.x;
   const float* __restrict__ wg = p.wg;
-  float xv[XN], wv[WN];
-  // a slice's loads are all issued before any use (one latency, not XN + WN), and the next
-  // slice's loads are in flight while the current slice is multiplied
-  auto load = [&](int e0, int h0) {
-#pragma unroll
-    for (int u = 0; u < XN; ++u) {
-      const int v = tid + 128 * u, tt = t0 + v / GATE_DEPTH, hh = h0 + v % GATE_DEPTH;
-      const float got = to_f32(__ldg(x + (long long)min(tt, T - 1) * H + min(hh, H - 1)));
-      xv[u] = (tt < T && hh < H) ? got : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < WN; ++u) {
-      const int v = tid + 128 * u, hh = h0 + v / GATE_EXPERTS, e = e0 + v % GATE_EXPERTS;
-      const float got = __ldg(wg + (long long)min(hh, H - 1) * E + min(e, E - 1));
-      wv[u] = (hh < H && e < E) ? got : 0.f;
-    }
+  const bool w_vec = E % 4 == 0;
+  const int per_pass = (H + GATE_DEPTH - 1) / GATE_DEPTH, slices = per_pass * ((E + GATE_EXPERTS - 1) / GATE_EXPERTS);
+  auto xs_of = [&](int stage) { return reinterpret_cast<elem_t*>(smem + stage * GATE_STAGE_BYTES); };
+  auto ws_of = [&](int stage) {
+    return reinterpret_cast<float*>(smem + stage * GATE_STAGE_BYTES + GATE_TOKENS * GATE_XS_LD * sizeof(elem_t));
   };
-  load(0, 0);
-  for (int e0 = 0; e0 < E; e0 += GATE_EXPERTS) {
-    double acc[MT][NT][2];
+  auto issue = [&](int slice) {
+    if (slice < slices) {
+      const int e0 = slice / per_pass * GATE_EXPERTS, h0 = slice % per_pass * GATE_DEPTH, stage = slice % GATE_STAGES;
+      elem_t* xs = xs_of(stage);
+      float* ws = ws_of(stage);
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = 0.0;
-    for (int h0 = 0; h0 < H; h0 += GATE_DEPTH) {
-#pragma unroll
-      for (int u = 0; u < XN; ++u) {
-        int v = tid + 128 * u;
-        xs[(v / GATE_DEPTH) * GATE_XS_LD + v % GATE_DEPTH] = (double)xv[u];
+      for (int u = 0; u < X_COPIES; ++u) {
+        const int v = tid + 128 * u, tok = v / (GATE_DEPTH / XV), h = (v % (GATE_DEPTH / XV)) * XV;
+        const bool in = t0 + tok < T && h0 + h < H;
+        cp_async16(xs + tok * GATE_XS_LD + h, in ? x + (long long)(t0 + tok) * H + h0 + h : x, in);
       }
+      if (w_vec) {
 #pragma unroll
-      for (int u = 0; u < WN; ++u) {
-        int v = tid + 128 * u;
-        ws[(v / GATE_EXPERTS) * GATE_WS_LD + v % GATE_EXPERTS] = (double)wv[u];
-      }
-      __syncthreads();
-      const bool row_end = h0 + GATE_DEPTH >= H;  // the next slice starts the next pass
-      if (!row_end || e0 + GATE_EXPERTS < E) load(row_end ? e0 + GATE_EXPERTS : e0, row_end ? 0 : h0 + GATE_DEPTH);
-#pragma unroll
-      for (int k0 = 0; k0 < GATE_DEPTH; k0 += 4) {
-        double a[MT], b[NT];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) a[m] = xs[(8 * m + row) * GATE_XS_LD + k0 + quad];
-#pragma unroll
-        for (int n = 0; n < NT; ++n) b[n] = ws[(k0 + quad) * GATE_WS_LD + 16 * warp + 8 * n + row];
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int n = 0; n < NT; ++n) dmma_8x8x4(acc[m][n], a[m], b[n]);
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int tok = 8 * m + row, t = t0 + tok, e = e0 + 16 * warp + 8 * n + 2 * quad + c;
-          if (t < p.T && e < p.E) {
-            double z = acc[m][n][c] - p.logit_offset[e];
-            p.logits[(long long)t * p.E + e] = z;
-            if (p.E <= GATE_SMEM_LOGITS) smem[GATE_SCORE_DOUBLES + tok * p.E + e] = z;
-          }
+        for (int u = 0; u < W_COPIES; ++u) {
+          const int v = tid + 128 * u, k = v / (GATE_EXPERTS / 4), e = (v % (GATE_EXPERTS / 4)) * 4;
+          const bool in = h0 + k < H && e0 + e < E;
+          cp_async16(ws + k * GATE_WS_LD + e, in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
         }
+      } else {
+#pragma unroll 4
+        for (int u = 0; u < 4 * W_COPIES; ++u) {
+          const int v = tid + 128 * u, k = v / GATE_EXPERTS, e = v % GATE_EXPERTS;
+          const bool in = h0 + k < H && e0 + e < E;
+          cp_async4(ws + k * GATE_WS_LD + e, in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
+        }
+      }
+    }
+    cp_async_commit();  // empty groups keep the count uniform, so wait_group<STAGES-2> is exact
+  };
+  for (int s = 0; s < GATE_STAGES - 1; ++s) issue(s);
+  double acc[MT][NT][2];
+  for (int s = 0; s < slices; ++s) {
+    if (s % per_pass == 0)
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = 0.0;
+    cp_async_wait<GATE_STAGES - 2>();
+    __syncthreads();  // slice s has landed for all threads; slice s - 1's stage is free to refill
+    issue(s + GATE_STAGES - 1);
+    const elem_t* xs = xs_of(s % GATE_STAGES);
+    const float* ws = ws_of(s % GATE_STAGES);
+#pragma unroll
+    for (int k0 = 0; k0 < GATE_DEPTH; k0 += 4) {
+      double a[MT], b[NT];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) a[m] = (double)to_f32(xs[(8 * m + row) * GATE_XS_LD + k0 + quad]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) b[n] = (double)ws[(k0 + quad) * GATE_WS_LD + 16 * warp + 8 * n + row];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) dmma_8x8x4(acc[m][n], a[m], b[n]);
+    }
+    if (s % per_pass == per_pass - 1) {
+      const int e0 = s / per_pass * GATE_EXPERTS;
+      const bool keep = E <= GATE_SMEM_LOGITS;  // then this is the only pass: drain before reusing smem
+      if (keep) {
+        cp_async_wait<0>();
+        __syncthreads();
+      }
+      double* logits_smem = reinterpret_cast<double*>(smem);
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int tok = 8 * m + row, t = t0 + tok, e = e0 + 16 * warp + 8 * n + 2 * quad + c;
+            if (t < T && e < E) {
+              const double z = acc[m][n][c] - p.logit_offset[e];
+              p.logits[(long long)t * E + e] = z;
+              if (keep) logits_smem[tok * E + e] = z;
+            }
+          }
+    }
   }
+  cp_async_wait<0>();
 }
 
 __device__ __forceinline__ double sigmoid64(double z) { return 1.0 / (1.0 + exp(-z)); }
@@ -182,10 +215,10 @@ __device__ void gate_select(const Params& p, int t, const double* z, int part, b
 // Gate work item: GATE_TOKENS tokens' logits, then their selections (SELECT_LANES threads each).
 __device__ void gate_item(const Params& p, int item, double* smem) {
   const int t0 = item * GATE_TOKENS, tok = threadIdx.x / SELECT_LANES, t = t0 + tok;
-  gate_scores(p, t0, smem);
+  gate_scores(p, t0, reinterpret_cast<unsigned char*>(smem));
   __syncthreads();  // the block's logits are written before its threads read them back
   const bool valid = t < p.T;
-  const double* z = p.E <= GATE_SMEM_LOGITS ? smem + GATE_SCORE_DOUBLES + tok * p.E
+  const double* z = p.E <= GATE_SMEM_LOGITS ? smem + tok * p.E
                                             : p.logits + (long long)(valid ? t : t0) * p.E;
   gate_select(p, t, z, threadIdx.x % SELECT_LANES, valid);
   __syncthreads();  // the shared logits are read before the next item overwrites them
