@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu import spawn  # noqa: E402
 from gpu.cases import bench_cases, bf16_check_cases, check_cases, sit_out_case  # noqa: E402
 from reference.cli import format_table  # noqa: E402
+from sim import metrics  # noqa: E402
 
 
 def ceiling_tflops(dtype: str = "float32") -> float:
@@ -92,10 +93,18 @@ def run_meta(args_line: str) -> dict:
             "nvcc": (out(["nvcc", "--version"]).splitlines() or ["unknown"])[-1]}
 
 
-def table(all_results: list[dict], ceilings: dict[str, float]) -> str:
-    """One row per bench point: the kernel against the torch layer of its own dtype, its rate as a
-    share of that dtype's ceiling, and the GEMM phase's rate (GEMM FLOPs over the GEMM task time
-    per processor block, from telemetry) as a share of it."""
+TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
+              "% ceil", "GEMM phase % ceil", "SM util %", "overlap eff T(2)/T(N)", "telemetry +%",
+              "rel err vs torch")
+
+
+def table_rows(all_results: list[dict], ceilings: dict[str, float]) -> list[tuple]:
+    """One row (TABLE_HEAD) per bench point: the kernel against the torch layer of its own dtype, its rate as a
+    share of that dtype's ceiling, the GEMM phase's rate (GEMM FLOPs over the GEMM task time per
+    processor block, from telemetry) as a share of it, and FlashMoE's overlap efficiency
+    T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too."""
+    on_two = {(r["config"]["name"], r["config"].get("dtype", "float32")): r["kernel_ms"]
+              for r in all_results if "kernel_ms" in r and r["config"]["ranks"] == 2}
     rows = []
     for r in all_results:
         if "kernel_ms" not in r:
@@ -106,13 +115,17 @@ def table(all_results: list[dict], ceilings: dict[str, float]) -> str:
         tf = flops(r) / (r["kernel_ms"] * 1e-3) / 1e12
         gemm_tf = flops(r) / (r["gemm_ms_per_proc"] * 1e-3) / 1e12 if r.get("gemm_ms_per_proc") else 0.0
         torch_ms = r.get(f"torch_{dt}_ms", 0.0)
+        two = on_two.get((c["name"], dt))
         rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], torch_ms,
                      torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, 100 * gemm_tf / ceil,
-                     100 * r.get("sm_utilization", 0.0), 100 * (r["kernel_telemetry_ms"] / r["kernel_ms"] - 1),
-                     r.get("vs_baseline_rel_err", -1.0)))
-    head = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
-            "% ceil", "GEMM phase % ceil", "SM util %", "telemetry +%", "rel err vs torch")
-    return format_table(head, rows)
+                     100 * r.get("sm_utilization", 0.0),
+                     "" if two is None else metrics.overlap_efficiency(two, r["kernel_ms"]),
+                     100 * (r["kernel_telemetry_ms"] / r["kernel_ms"] - 1), r.get("vs_baseline_rel_err", -1.0)))
+    return rows
+
+
+def table(all_results: list[dict], ceilings: dict[str, float]) -> str:
+    return format_table(TABLE_HEAD, table_rows(all_results, ceilings))
 
 
 def main() -> int:

@@ -1,0 +1,31 @@
+"""The GPU benchmark's table (benchmarks/bench_gpu.py): figures derived from worker results."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_gpu  # noqa: E402
+
+
+def point(name, ranks, kernel_ms):
+    cfg = {"name": name, "ranks": ranks, "tokens": 1024, "experts": 64, "hidden": 2048, "ffn": 2048, "top_k": 2,
+           "dtype": "bfloat16"}
+    return {"name": f"bench-{name}-p{ranks}", "config": cfg, "kernel_ms": kernel_ms,
+            "kernel_telemetry_ms": kernel_ms * 1.01, "kept_rows": 2048 * ranks, "torch_bfloat16_ms": 2 * kernel_ms, "gemm_ms_per_proc": 0.5,
+            "sm_utilization": 0.8}
+
+
+def test_overlap_efficiency_is_the_two_gpu_latency_over_this_one():
+    rows = bench_gpu.table_rows([point("a", 1, 2.0), point("a", 2, 2.5), point("lonely", 1, 1.0)],
+                                {"float32": 51.0, "bfloat16": 783.0})
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    by_name = {r[0]: r for r in rows}
+    assert by_name["bench-a-p1"][col["overlap eff T(2)/T(N)"]] == pytest.approx(1.25)
+    assert by_name["bench-a-p2"][col["overlap eff T(2)/T(N)"]] == pytest.approx(1.0)
+    assert by_name["bench-lonely-p1"][col["overlap eff T(2)/T(N)"]] == ""
+    assert by_name["bench-a-p1"][col["speedup"]] == pytest.approx(2.0)
+    assert by_name["bench-a-p1"][col["telemetry +%"]] == pytest.approx(1.0)
+    assert "overlap eff T(2)/T(N)" in bench_gpu.table([point("a", 2, 2.5)], {"bfloat16": 783.0})
