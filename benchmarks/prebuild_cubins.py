@@ -4,7 +4,8 @@
 
 Collects the compile-time options (tile shape, dtype) of every GPU test case and benchmark point
 on 1, 2, 4 and 8 GPUs, plus the calibration microbenchmarks, and builds them into
-.cache/moelab/cubins (the folder benchmarks/device_env.sh points MOELAB_CACHE to), two at a time.
+.cache/moelab/cubins (the folder benchmarks/device_env.sh points MOELAB_CACHE to), two at a time,
+and removes the folder's other cubins (stale keys), since the carried folder is capped at 64 MiB.
 """
 
 from __future__ import annotations
@@ -46,13 +47,18 @@ def main() -> int:
 
     def one(item):
         opts, unit = item
-        built = build.build(opts, cache=args.cache, unit=unit)
-        return f"{unit:14s} {opts}: {'cached' if built.cached else 'built'} {built.cubin.name}"
+        return opts, unit, build.build(opts, cache=args.cache, unit=unit)
 
+    keep = set()
     with ThreadPoolExecutor(args.jobs) as pool:
-        for i, line in enumerate(pool.map(one, todo), 1):
-            print(f"[{i}/{len(todo)}] {line}", flush=True)
-    print(f"{len(todo)} cubins in {args.cache} ({time.time() - t0:.0f} s)")
+        for i, (opts, unit, built) in enumerate(pool.map(one, todo), 1):
+            keep.add(built.cubin.name)
+            print(f"[{i}/{len(todo)}] {unit:14s} {opts}: {'cached' if built.cached else 'built'} {built.cubin.name}",
+                  flush=True)
+    stale = [c for c in args.cache.glob("*.cubin") if c.name not in keep]
+    for c in stale:
+        c.unlink()
+    print(f"{len(keep)} cubins in {args.cache} ({time.time() - t0:.0f} s), {len(stale)} stale removed")
     return 0
 
 

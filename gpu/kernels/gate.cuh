@@ -224,63 +224,65 @@ __device__ void gate_item(const Params& p, int item, double* smem) {
   __syncthreads();  // the shared logits are read before the next item overwrites them
 }
 
-// Slots of expert e: scan assignments in priority order (choice j, then token t), SLOT_RUN
-// consecutive tokens per thread, with a block prefix sum of the matches. A chunk's loads are all
-// issued before the scan, and (j, t) are counted directly, with no 64-bit division per entry.
+// Slots of expert e: scan assignments in priority order (choice j, then token t) in chunks of
+// SLOT_RUN x 128 tokens; in step u of a chunk thread i reads token base + 128 u + i (the block's
+// loads are coalesced), and a match's position counts the matches of earlier steps, earlier warps
+// of its step (per-warp ballots), and earlier lanes of its warp. A chunk's loads are all issued
+// before the count, and the matches' weights are loaded together (predicated).
 constexpr int SLOT_RUN = 16;
-__device__ void assign_expert_slots(const Params& p, int e, int* warp_sums) {
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = blockDim.x / 32;
+constexpr int SLOT_WARPS = 4;  // the kernels' 128 threads
+__device__ void assign_expert_slots(const Params& p, int e) {
+  __shared__ int step_counts[SLOT_RUN][SLOT_WARPS];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const long long T = p.T, K = p.K, C = p.C;
   const int* __restrict__ expert = p.expert;
+  const unsigned lanes_before = (1u << lane) - 1u;
   int running = 0;
   for (long long j = 0; j < K; ++j) {
-    for (long long base = 0; base < T; base += (long long)blockDim.x * SLOT_RUN) {
-      const long long first = base + (long long)tid * SLOT_RUN;
+    for (long long base = 0; base < T; base += SLOT_WARPS * 32 * SLOT_RUN) {
       int ex[SLOT_RUN];
 #pragma unroll
       for (int u = 0; u < SLOT_RUN; ++u) {
-        const long long t = first + u;
+        const long long t = base + 128 * u + tid;
         const int got = __ldcg(expert + min(t, T - 1) * K + j);
         ex[u] = t < T ? got : -1;
       }
-      int mine = 0;
+      unsigned match[SLOT_RUN];
 #pragma unroll
-      for (int u = 0; u < SLOT_RUN; ++u) mine += ex[u] == e;
-      int incl = mine;  // inclusive scan over the warp
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        int up = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += up;
+      for (int u = 0; u < SLOT_RUN; ++u) {
+        match[u] = __ballot_sync(0xffffffffu, ex[u] == e);
+        if (lane == 0) step_counts[u][warp] = __popc(match[u]);
       }
-      if (lane == 31) warp_sums[warp] = incl;
-      __syncthreads();
-      int before = running, block_total = 0;
-      for (int w = 0; w < nwarps; ++w) {
-        if (w < warp) before += warp_sums[w];
-        block_total += warp_sums[w];
-      }
-      int pos = before + incl - mine;
-      // the matches' weights are loaded together (predicated), not one latency per match
       float wt[SLOT_RUN];
 #pragma unroll
       for (int u = 0; u < SLOT_RUN; ++u)
-        wt[u] = ex[u] == e ? (float)__ldcg(p.weight + (first + u) * K + j) : 0.f;
+        wt[u] = ex[u] == e ? (float)__ldcg(p.weight + (base + 128 * u + tid) * K + j) : 0.f;
+      __syncthreads();
+      int before = running;  // matches ahead of this thread's step u
 #pragma unroll
       for (int u = 0; u < SLOT_RUN; ++u) {
-        if (ex[u] != e) continue;
-        const long long t = first + u;
-        const int s = pos < C ? pos : -1;
-        p.slot[t * K + j] = s;
-        if (s >= 0) {
-          const long long r = (long long)e * C + s;
-          p.row_token[r] = (int)t;
-          p.row_choice[r] = (int)j;
-          p.row_weight[r] = wt[u];
+        int step_total = 0, earlier_warps = 0;
+#pragma unroll
+        for (int w = 0; w < SLOT_WARPS; ++w) {
+          step_total += step_counts[u][w];
+          earlier_warps += w < warp ? step_counts[u][w] : 0;
         }
-        ++pos;
+        if (ex[u] == e) {
+          const long long t = base + 128 * u + tid;
+          const int pos = before + earlier_warps + __popc(match[u] & lanes_before);
+          const int s = pos < C ? pos : -1;
+          p.slot[t * K + j] = s;
+          if (s >= 0) {
+            const long long r = (long long)e * C + s;
+            p.row_token[r] = (int)t;
+            p.row_choice[r] = (int)j;
+            p.row_weight[r] = wt[u];
+          }
+        }
+        before += step_total;
       }
-      running += block_total;
-      __syncthreads();  // warp_sums is rewritten by the next chunk
+      running = before;
+      __syncthreads();  // step_counts is rewritten by the next chunk
     }
   }
   if (tid == 0) p.counts[e] = running < C ? running : (int)C;

@@ -156,12 +156,11 @@ MB_KERNEL mb_pingpong(float* buf, long long bytes, uint64_t* sig, int iters, int
 MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
   const Params& p = *params;
   __shared__ __align__(16) unsigned char smem_raw[MB_SMEM_BYTES];
-  __shared__ int warp_sums[MB_THREADS / 32];
   const uint64_t t0 = now_ns();
   for (int item = blockIdx.x; item < ceil_div(p.T, GATE_TOKENS); item += gridDim.x)
     gate_item(p, item, reinterpret_cast<double*>(smem_raw));
   if (!grid_barrier(p, 0)) return;
-  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e, warp_sums);
+  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e);
   if (!grid_barrier(p, 1)) return;
   if (threadIdx.x == 0) {
     ns[2 * blockIdx.x] = t0;

@@ -33,7 +33,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
 MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   const Params& p = *params;
   __shared__ __align__(16) unsigned char smem_raw[SMEM_BYTES];
-  __shared__ int warp_sums[BLOCK_THREADS / 32];
   __shared__ volatile int s_total;
   __shared__ int s_acc;
   const bool is_os = blockIdx.x == gridDim.x - 1;
@@ -50,7 +49,7 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
     gate_item(p, item, reinterpret_cast<double*>(smem_raw));
   if (!grid_barrier(p, 0)) return;
   // capacity: one expert per block at a time
-  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e, warp_sums);
+  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e);
   if (blockIdx.x == 0 && !wait_all_started(p, epoch)) return;
   if (!grid_barrier(p, 1)) return;
   if (threadIdx.x == 0) log_event(p, telemetry, log, EV_GATE, t_start, now_ns(), -1, -1, 0, -1, 0);
