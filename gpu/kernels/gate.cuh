@@ -57,7 +57,7 @@ __device__ void gate_scores(const Params& p, int t0, unsigned char* smem) {
                 "every thread issues the same number of copies");
   // H is a multiple of tile_n (8 for float32, 16 for bf16), so a token row's 16-byte chunks are
   // whole and aligned; gate weight rows are only when E % 4 == 0 (else 4-byte copies)
-  const int T = (int)p.T, H = (int)p.H, E = (int)p.E;  // each < 2^31 (checked on the host)
+  const int T = (int)p.T, H = (int)p.H, E = (int)p.E;  // each fits an int; offsets are taken in 64 bits
   const elem_t* __restrict__ x = p.x;
   const float* __restrict__ wg = p.wg;
   const bool w_vec = E % 4 == 0;
