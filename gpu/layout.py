@@ -24,6 +24,8 @@ MAX_TOP_K = 16
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
+MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum (gpu/build.py passes it to nvcc): 2 blocks of 4 warps per SM
+SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
 BF16_STAGES = 3  # cp.async stages of the tensor-core tile GEMM (TcTileGemm::STAGES)
 STATIC_SMEM_BYTES = 48 * 1024  # a block's static shared memory limit
 

@@ -3,7 +3,7 @@ nvidia-nvshmem-cu13 3.4.5 from the test extra; skipped only where nvcc itself is
 
 import pytest
 
-from gpu import build
+from gpu import build, layout
 
 pytestmark = pytest.mark.skipif(build.nvcc_path() is None, reason="nvcc not installed")
 
@@ -24,6 +24,13 @@ def test_bf16_kernel_compiles_and_device_links(tmp_path):
         opts = {"TILE_M": tile[0], "TILE_N": tile[1], "TILE_K": tile[2], "MOE_BF16": 1}
         data = build.build(opts, cache=tmp_path).cubin.read_bytes()
         assert data[:4] == b"\x7fELF" and b"moelab_moe_bf16" in data and b"nvshmem" in data
+
+
+def test_cubin_constant_names_a_missing_symbol(tmp_path):
+    cubin = build.build({"TILE_M": 64, "TILE_N": 32, "TILE_K": 8}, cache=tmp_path).cubin
+    assert 0 < build.cubin_constant(cubin, layout.SMEM_SYMBOL) <= 48 * 1024  # float32: as it was, static
+    with pytest.raises(build.BuildError, match="no constant moelab_nothing"):
+        build.cubin_constant(cubin, "moelab_nothing")
 
 
 def test_nvshmem_is_the_gpu_machines_version():
