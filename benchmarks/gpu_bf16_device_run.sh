@@ -11,10 +11,12 @@ set -o pipefail
 begin_run "$@"
 PREFIX=$1
 shift
-# the report compiles beside the tests (the tests load prebuilt cubins)
-( nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include" -DTILE_M=128 -DTILE_N=64 \
-    -DTILE_K=32 -DMOE_BF16=1 -DMIN_BLOCKS_PER_SM=2 -Xptxas -v -o /tmp/ptxas.o 2>&1 \
-    | grep -A2 "for moelab_moe_bf16" > "$R/ptxas.txt"
+# the report compiles beside the tests (the tests load prebuilt cubins), at the bench's bf16 tile
+DEFS=$(python3 -c "from gpu import cases, layout; from reference import presets; m, n, k = cases.BF16_TILE
+print(' '.join(f'-D{o}={v}' for o, v in layout.compile_options(presets.get('flashmoe').replace(
+    dtype='bfloat16', tile_m=m, tile_n=n, tile_k=k)).items()))")
+( nvcc -arch=sm_90 -rdc=true -O3 -std=c++17 -c gpu/kernels/moe.cu -I"$NVH/include" $DEFS -DMIN_BLOCKS_PER_SM=2 \
+    -Xptxas -v -o /tmp/ptxas.o 2>&1 | grep -A2 "for moelab_moe_bf16" > "$R/ptxas.txt"
   # which instructions the tile GEMM became (tensor-core HMMA, cp.async LDGSTS, ldmatrix LDSM, local memory)
   cuobjdump -sass /tmp/ptxas.o 2>/dev/null | awk '/Function : moelab_moe_bf16/{f=1} f' \
     | grep -oE "HMMA[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDL[.A-Z0-9]*|STL[.A-Z0-9]*" | sort | uniq -c \

@@ -14,14 +14,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import KERNEL_DIR
+from .layout import KERNEL_DIR, MIN_BLOCKS_PER_SM
 
 ARCH = "sm_90"
-MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum: 255 registers at 128x64x8 tiles, no spills (ptxas -v)
 
 
 class BuildError(RuntimeError):
@@ -121,3 +121,27 @@ def build(options: dict[str, int], arch: str = ARCH, cache: Path | None = None, 
         tmp_obj.unlink(missing_ok=True)
         tmp_cubin.unlink(missing_ok=True)
     return Built(cubin, key, False)
+
+
+def cubin_constant(cubin: Path, name: str) -> int:
+    """The value of the 4-byte constant `name` (extern "C" __constant__) in a linked cubin, read
+    from its ELF64 symbol table: sizes the kernel fixes at compile time reach the launcher
+    without a GPU."""
+    data = cubin.read_bytes()
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    for _, kind, _, _, offset, size, link, *_ in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strings = sections[link][4]
+        for at in range(offset, offset + size, 24):
+            st_name, _, _, shndx, value, nbytes = struct.unpack_from("<IBBHQQ", data, at)
+            if data[strings + st_name: data.index(b"\0", strings + st_name)] != name.encode():
+                continue
+            home = sections[shndx]
+            if nbytes != 4 or home[1] != 1:  # SHT_PROGBITS: the initial value is in the file
+                raise BuildError(f"{cubin}: {name} is not a 4-byte initialized constant")
+            return struct.unpack_from("<i", data, home[4] + value - home[3])[0]
+    raise BuildError(f"{cubin} has no constant {name}")

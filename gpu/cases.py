@@ -6,8 +6,8 @@ capacity dropping, T not a multiple of tile_m, tiny tiles. bf16_check_cases: the
 the same kinds of configs, against the reference's bf16-emulated golden. sit_out_case: one rank does not
 launch, the others must time out and raise. bench_cases: the FlashMoE default and its token and
 expert sweeps (random inputs drawn on the GPU, checked against the torch layer), each with its
-telemetry trace, in float32 (tiles 128 x 64 x 8) or bf16 (128 x 64 x 32: the tensor-core tile
-GEMM steps K by 16).
+telemetry trace, in float32 (tiles 128 x 64 x 8) or bf16 (BF16_TILE, 128 x 128 x 64: the
+tensor-core tile GEMM's 2 x 2 warps of 64 x 64, K in 64-deep slices three cp.async stages deep).
 """
 
 from __future__ import annotations
@@ -33,8 +33,12 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
              "trace": f"{prefix}trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases]
 
 
-BF16_TILE_K = 32  # the bench's bf16 tile depth: two mma k-steps per cp.async stage
-BF16_TILE_VARIANTS = ((128, 128, 16), (256, 64, 16))  # `tiles` points: the default at these shapes
+# the bench's bf16 tile: the fewest operand bytes from L2 per FLOP whose accumulators and fragments
+# fit the registers ((BM + BN) / (BM BN)), and the fewest barriers per task whose stages fit
+BF16_TILE = (128, 128, 64)
+# `tiles` points: the default at these shapes (the first also a `sweep` point; 128 x 64 x 32 was
+# the default of the 4-warps-along-M GEMM, measured in docs/gpu-measurements.md)
+BF16_TILE_VARIANTS = ((128, 128, 32), (128, 64, 64), (128, 64, 32))
 
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
@@ -43,11 +47,17 @@ def bf16_check_cases(p: int, seed: int) -> list[dict]:
     cases = [
         ("fresh", {}),
         ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
-        ("nodrop_silu_topk_softmax_k16", dict(capacity_factor=None, activation="silu", gate="topk_softmax",
-                                              tile_k=16)),
+        # 64-deep slices: GEMM0's K = 128 is two slices, fewer than the three stages the copies run ahead
+        ("nodrop_silu_topk_softmax_k64", dict(capacity_factor=None, activation="silu", gate="topk_softmax",
+                                              tile_k=64)),
         ("skewed_sigmoid_gelu", dict(skew=2.0, gate="sigmoid_bias", activation="gelu")),
         ("one_expert_dropping", dict(skew=1000.0, capacity_factor=1.0)),
-        ("t_not_multiple_tile128", dict(tokens=333, tile_m=128, tile_n=64, hidden=256, ffn=512, experts=8 * p)),
+        # the bench's tile (3 stages of 64) on short tiles: one band of warps idle, 16-row groups skipped
+        ("t_not_multiple_tile128", dict(tokens=333, tile_m=128, tile_n=128, tile_k=64, hidden=256, ffn=512,
+                                        experts=8 * p)),
+        # 4 stages of 32 over K = 256 and 512, full 128-row tiles and a short last one
+        ("full_tiles_128x128x32", dict(tokens=600, tile_m=128, tile_n=128, tile_k=32, hidden=256, ffn=512,
+                                       experts=4 * p, activation="gelu_tanh")),
     ]
     return [{"name": f"check-bf16-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
              "baseline_check": True} for n, ch in cases]
@@ -62,7 +72,7 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
     """Every point is timed beside the torch layer of the same dtype (float32 points also beside
     torch bf16) and, with `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16]-pP.npz);
     the default point also profiles the torch layer. `points`: default, sweep (tokens and experts;
-    bf16 also the default at 128 x 128 x 16 tiles), tiles (bf16: the default at each tile variant)."""
+    bf16 also the default at the first tile variant), tiles (bf16: the default at each tile variant)."""
     bf16 = dtype == "bfloat16"
     tag = "-bf16" if bf16 else ""
     chosen = []
@@ -71,11 +81,10 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
             continue
         if c.experts % p:
             continue
-        chosen.append(c.replace(ranks=p, dtype="bfloat16", tile_k=BF16_TILE_K) if bf16 else c.replace(ranks=p))
+        m, n, k = BF16_TILE
+        chosen.append(c.replace(ranks=p, dtype="bfloat16", tile_m=m, tile_n=n, tile_k=k) if bf16
+                      else c.replace(ranks=p))
     if bf16 and points in ("sweep", "tiles"):
-        # the default with larger tiles: fewer operand bytes from L2 per FLOP ((BM + BN) / (BM BN)),
-        # 256 rows also one tile per (source, expert) at the default, so each weight is read once;
-        # K steps of 16 keep three stages in static shared memory
         flash = next(c for c in chosen if c.name == "flashmoe")
         chosen += [flash.replace(name=f"flashmoe-tile{m}x{n}x{k}", tile_m=m, tile_n=n, tile_k=k)
                    for m, n, k in (BF16_TILE_VARIANTS if points == "tiles" else BF16_TILE_VARIANTS[:1])]

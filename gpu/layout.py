@@ -24,8 +24,18 @@ MAX_TOP_K = 16
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
-BF16_STAGES = 3  # cp.async stages of the tensor-core tile GEMM (TcTileGemm::STAGES)
-STATIC_SMEM_BYTES = 48 * 1024  # a block's static shared memory limit
+MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum (gpu/build.py passes it to nvcc): 2 blocks of 4 warps per SM
+SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
+# H100/H200: 228 KiB of shared memory per SM, of which the driver keeps 1 KiB per resident block;
+# 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_BLOCK = SMEM_PER_SM // MIN_BLOCKS_PER_SM - 2 * 1024  # dynamic shared memory a block may take
+BF16_MAX_STAGES = 4  # cp.async stages of the tensor-core tile GEMM, at most (three slices in flight)
+# registers per thread the bf16 tile GEMM may hold: its tile_m x tile_n / 128 float32 accumulators
+# and two sets of (tile_m + tile_n) / 8 fragment registers (128 x 128 tiles: 192, and 255 in all
+# with the rest, no spills; 256 x 64 tiles, 208, spill)
+BF16_GEMM_REGS = 192
+BF16_TILE_N = (32, 64, 128, 256)
 
 
 class UnsupportedConfig(ConfigError):
@@ -58,20 +68,46 @@ def check_supported(cfg: Config) -> None:
 
 
 def _check_tensor_core_tiles(cfg: Config) -> None:
-    """The bf16 tile GEMM's shape: 4 warps stacked along M, each a multiple of 16 rows (mma
-    m16n8k16), columns in pairs of 8-wide mma tiles, K in steps of 16, and its cp.async stages
-    within a block's static shared memory. (hidden and ffn are multiples of tile_n, so every bf16
-    row and column block starts on 16 bytes, as the 16-byte copies need.)"""
-    if cfg.tile_m % 64:
-        raise UnsupportedConfig("tile_m", cfg.tile_m, "a multiple of 64 for bfloat16 (4 warps of 16-row mma tiles)")
-    if cfg.tile_n % 16:
-        raise UnsupportedConfig("tile_n", cfg.tile_n, "a multiple of 16 for bfloat16 (pairs of 8-column mma tiles)")
-    if cfg.tile_k % 16:
-        raise UnsupportedConfig("tile_k", cfg.tile_k, "a multiple of 16 for bfloat16 (the mma's k of 16), e.g. 32")
-    smem = BF16_STAGES * 2 * (cfg.tile_m * (cfg.tile_k + 8) + cfg.tile_k * (cfg.tile_n + 8))
-    if smem > STATIC_SMEM_BYTES - 1024:
-        raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_STAGES} stages "
-                                f"of {cfg.tile_m} x {cfg.tile_n} tiles fit 47 KiB of shared memory (need {smem} B)")
+    """The bf16 tile GEMM's shape (kernels/tile_gemm.cuh, TcTileGemm): 2 x 2 warps, each a
+    multiple of 16 rows (mma m16n8k16) and of 16 columns (ldmatrix pairs of 8-column tiles), the
+    accumulators in registers, slices of K copied by 128 threads in even shares and multiplied in
+    pairs of 16-deep steps, and at least two cp.async stages in a block's shared memory. (hidden and
+    ffn are multiples of tile_n, so every bf16 row and column block starts on 16 bytes, as the
+    16-byte copies need.)"""
+    if cfg.tile_m % 32 or cfg.tile_m > 256:
+        raise UnsupportedConfig("tile_m", cfg.tile_m, "a multiple of 32, at most 256, for bfloat16 "
+                                "(2 x 2 warps of 16-row mma tiles)")
+    if cfg.tile_n not in BF16_TILE_N:
+        raise UnsupportedConfig("tile_n", cfg.tile_n, "32, 64, 128 or 256 for bfloat16 (2 x 2 warps of "
+                                "16-column mma pairs; 128 threads copy a slice's rows in even shares)")
+    if bf16_gemm_registers(cfg.tile_m, cfg.tile_n) > BF16_GEMM_REGS:
+        fits = [n for n in BF16_TILE_N if bf16_gemm_registers(cfg.tile_m, n) <= BF16_GEMM_REGS]
+        raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
+                                f"(accumulators and fragments within {BF16_GEMM_REGS} registers per thread)")
+    if cfg.tile_k not in (32, 64, 128):
+        raise UnsupportedConfig("tile_k", cfg.tile_k, "32, 64 or 128 for bfloat16 (pairs of 16-deep mma steps; "
+                                "128 threads copy a slice's rows in even shares)")
+    if bf16_stages(cfg) < 2:
+        raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that 2 cp.async stages of "
+                                f"{cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit {SMEM_PER_BLOCK} B of "
+                                f"shared memory per block (need {2 * bf16_stage_bytes(cfg)} B)")
+
+
+def bf16_gemm_registers(tile_m: int, tile_n: int) -> int:
+    """Registers per thread of the bf16 tile GEMM's accumulators and double-buffered fragments."""
+    return tile_m * tile_n // BLOCK_THREADS + 2 * (tile_m + tile_n) // 8
+
+
+def bf16_stage_bytes(cfg: Config) -> int:
+    """Shared memory of one cp.async stage of the bf16 tile GEMM (TcTileGemm::STAGE_BYTES): the A
+    slice (tile_m rows) and the B slice (tile_k rows), each row padded by 8 bf16."""
+    return 2 * (cfg.tile_m * (cfg.tile_k + 8) + cfg.tile_k * (cfg.tile_n + 8))
+
+
+def bf16_stages(cfg: Config) -> int:
+    """cp.async stages of the bf16 tile GEMM: as many as fit a block's shared memory, at most
+    BF16_MAX_STAGES (passed to the build as GEMM_STAGES)."""
+    return min(BF16_MAX_STAGES, SMEM_PER_BLOCK // bf16_stage_bytes(cfg))
 
 
 @dataclass(frozen=True)
@@ -115,9 +151,10 @@ class Sizes:
 
 
 def compile_options(cfg: Config) -> dict[str, int]:
-    """The compile-time part of a config: the tile shape and the dtype (one cubin per pair)."""
+    """The compile-time part of a config: the tile shape and the dtype (one cubin per pair), and
+    the bf16 tile GEMM's stages."""
     opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k}
-    return {**opts, "MOE_BF16": 1} if cfg.dtype == "bfloat16" else opts
+    return {**opts, "MOE_BF16": 1, "GEMM_STAGES": bf16_stages(cfg)} if cfg.dtype == "bfloat16" else opts
 
 
 def kernel_name(cfg: Config) -> str:

@@ -27,6 +27,26 @@ from . import build, errors, layout, telemetry
 from .layout import BLOCK_THREADS, OS_WARPS, TLOG_CAP, Sizes
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """A megakernel on this GPU: the cuda.core kernel and the dynamic shared memory of each block."""
+
+    kernel: object
+    smem_bytes: int
+
+
+def allow_dynamic_smem(kernel, smem_bytes: int, device_id: int) -> None:
+    """Raise the kernel's limit of dynamic shared memory per block to smem_bytes (a launch past
+    48 KiB fails without it)."""
+    from cuda.bindings import driver
+
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (status,) = driver.cuKernelSetAttribute(attribute, smem_bytes, kernel.handle, device_id)
+    if status != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cannot allow {smem_bytes} B of dynamic shared memory per block on GPU {device_id}: "
+                           f"{driver.cuGetErrorName(status)[1]!r}")
+
+
 class Session:
     """This process's GPU, its torch.distributed groups and NVSHMEM, initialized once."""
 
@@ -62,8 +82,9 @@ class Session:
         env = os.environ
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
-    def kernel(self, cfg: Config):
-        """The loaded kernel for cfg's tile shape (built or taken from the cubin cache)."""
+    def kernel(self, cfg: Config) -> Loaded:
+        """The loaded kernel for cfg's tile shape (built or taken from the cubin cache), allowed
+        the dynamic shared memory its blocks take."""
         import nvshmem.core as nvshmem
         from cuda.core import ObjectCode
         from nvshmem.core import NvshmemKernelObject
@@ -72,7 +93,10 @@ class Session:
         if built.key not in self._kernels:
             obj = ObjectCode.from_cubin(built.cubin.read_bytes())
             nvshmem.library_init(NvshmemKernelObject.from_obj(obj))
-            self._kernels[built.key] = (obj, obj.get_kernel(layout.kernel_name(cfg)))
+            loaded = Loaded(obj.get_kernel(layout.kernel_name(cfg)),
+                            build.cubin_constant(built.cubin, layout.SMEM_SYMBOL))
+            allow_dynamic_smem(loaded.kernel, loaded.smem_bytes, self.device.device_id)
+            self._kernels[built.key] = (obj, loaded)
         return self._kernels[built.key][1]
 
     def barrier(self) -> None:
@@ -180,8 +204,12 @@ class Layer:
             raise ValueError(f"timeout_ms = {timeout_ms!r} is not allowed: a positive number of milliseconds")
         self.session, self.cfg, self.inputs = session, cfg, inputs
         self.sizes = s = Sizes.of(cfg)
-        self.kernel = session.kernel(cfg)
-        per_sm = self.kernel.occupancy.max_active_blocks_per_multiprocessor(BLOCK_THREADS, 0)
+        self.loaded = session.kernel(cfg)
+        smem = self.loaded.smem_bytes
+        per_sm = self.loaded.kernel.occupancy.max_active_blocks_per_multiprocessor(BLOCK_THREADS, smem)
+        if per_sm < 1:
+            raise layout.UnsupportedConfig("tile_k", cfg.tile_k, f"small enough that a block's {smem} B of shared "
+                                           f"memory fit an SM of {session.name}")
         self.grid = per_sm * session.sms
         self.n_proc = self.grid - 1
         self.logs = self.n_proc + OS_WARPS
@@ -272,10 +300,11 @@ class Layer:
             self._work64.zero_()
             self._work32.zero_()
         self.epoch += 1
-        cfg = LaunchConfig(grid=self.grid, block=BLOCK_THREADS, is_cooperative=True)
+        cfg = LaunchConfig(grid=self.grid, block=BLOCK_THREADS, shmem_size=self.loaded.smem_bytes,
+                           is_cooperative=True)
         if events is not None:
             events[0].record(self.session.torch_stream)
-        launch(self.session.stream, cfg, self.kernel, np.uint64(self._params.data_ptr()), np.uint64(self.epoch),
+        launch(self.session.stream, cfg, self.loaded.kernel, np.uint64(self._params.data_ptr()), np.uint64(self.epoch),
                np.int32(1 if telemetry else 0))
         if events is not None:
             events[1].record(self.session.torch_stream)

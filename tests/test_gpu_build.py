@@ -3,7 +3,8 @@ nvidia-nvshmem-cu13 3.4.5 from the test extra; skipped only where nvcc itself is
 
 import pytest
 
-from gpu import build
+from gpu import build, cases, layout
+from reference import presets
 
 pytestmark = pytest.mark.skipif(build.nvcc_path() is None, reason="nvcc not installed")
 
@@ -19,11 +20,29 @@ def test_kernel_compiles_and_device_links(tmp_path):
 
 
 def test_bf16_kernel_compiles_and_device_links(tmp_path):
-    # the tensor-core tile GEMM at the bench's shape and at the checks' narrower ones
-    for tile in ((128, 64, 32), (64, 32, 16)):
-        opts = {"TILE_M": tile[0], "TILE_N": tile[1], "TILE_K": tile[2], "MOE_BF16": 1}
-        data = build.build(opts, cache=tmp_path).cubin.read_bytes()
+    # the tensor-core tile GEMM at the bench's shape (3 stages of 64) and at the checks' narrow one
+    # (4 stages of 32, under the gate's shared memory): the cubin's shared memory per block is the
+    # larger of the GEMM's stages, as layout sizes them, and the gate's
+    flash = presets.get("flashmoe").replace(dtype="bfloat16")
+    smem = {}
+    for tile in (cases.BF16_TILE, (64, 32, 32)):
+        cfg = flash.replace(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2])
+        cubin = build.build(layout.compile_options(cfg), cache=tmp_path).cubin
+        data = cubin.read_bytes()
         assert data[:4] == b"\x7fELF" and b"moelab_moe_bf16" in data and b"nvshmem" in data
+        smem[tile] = (build.cubin_constant(cubin, layout.SMEM_SYMBOL),
+                      layout.bf16_stages(cfg) * layout.bf16_stage_bytes(cfg))
+    got, gemm = smem[cases.BF16_TILE]
+    assert got == gemm == 3 * layout.bf16_stage_bytes(flash.replace(tile_m=128, tile_n=128, tile_k=64))
+    got, gemm = smem[(64, 32, 32)]
+    assert gemm < got <= layout.SMEM_PER_BLOCK  # the gate's
+
+
+def test_cubin_constant_names_a_missing_symbol(tmp_path):
+    cubin = build.build({"TILE_M": 64, "TILE_N": 32, "TILE_K": 8}, cache=tmp_path).cubin
+    assert 0 < build.cubin_constant(cubin, layout.SMEM_SYMBOL) <= 48 * 1024  # float32: as it was, static
+    with pytest.raises(build.BuildError, match="no constant moelab_nothing"):
+        build.cubin_constant(cubin, "moelab_nothing")
 
 
 def test_nvshmem_is_the_gpu_machines_version():

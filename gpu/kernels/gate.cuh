@@ -35,10 +35,10 @@ __device__ __forceinline__ void dmma_8x8x4(double (&d)[2], double a, double b) {
                : "d"(a), "d"(b));
 }
 
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0));
+__device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(gmem), "r"(valid ? 4 : 0));
 }
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Logits of tokens t0.. (GATE_TOKENS of them) against every expert, GATE_EXPERTS per pass.
 // Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 4 x 2 mma tiles.
@@ -75,21 +75,21 @@ __device__ void gate_scores(const Params& p, int t0, unsigned char* smem) {
       for (int u = 0; u < X_COPIES; ++u) {
         const int v = tid + 128 * u, tok = v / (GATE_DEPTH / XV), h = (v % (GATE_DEPTH / XV)) * XV;
         const bool in = t0 + tok < T && h0 + h < H;
-        cp_async16(xs + tok * GATE_XS_LD + h, in ? x + (long long)(t0 + tok) * H + h0 + h : x, in);
+        cp_async16(smem_addr(xs + tok * GATE_XS_LD + h), in ? x + (long long)(t0 + tok) * H + h0 + h : x, in);
       }
       if (w_vec) {
 #pragma unroll
         for (int u = 0; u < W_COPIES; ++u) {
           const int v = tid + 128 * u, k = v / (GATE_EXPERTS / 4), e = (v % (GATE_EXPERTS / 4)) * 4;
           const bool in = h0 + k < H && e0 + e < E;
-          cp_async16(ws + k * GATE_WS_LD + e, in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
+          cp_async16(smem_addr(ws + k * GATE_WS_LD + e), in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
         }
       } else {
 #pragma unroll 4
         for (int u = 0; u < 4 * W_COPIES; ++u) {
           const int v = tid + 128 * u, k = v / GATE_EXPERTS, e = v % GATE_EXPERTS;
           const bool in = h0 + k < H && e0 + e < E;
-          cp_async4(ws + k * GATE_WS_LD + e, in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
+          cp_async4(smem_addr(ws + k * GATE_WS_LD + e), in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
         }
       }
     }

@@ -4,8 +4,11 @@
 // Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
 // Phases: gate (all blocks) | barrier | slots (all blocks) | barrier | dispatch + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 -> return put -> combine) | final ordered combine.
-// Tile shape (TILE_M, TILE_N, TILE_K) is fixed at compile time (-D); everything else is a
-// run-time size in Params, so one cubin serves every config with that tile shape.
+// Tile shape (TILE_M, TILE_N, TILE_K, and the bf16 GEMM's GEMM_STAGES) is fixed at compile time
+// (-D); everything else is a run-time size in Params, so one cubin serves every config with that
+// tile shape. Shared memory is dynamic: the gate and the tile GEMM take turns in one buffer of
+// moelab_smem_bytes, which the launcher reads from the cubin to set the kernel's limit, size the
+// grid by occupancy and launch (dynamic shared memory may pass the 48 KiB of static).
 #include <nvshmem.h>
 #include <nvshmemx.h>
 #include "gate.cuh"
@@ -18,21 +21,26 @@
 #ifndef TILE_M
 #error "compile with -DTILE_M=.. -DTILE_N=.. -DTILE_K=.."
 #endif
+#if MOE_BF16 && !defined(GEMM_STAGES)
+#error "compile the bf16 kernel with -DGEMM_STAGES=.. (gpu/layout.py picks it)"
+#endif
 
 constexpr int BLOCK_THREADS = 128;
 #if MOE_BF16
-constexpr int GEMM_SMEM_BYTES = TcTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES;
+constexpr int GEMM_SMEM_BYTES = TcTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES>::SMEM_BYTES;
 #define MOE_KERNEL moelab_moe_bf16
 #else
 constexpr int GEMM_SMEM_BYTES = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS * 4;
 #define MOE_KERNEL moelab_moe_fp32
 #endif
 constexpr int SMEM_BYTES = GEMM_SMEM_BYTES > GATE_SMEM_DOUBLES * 8 ? GEMM_SMEM_BYTES : GATE_SMEM_DOUBLES * 8;
+// the dynamic shared memory every launch must give a block (gpu/build.py reads it from the cubin)
+extern "C" __constant__ int moelab_smem_bytes = SMEM_BYTES;
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
 MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   const Params& p = *params;
-  __shared__ __align__(16) unsigned char smem_raw[SMEM_BYTES];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ volatile int s_total;
   __shared__ int s_acc;
   const bool is_os = blockIdx.x == gridDim.x - 1;

@@ -82,14 +82,14 @@ __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, i
 // operands, float32 accumulation, bias and activation in float32, the activation rounded to bf16
 // (round to nearest even) into `hidden`. The GEMM1 output is rounded to bf16 too, for the trip
 // home (half the bytes; one more rounding than the reference, whose combine reads float32 rows).
+// GEMM_STAGES (cp.async stages) comes with the tile shape from the build (gpu/layout.py).
 template <int BM, int BN, int BK>
 __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, void* smem) {
-  using Gemm = TcTileGemm<BM, BN, BK>;
+  using Gemm = TcTileGemm<BM, BN, BK, GEMM_STAGES>;
   float acc[Gemm::MT][Gemm::NT][4];
-  __nv_bfloat16* sm = reinterpret_cast<__nv_bfloat16*>(smem);
   const int act = (int)p.act_kind;
   if (kind == TASK_GEMM0) {
-    Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, sm, acc);
+    Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, smem, acc);
     const float* b = p.b1 + (long long)le * p.I + col0;
     elem_t* out = p.hidden + s0 * p.I + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
@@ -97,7 +97,7 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
           __floats2bfloat162_rn(activate(act, v0 + b[c]), activate(act, v1 + b[c + 1]));
     });
   } else {
-    Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, sm, acc);
+    Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, smem, acc);
     const float* b = p.b2 + (long long)le * p.H + col0;
     elem_t* out = p.outbuf + s0 * p.H + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
