@@ -12,7 +12,7 @@ GEMM steps K by 16).
 
 from __future__ import annotations
 
-from reference import presets
+from reference import Config, presets
 
 
 def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
@@ -35,6 +35,12 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
 
 BF16_TILE_K = 32  # the bench's bf16 tile depth: two mma k-steps per cp.async stage
 BF16_TILE_VARIANTS = ((128, 128, 16), (256, 64, 16))  # `tiles` points: the default at these shapes
+
+
+def in_dtype(cfg: Config, dtype: str) -> Config:
+    """`cfg` as the bench runs it in `dtype`: bf16 at its tile depth BF16_TILE_K (the calibration
+    microbenchmarks take their bf16 tile shape from here too)."""
+    return cfg.replace(dtype="bfloat16", tile_k=BF16_TILE_K) if dtype == "bfloat16" else cfg
 
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
@@ -71,7 +77,7 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
             continue
         if c.experts % p:
             continue
-        chosen.append(c.replace(ranks=p, dtype="bfloat16", tile_k=BF16_TILE_K) if bf16 else c.replace(ranks=p))
+        chosen.append(in_dtype(c.replace(ranks=p), dtype))
     if bf16 and points in ("sweep", "tiles"):
         # the default with larger tiles: fewer operand bytes from L2 per FLOP ((BM + BN) / (BM BN)),
         # 256 rows also one tile per (source, expert) at the default, so each weight is read once;
