@@ -254,8 +254,8 @@ def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
                 d["ns_per_tile"]["median"], model)
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
-    moved = (math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS * (comb["top_k"] + 1) * comb["hidden"]
-             * comb.get("bytes_per_value", 4))  # files before bf16 measured float32 rows only
+    moved = costs.reduce_bytes(math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS, comb["top_k"], comb["hidden"],
+                               comb.get("bytes_per_value", 4))  # files before bf16 measured float32 rows only
     f.set("reduce_ns_per_byte", comb["ns_per_block"]["median"] / moved,
           f"{origin}: the ordered combine of {comb['tokens']} tokens over {comb['n_proc']} processors, per byte")
 

@@ -59,7 +59,7 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
         p["aggregate_gbps"] = p["blocks"] * p["bytes"] / p["ns_per_put"]["median"]
     dispatch = [{"peer": "self", "tiles": 64, "concurrent_blocks": 128, "rows": _stat(128), "bytes_per_row": 8192,
                  "ns_per_tile": _stat(1.0), "ns_per_row": _stat(1.0)}]
-    per_block = math.ceil(8192 / (263 * 4)) * 4 * 3 * 2048 * nb
+    per_block = math.ceil(8192 / (263 * 4)) * 4 * (2 * nb + 4) * 2048  # 2 rows of nb-byte values read, y written
     gate = []
     for tokens, experts in ((8192, 64), (1024, 64), (16384, 64), (8192, 128), (8192, 8)):
         cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, dtype=dtype)
