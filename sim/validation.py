@@ -39,7 +39,8 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
 Each kernel build is calibrated on its own microbenchmarks: a bf16 run is predicted with the
 figures of the bf16 build's section (`dtypes.bfloat16`: the tensor-core tile GEMM against the BF16
 peak, 2-byte rows copied and moved, the gate on bf16 tokens, the bf16 layer's hand-offs); the
-byte moves of NVSHMEM (puts, round trips) are measured once and shared.
+byte moves of NVSHMEM (puts, round trips) are measured once and shared. The bf16 kernel's combine
+task only marks a tile's arrival: its final combine weights the 2-byte rows in float32.
 """
 
 FINDINGS = """\

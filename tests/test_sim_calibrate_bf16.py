@@ -120,3 +120,21 @@ def test_compare_refuses_a_bf16_run_the_calibration_does_not_cover():
         pytest.skip("the committed calibration covers every bf16 run")
     with pytest.raises(compare.CompareError, match=r"compare option 'measured' = .*dtypes.bfloat16"):
         compare.compare(uncovered[0])
+
+
+def test_the_bf16_combine_task_only_marks_the_arrival():
+    """processor.cuh: only the float32 kernel weights a tile's rows in its combine task; the bf16
+    kernel weights them in the final combine, which reads 2-byte rows and writes float32 y."""
+    import numpy as np
+
+    from reference.plan import COMBINE, GEMM0
+    from sim import costs
+
+    hw = hardware.PRESETS["h200-sxm"].replace(copy_ns_per_byte=0.05, reduce_ns_per_byte=0.1)
+    kind, flops, nbytes = np.array([COMBINE, GEMM0]), np.array([1e6, 1e9]), np.array([1e6, 1e6])
+    for dtype, weighted in (("float32", True), ("bfloat16", False)):
+        cfg = presets.get("tiny").replace(dtype=dtype)
+        combine, gemm = costs.task_ns(hw, cfg, kind, flops, nbytes)
+        assert (combine > hw.task_overhead_ns) == weighted, dtype
+        assert gemm > hw.task_overhead_ns
+    assert costs.reduce_bytes(10, 2, 64, 2) == 10 * (2 * 2 + 4) * 64
