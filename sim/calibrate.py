@@ -309,11 +309,14 @@ def _fit_link(f: Fit, raw: dict, origin: str) -> None:
 
 
 def preset_json(fits: dict[str, Fit], tiles: dict[str, list[int]], base: str, name: str) -> dict:
-    """The calibrated preset: float32's figures at the top level, every dtype's tile, and the
-    other dtypes' figures in their sections."""
+    """The calibrated preset: float32's figures at the top level, every dtype's tile, and in the
+    other dtypes' sections the figures their fit gave differently (the shared byte moves stay at
+    the top level, so a change made there reaches every dtype)."""
     f = fits["float32"]
-    dtypes = {d: {"tile": tiles[d]} if d == "float32" else {"tile": tiles[d], **fits[d].values,
-                                                          "sources": fits[d].sources} for d in fits}
+    dtypes = {"float32": {"tile": tiles["float32"]}}
+    for d in fits.keys() - {"float32"}:
+        own = {k: v for k, v in fits[d].values.items() if v != f.values.get(k)}
+        dtypes[d] = {"tile": tiles[d], **own, "sources": {k: fits[d].sources[k] for k in own}}
     return {"base": base, "name": name, **f.values, "sources": f.sources, "dtypes": dtypes}
 
 
