@@ -15,7 +15,8 @@ tile's last GEMM1 task), slowed the same way by the bytes in flight, and over NV
 by the port's share; after its last task every processor sums its share of tokens in choice
 order. The float32 kernel weights a tile's returned rows in its combine task (a copy); the bf16
 kernel weights the bf16 rows in float32 in that final sum, its combine task only marks the
-tile's arrival. Times in ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
+tile's arrival (modeled with the measured copy rate, i.e. for a calibrated preset). Times in
+ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def block_bytes_per_ns(hw: Hardware) -> float:
 def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Duration of each task (arrays of the tile plan's task_kind, task_flops, task_bytes)."""
     combine = kind == COMBINE
-    if not WEIGHTED_IN_TASK[cfg.dtype]:  # the combine task only marks the arrival: no work of its own
+    if hw.copy_ns_per_byte and not WEIGHTED_IN_TASK[cfg.dtype]:
+        # moelab's measured bf16 kernel: the combine task only marks the arrival (the roofline
+        # presets keep FlashMoE's weighting task)
         flops, nbytes = np.where(combine, 0.0, flops), np.where(combine, 0.0, nbytes)
     hbm_bytes = np.where(combine, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
     compute = flops / block_flops_per_ns(hw, cfg.dtype)
