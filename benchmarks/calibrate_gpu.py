@@ -1,10 +1,14 @@
-"""Run the calibration microbenchmarks (gpu/microbench.py) and write measurements/calibration-<gpu>.json.
+"""Run the calibration microbenchmarks (gpu/microbench.py) of both builds and write measurements/calibration-<gpu>.json.
 
     python benchmarks/calibrate_gpu.py --gpus 2 --out OUT_DIR --commit SHA
 
-Writes OUT_DIR/calibration-<gpu>.json (the measured figures with GPU, driver, commit, command and
-date) and prints a short table of the figures the simulator's calibration fits. `--from-raw
-FILE` rebuilds the file and the table from a saved results.json without a GPU.
+Runs the float32 build's microbenchmarks, then the bf16 build's (one job each), and writes
+OUT_DIR/calibration-<gpu>.json: GPU, driver, commit, command and date under "meta", the float32
+build's sections at the top level (as before bf16 existed) and the bf16 build's under
+"bfloat16" (its tile shape, gemm, copy, gate, dispatch, combine, scheduler; puts and ping-pongs
+move bytes whatever the dtype and are measured once, by the float32 job). Prints a short table of
+the figures the simulator's calibration fits. `--from-raw DIR` rebuilds the file and the table
+from a saved DIR/raw-<dtype>/results.json without a GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ def driver() -> str:
         return "unknown"
 
 
-def table(raw: dict) -> str:
+def table(raw: dict, label: str = "") -> str:
     rows = []
     for g in raw.get("gemm", []):
         rows.append((f"{g['task']} task, {g['rows']} rows, {g['blocks']} blocks", "µs/task",
@@ -66,7 +70,7 @@ def table(raw: dict) -> str:
         rows.append(("tile arrival to first task", "µs", s["arrival_to_first_task_ns"]["median"] / 1e3))
     for name, err in raw.get("failed", {}).items():
         rows.append((f"FAILED {name}", "", err.splitlines()[0][:60]))
-    return format_table(("microbenchmark", "unit", "value"), rows)
+    return format_table((f"microbenchmark{label}", "unit", "value"), rows)
 
 
 def main() -> int:
@@ -75,31 +79,41 @@ def main() -> int:
     ap.add_argument("--out", default="artifacts/calibration")
     ap.add_argument("--commit", default="unknown",
                     help="the commit measured (the copy on the GPU machine may have no .git)")
-    ap.add_argument("--timeout", type=float, default=380.0, help="wall-clock limit of the job, seconds")
-    ap.add_argument("--from-raw", metavar="FILE", help="rebuild from a saved results.json (no GPU)")
+    ap.add_argument("--timeout", type=float, default=370.0, help="wall-clock limit of both jobs, seconds")
+    ap.add_argument("--from-raw", metavar="DIR", help="rebuild from DIR/raw-<dtype>/results.json (no GPU)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.from_raw:
-        raw = json.loads(Path(args.from_raw).read_text())
-    else:
-        from gpu import microbench, spawn
-
-        try:
-            raw = microbench.collect(args.gpus, out / "raw", timeout_s=args.timeout)
-        except spawn.SpawnError as e:  # whatever rank 0 saved before the failure still counts
-            print(f"microbenchmarks: {e}", flush=True)
-            saved = out / "raw" / "results.json"
-            raw = json.loads(saved.read_text()) if saved.is_file() else {"failed": {"job": str(e)}}
-    meta = {"gpu": raw.get("gpu", "unknown"), "gpus": args.gpus, "driver": driver(), "commit": args.commit,
-            "command": " ".join(["python", *sys.argv]), "date": datetime.datetime.now(datetime.UTC).isoformat(
-                timespec="seconds"), "producer": "gpu/microbench.py (kernels/microbench.cu)"}
-    doc = {"meta": meta, **{k: v for k, v in raw.items() if k not in ("gpu",)}}
+    raw = {dtype: collect(args, out, dtype, share) for dtype, share in (("float32", 0.5), ("bfloat16", 0.5))}
+    fp32, bf16 = raw["float32"], raw["bfloat16"]
+    meta = {"gpu": fp32.get("gpu") or bf16.get("gpu", "unknown"), "gpus": args.gpus, "driver": driver(),
+            "commit": args.commit, "command": " ".join(["python", *sys.argv]),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "producer": "gpu/microbench.py (kernels/microbench.cu), float32 and bf16 (-DMOE_BF16=1) builds"}
+    drop = ("gpu", "dtype")
+    doc = {"meta": meta, **{k: v for k, v in fp32.items() if k not in drop},
+           "bfloat16": {k: v for k, v in bf16.items() if k not in drop}}
     path = out / f"calibration-{gpu_tag(meta['gpu'])}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
-    print(table(raw))
+    print(table(fp32, " (float32)"))
+    print(table(bf16, " (bfloat16)"))
     return 0
+
+
+def collect(args: argparse.Namespace, out: Path, dtype: str, share: float) -> dict:
+    """`dtype`'s microbenchmark results (saved beside the file under raw-<dtype>/), or what rank 0
+    saved before a failure, or the failure alone."""
+    saved = Path(args.from_raw or out) / f"raw-{dtype}" / "results.json"
+    if args.from_raw:
+        return json.loads(saved.read_text()) if saved.is_file() else {"failed": {"job": f"{saved} missing"}}
+    from gpu import microbench, spawn
+
+    try:
+        return microbench.collect(args.gpus, saved.parent, timeout_s=args.timeout * share, dtype=dtype)
+    except spawn.SpawnError as e:  # whatever rank 0 saved before the failure still counts
+        print(f"microbenchmarks ({dtype}): {e}", flush=True)
+        return json.loads(saved.read_text()) if saved.is_file() else {"failed": {"job": str(e)}}
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ tensor-core tile GEMM's 2 x 2 warps of 64 x 64, K in 64-deep slices three cp.asy
 
 from __future__ import annotations
 
-from reference import presets
+from reference import Config, presets
 
 
 def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
@@ -39,6 +39,15 @@ BF16_TILE = (128, 128, 64)
 # `tiles` points: the default at these shapes (the first also a `sweep` point; 128 x 64 x 32 was
 # the default of the 4-warps-along-M GEMM, measured in docs/gpu-measurements.md)
 BF16_TILE_VARIANTS = ((128, 128, 32), (128, 64, 64), (128, 64, 32))
+
+
+def in_dtype(cfg: Config, dtype: str) -> Config:
+    """`cfg` as the bench runs it in `dtype`: bf16 at BF16_TILE (the calibration microbenchmarks
+    take their bf16 tile shape from here too)."""
+    if dtype != "bfloat16":
+        return cfg
+    m, n, k = BF16_TILE
+    return cfg.replace(dtype="bfloat16", tile_m=m, tile_n=n, tile_k=k)
 
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
@@ -81,9 +90,7 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
             continue
         if c.experts % p:
             continue
-        m, n, k = BF16_TILE
-        chosen.append(c.replace(ranks=p, dtype="bfloat16", tile_m=m, tile_n=n, tile_k=k) if bf16
-                      else c.replace(ranks=p))
+        chosen.append(in_dtype(c.replace(ranks=p), dtype))
     if bf16 and points in ("sweep", "tiles"):
         flash = next(c for c in chosen if c.name == "flashmoe")
         chosen += [flash.replace(name=f"flashmoe-tile{m}x{n}x{k}", tile_m=m, tile_n=n, tile_k=k)

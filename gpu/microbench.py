@@ -2,16 +2,18 @@
 
     python -m gpu.microbench JOB.json OUT_DIR     (started by `collect`, one process per GPU)
 
-Runs the kernels of kernels/microbench.cu (the megakernel's own device code, piece by piece)
-and writes OUT_DIR/results.json from rank 0 after every section, so a section that fails or a
-job cut short still leaves the others:
+Runs the kernels of kernels/microbench.cu (the megakernel's own device code, piece by piece),
+built for the job's dtype (float32, or the bf16 kernel at the bench's bf16 tile shape from
+gpu/cases.py), and writes OUT_DIR/results.json from rank 0 after every section, so a section that
+fails or a job cut short still leaves the others:
 
 - occupancy: the megakernel's grid and processors (blocks per SM) and the microbenchmarks' own;
 - gemm: time per tile GEMM task (GEMM0 with bias + ReLU, GEMM1 with bias) at 1 block and at the
   megakernel's grid, for full and short tiles;
-- copy: copy_rows gathers of one tile (128 rows of H floats) per block, 1 block to the full grid;
+- copy: copy_rows gathers of one tile (128 rows of H elements) per block, 1 block to the full grid;
 - put: put-with-signal per block vs message size and issuing blocks, to this GPU and to the peer;
-- pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size;
+- pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size
+  (put and pingpong move bytes whatever the dtype: the bf16 job leaves them to the float32 one);
 - gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts;
 - dispatch / combine: dispatch_tile over the routed tiles of the gate's 64-expert layers (1K to
   16K tokens: less or more than the L2 in flight), and the per-token ordered combine of the
@@ -20,7 +22,7 @@ job cut short still leaves the others:
   tile's arrival to its first task (subscriber), from the megakernel's telemetry on a layer
   that is not one of the measured layer runs (leave-one-out: 12K tokens per GPU).
 
-Job: {"cases": [{"name", "config"}], "commit": ...}; the cases' configs size NVSHMEM's heap.
+Job: {"cases": [{"name", "config"}]}; the cases' configs size NVSHMEM's heap and give the dtype.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ import numpy as np
 
 from reference import Config, presets
 
-from . import build, layout, spawn
-from .runtime import Inputs, Layer, Session
+from . import build, cases, layout, spawn
+from .runtime import Inputs, Layer, Session, allow_dynamic_smem
 
+DTYPES = ("float32", "bfloat16")
+BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
 GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
@@ -53,21 +57,28 @@ EV_DISPATCH, EV_GEMM0, EV_GEMM1, EV_COMBINE, EV_SIGNAL = 1, 2, 3, 4, 7  # kernel
 SCHED_CONFIG = dict(tokens=12288)
 
 
-def flashmoe(world: int, **changes) -> Config:
-    return presets.get("flashmoe").replace(ranks=world, **changes)
+def flashmoe(world: int, dtype: str, **changes) -> Config:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype = {dtype!r} is not allowed: one of {', '.join(DTYPES)}")
+    return cases.in_dtype(presets.get("flashmoe").replace(ranks=world, **changes), dtype)
 
 
-def job_cases(world: int) -> list[dict]:
+def tile_options(dtype: str, world: int) -> dict[str, int]:
+    """The compile-time options (tile shape, dtype) of `dtype`'s microbenchmark build."""
+    return layout.compile_options(flashmoe(world, dtype))
+
+
+def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
-    cfgs = [flashmoe(world, tokens=t, experts=e) for t, e in GATE_POINTS]
-    cfgs.append(flashmoe(world, **SCHED_CONFIG))
+    cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
+    cfgs.append(flashmoe(world, dtype, **SCHED_CONFIG))
     return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
 
 
 class Bench:
     """This rank's session, the microbenchmark kernels and the launch helpers."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, dtype: str):
         import nvshmem.core as nvshmem
         import torch
         from cuda.core import ObjectCode
@@ -75,19 +86,26 @@ class Bench:
 
         self.s, self.torch = session, torch
         self.dev = torch.device("cuda", session.local_rank)
-        tile = layout.compile_options(flashmoe(session.world))
-        built = build.build(tile, unit="microbench.cu")
+        self.dtype, self.tile = dtype, tile_options(dtype, session.world)
+        self.elem = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        self.elem_bytes = self.elem.itemsize
+        built = build.build(self.tile, unit="microbench.cu")
         self.obj = ObjectCode.from_cubin(built.cubin.read_bytes())
         nvshmem.library_init(NvshmemKernelObject.from_obj(self.obj))
         self.k = {name: self.obj.get_kernel(name) for name in KERNELS}
-        self.per_sm = {name: k.occupancy.max_active_blocks_per_multiprocessor(layout.BLOCK_THREADS, 0)
+        # every kernel gets the megakernel's dynamic shared memory, so all reach its occupancy
+        self.smem_bytes = build.cubin_constant(built.cubin, layout.SMEM_SYMBOL)
+        for k in self.k.values():
+            allow_dynamic_smem(k, self.smem_bytes, session.device.device_id)
+        self.per_sm = {name: k.occupancy.max_active_blocks_per_multiprocessor(layout.BLOCK_THREADS, self.smem_bytes)
                        for name, k in self.k.items()}
         self.base = 0  # ping-pong signal values grow across launches
 
     def launch(self, name: str, grid: int, *args, cooperative: bool = False) -> None:
         from cuda.core import LaunchConfig, launch
 
-        cfg = LaunchConfig(grid=grid, block=layout.BLOCK_THREADS, is_cooperative=cooperative)
+        cfg = LaunchConfig(grid=grid, block=layout.BLOCK_THREADS, shmem_size=self.smem_bytes,
+                           is_cooperative=cooperative)
         launch(self.s.stream, cfg, self.k[name], *args)
         self.s.sync()
 
@@ -95,9 +113,9 @@ class Bench:
         with self.torch.cuda.stream(self.s.torch_stream):
             return self.torch.zeros(*shape, dtype=dtype or self.torch.int64, device=self.dev)
 
-    def randn(self, *shape, scale=1.0):
+    def randn(self, *shape, scale=1.0, dtype=None):
         with self.torch.cuda.stream(self.s.torch_stream):
-            return self.torch.randn(*shape, device=self.dev) * scale
+            return (self.torch.randn(*shape, device=self.dev) * scale).to(dtype or self.torch.float32)
 
     def clocks(self, t) -> np.ndarray:
         self.s.sync()
@@ -115,41 +133,43 @@ def stats(x: np.ndarray) -> dict:
 
 
 def sec_gemm(b: Bench, grid: int) -> list[dict]:
-    """Tile GEMM tasks at 1 block and at the megakernel's grid; ns per task per block."""
-    experts, a_tiles = 8, 64
-    A = b.randn(a_tiles, 128, H)
-    W = b.randn(experts, H, I, scale=H ** -0.5)
+    """Tile GEMM tasks at 1 block and at the megakernel's grid; ns per task per block. Operands
+    and output in the build's element type, biases float32 (as the megakernel takes them)."""
+    experts, a_tiles, tm, tn = 8, 64, b.tile["TILE_M"], b.tile["TILE_N"]
+    A = b.randn(a_tiles, tm, H, dtype=b.elem)
+    W = b.randn(experts, H, I, scale=H ** -0.5, dtype=b.elem)
     bias = b.randn(experts, I, scale=0.1)
-    out = b.zeros(a_tiles, 128, I, dtype=b.torch.float32)
+    out = b.zeros(a_tiles, tm, I, dtype=b.elem)
     ns = b.zeros(grid)
     rows_ = []
-    points = [(1, 128, 16), (1, 32, 16)] + [(grid, r, 4) for r in GEMM_ROWS]
+    points = [(1, tm, 16), (1, 32, 16)] + [(grid, r, 4) for r in GEMM_ROWS]
     for kind in (0, 1):
-        b.launch("mb_gemm", grid, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(128), ptr(W),
+        b.launch("mb_gemm", grid, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(tm), ptr(W),
                  ptr(bias), np.int32(experts), np.int32(H), np.int32(I), ptr(out), np.int32(1), ptr(ns))  # warm-up
         for blocks, rows, reps in points:
             b.launch("mb_gemm", blocks, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(rows),
                      ptr(W), ptr(bias), np.int32(experts), np.int32(H), np.int32(I), ptr(out), np.int32(reps), ptr(ns))
             per_task = b.clocks(ns)[:blocks] / reps
-            rows_.append({"task": ("gemm0", "gemm1")[kind], "blocks": blocks, "rows": rows, "k": H, "n": 64,
-                          "flops": 2 * rows * H * 64, "ns_per_task": stats(per_task)})
+            rows_.append({"task": ("gemm0", "gemm1")[kind], "blocks": blocks, "rows": rows, "k": H, "n": tn,
+                          "flops": 2 * rows * H * tn, "ns_per_task": stats(per_task)})
     return rows_
 
 
 def sec_copy(b: Bench, grid: int) -> list[dict]:
-    """copy_rows of one 128-row tile per block; bytes = rows x H x 4 read and as many written."""
+    """copy_rows of one 128-row tile per block; bytes = rows x H x element bytes read and as many
+    written; weighted (combine) copies only in float32, the only kernel that weights rows."""
     src_rows, rows, reps = 16384, 128, 4
-    src = b.randn(src_rows, H)
-    dst = b.zeros(grid * rows * H, dtype=b.torch.float32)
+    src = b.randn(src_rows, H, dtype=b.elem)
+    dst = b.zeros(grid * rows * H, dtype=b.elem)
     scales = b.randn(grid * rows * reps)
     ns = b.zeros(grid)
     out = []
     for blocks in sorted({1, 4, 8, 16, 24, 32, 48, 64, 96, 128, grid}):  # 1 MiB each: across the L2
-        for scaled in (False, True):
+        for scaled in (False, True) if b.dtype == "float32" else (False,):
             b.launch("mb_copy", blocks, ptr(src), np.int32(src_rows), ptr(dst), np.int32(rows), np.int32(H),
                      ptr(scales) if scaled else np.uint64(0), np.int32(reps), ptr(ns))
             per = b.clocks(ns)[:blocks] / reps
-            out.append({"blocks": blocks, "rows": rows, "bytes": rows * H * 4, "scaled": scaled,
+            out.append({"blocks": blocks, "rows": rows, "bytes": rows * H * b.elem_bytes, "scaled": scaled,
                         "ns_per_copy": stats(per)})
     return out
 
@@ -256,7 +276,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
     s = b.s
     results["gate"], results["dispatch"], results["combine"] = [], [], []
     for tokens, experts in GATE_POINTS:
-        cfg = flashmoe(s.world, tokens=tokens, experts=experts)
+        cfg = flashmoe(s.world, b.dtype, tokens=tokens, experts=experts)
         layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=1))
         try:
             results.setdefault("occupancy", {}).update(megakernel_grid=layer.grid, n_proc=layer.n_proc, sms=s.sms)
@@ -281,7 +301,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                         results["dispatch"].append({
                             "tokens": tokens, "peer": where, "tiles": len(sel),
                             "concurrent_blocks": min(len(ev), layer.n_proc),
-                            "rows": stats([e[3] for e in sel]), "bytes_per_row": H * 4,
+                            "rows": stats([e[3] for e in sel]), "bytes_per_row": H * b.elem_bytes,
                             "ns_per_tile": stats([e[1] for e in sel]),
                             "ns_per_row": stats([e[1] / max(e[3], 1) for e in sel])})
             if (tokens, experts) == GATE_POINTS[0]:
@@ -290,7 +310,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                 b.launch("mb_combine", layer.grid, ptr(layer._params))
                 ev = tlog_events(layer, EV_COMBINE)
                 results["combine"].append({"tokens": tokens, "top_k": cfg.top_k, "hidden": H, "n_proc": layer.n_proc,
-                                           "ns_per_block": stats([e[1] for e in ev])})
+                                           "bytes_per_value": b.elem_bytes, "ns_per_block": stats([e[1] for e in ev])})
         finally:
             layer.close()
             b.torch.cuda.empty_cache()
@@ -300,7 +320,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
 def sec_scheduler(b: Bench) -> dict:
     """Hand-off gaps from the megakernel's own telemetry on a layer that no measured run uses."""
     s = b.s
-    cfg = flashmoe(s.world, **SCHED_CONFIG)
+    cfg = flashmoe(s.world, b.dtype, **SCHED_CONFIG)
     layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=2))
     try:
         layer.run()
@@ -336,21 +356,24 @@ def sec_scheduler(b: Bench) -> dict:
 def main(argv: list[str]) -> int:
     out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = Config.from_dict(json.loads(Path(argv[0]).read_text())["cases"][0]["config"]).dtype
     session = Session.start()
-    results: dict = {"gpu": session.name, "sms": session.sms, "world": session.world,
-                     "tile": layout.compile_options(flashmoe(session.world)), "failed": {}}
+    results: dict = {"gpu": session.name, "sms": session.sms, "world": session.world, "dtype": dtype,
+                     "tile": tile_options(dtype, session.world), "failed": {}}
 
     def save() -> None:
         if session.rank == 0:
             (out_dir / "results.json").write_text(json.dumps(results, indent=1))
 
-    bench = Bench(session)
+    bench = Bench(session, dtype)
     grid = None
     sections = [("layer_pieces", lambda: sec_layer_pieces(bench, results, save)),
                 ("gemm", lambda: sec_gemm(bench, grid)), ("copy", lambda: sec_copy(bench, grid)),
                 ("put", lambda: sec_put(bench, grid)), ("pingpong", lambda: sec_pingpong(bench)),
                 ("scheduler", lambda: sec_scheduler(bench))]
     for name, run in sections:
+        if dtype != "float32" and name in BYTE_SECTIONS:
+            continue
         t0 = time.perf_counter()
         try:
             got = run()
@@ -368,9 +391,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def collect(gpus: int, out_dir: str | Path, timeout_s: float = 400.0) -> dict:
-    """Run the microbenchmarks on `gpus` GPUs of this host; rank 0's results."""
-    return spawn.run(job_cases(gpus), gpus, out_dir, timeout_s=timeout_s, module="gpu.microbench")
+def collect(gpus: int, out_dir: str | Path, timeout_s: float = 400.0, dtype: str = "float32") -> dict:
+    """Run `dtype`'s microbenchmarks on `gpus` GPUs of this host; rank 0's results."""
+    return spawn.run(job_cases(gpus, dtype), gpus, out_dir, timeout_s=timeout_s, module="gpu.microbench")
 
 
 if __name__ == "__main__":

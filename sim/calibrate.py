@@ -22,8 +22,14 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   arrival-to-first-task delay less that gap, from the megakernel's telemetry on a 12K-token layer;
 - nvlink_latency_ns: half a bare-signal round trip between two GPUs.
 
-Writes a calibration preset (`{"base": preset, field: value, "sources": {field: how}}`) that
-`sim.hardware.get` loads, and prints every fit with its residuals.
+The file's top level is the float32 kernel build's microbenchmarks; its "bfloat16" section (when
+measured) the bf16 build's, fitted the same way: the matrix rate against the BF16 peak, rows of
+2-byte elements, the gate on bf16 tokens, the bf16 layer's scheduler; puts and ping-pongs move
+bytes whatever the dtype, so that fit takes them from the top level.
+
+Writes a calibration preset (`{"base": preset, field: value, "sources": {field: how}, "dtypes":
+{"float32": {"tile": [bM, bN, bK]}, "bfloat16": {"tile": [...], field: value, "sources": ...}}}`,
+see sim/hardware.py) that `sim.hardware.get` loads, and prints every fit with its residuals.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from .hardware import PRESETS, HardwareError, from_dict
 
 MEASUREMENTS = Path(__file__).resolve().parent.parent / "measurements"
 GPU_PRESET = {"h100": "h100-sxm", "h200": "h200-sxm"}
+BF16 = "bfloat16"  # the file's section of the bf16 kernel build
+BYTE_SECTIONS = ("put", "pingpong")  # measured once (float32 job): NVSHMEM moves bytes whatever the dtype
 
 
 class CalibrationError(ValueError):
@@ -85,8 +93,8 @@ def _need(raw: dict, key: str, what: str):
     return v
 
 
-def fit(raw: dict, base: str, origin: str) -> Fit:
-    """Every fitted figure of preset `base` from one calibration file's microbenchmarks."""
+def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
+    """Every fitted figure of preset `base` from one kernel build's microbenchmarks (`dtype`'s)."""
     if base not in PRESETS:
         raise CalibrationError("base", base, "one of " + ", ".join(PRESETS))
     hw = PRESETS[base]
@@ -98,7 +106,7 @@ def fit(raw: dict, base: str, origin: str) -> Fit:
     f.set("sms", sms, f"{origin}: the device's multiprocessor count")
     f.set("blocks_per_sm", grid // sms, f"{origin}: the megakernel's occupancy, grid {grid} over {sms} SMs")
     blocks = grid // sms * sms
-    _fit_gemm(f, raw, hw, blocks, origin)
+    _fit_gemm(f, raw, hw, blocks, origin, dtype)
     _fit_moves(f, raw, origin)
     _fit_gate(f, raw, blocks, origin)
     _fit_scheduler(f, raw, origin)
@@ -106,9 +114,30 @@ def fit(raw: dict, base: str, origin: str) -> Fit:
     return f
 
 
-def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str) -> None:
+def fit_dtype(raw: dict, dtype: str, base: str, origin: str) -> Fit:
+    """The fit of `dtype`'s build: its section of the file, with the top level's byte moves."""
+    section = raw.get(dtype)
+    if not isinstance(section, dict):
+        raise CalibrationError(dtype, section, f"an object of the {dtype} build's microbenchmarks")
+    merged = {**{k: raw[k] for k in BYTE_SECTIONS if k in raw}, **section}
+    try:
+        return fit(merged, base, f"{origin} ({dtype} build)", dtype)
+    except CalibrationError as e:
+        raise CalibrationError(f"{dtype}.{e.field}", e.value, e.allowed) from e
+
+
+def tile_of(raw: dict, where: str) -> list[int]:
+    """The [bM, bN, bK] a build's microbenchmarks ran at (its compile options)."""
+    t = raw.get("tile") or {}
+    shape = [t.get(k) for k in ("TILE_M", "TILE_N", "TILE_K")]
+    if not all(isinstance(v, int) and v > 0 for v in shape):
+        raise CalibrationError(f"{where}tile", raw.get("tile"), "the build's TILE_M, TILE_N and TILE_K")
+    return shape
+
+
+def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> None:
     """time = fixed + flops / block rate. The rate: the slope over the tile heights at the
-    megakernel's grid (at most the FP32 peak). The fixed cost: from the full-tile tasks inside
+    megakernel's grid (at most the dtype's peak). The fixed cost: from the full-tile tasks inside
     the megakernel on the scheduler layer, whose blocks do not start every slice in lockstep as
     the isolated microbenchmark's do; without that layer, from the isolated tasks."""
     pts = sorted((g for g in _need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks),
@@ -118,11 +147,11 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str) -> None:
     x = np.array([g["flops"] for g in pts], np.float64)
     y = np.array([g["ns_per_task"]["median"] for g in pts])
     slope, intercept = np.polyfit(x, y, 1)
-    peak = hw.tflops_float32 * 1e3 / blocks  # flops per ns of one block at the FP32 peak
+    peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
     rate = min(1.0 / slope, peak)
     f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights "
           f"{sorted({g['rows'] for g in pts})} at the megakernel's grid: {1 / slope:.0f} FLOP/ns per block "
-          f"(capped at the FP32 peak, {peak:.0f})")
+          f"(capped at the {dtype} peak, {peak:.0f})")
     full = max(x)
     layer = (raw.get("scheduler") or {}).get("task_ns")
     if layer:
@@ -225,7 +254,8 @@ def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
                 d["ns_per_tile"]["median"], model)
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
-    moved = math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS * (comb["top_k"] + 1) * comb["hidden"] * 4
+    moved = costs.reduce_bytes(math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS, comb["top_k"], comb["hidden"],
+                               comb.get("bytes_per_value", 4))  # files before bf16 measured float32 rows only
     f.set("reduce_ns_per_byte", comb["ns_per_block"]["median"] / moved,
           f"{origin}: the ordered combine of {comb['tokens']} tokens over {comb['n_proc']} processors, per byte")
 
@@ -278,22 +308,31 @@ def _fit_link(f: Fit, raw: dict, origin: str) -> None:
                         2 * (f.values["nvlink_latency_ns"] + p["bytes"] * f.values.get("put_nvlink_ns_per_byte", 0.0)))
 
 
-def preset_json(f: Fit, base: str, name: str) -> dict:
-    return {"base": base, "name": name, **f.values, "sources": f.sources}
+def preset_json(fits: dict[str, Fit], tiles: dict[str, list[int]], base: str, name: str) -> dict:
+    """The calibrated preset: float32's figures at the top level, every dtype's tile, and in the
+    other dtypes' sections the figures their fit gave differently (the shared byte moves stay at
+    the top level, so a change made there reaches every dtype)."""
+    f = fits["float32"]
+    dtypes = {"float32": {"tile": tiles["float32"]}}
+    for d in fits.keys() - {"float32"}:
+        own = {k: v for k, v in fits[d].values.items() if v != f.values.get(k)}
+        dtypes[d] = {"tile": tiles[d], **own, "sources": {k: fits[d].sources[k] for k in own}}
+    return {"base": base, "name": name, **f.values, "sources": f.sources, "dtypes": dtypes}
 
 
-def report(f: Fit) -> str:
+def report(f: Fit, dtype: str = "float32") -> str:
     from reference.cli import format_table
 
     fitted = format_table(("figure", "value", "from"), [(k, f"{v:.6g}", f.sources[k]) for k, v in f.values.items()])
     res = format_table(("point", "measured", "model", "residual %"),
                        [(p, f"{m:.6g}", f"{y:.6g}", f"{100 * (y - m) / m:+.1f}" if m else "")
                         for p, m, y in f.residuals])
-    return f"fitted figures\n{fitted}\n\nresiduals (model - measured) / measured\n{res}"
+    return f"fitted figures ({dtype} build)\n{fitted}\n\nresiduals ({dtype}; model - measured) / measured\n{res}"
 
 
-def calibrate(path: Path, base: str | None = None, out: Path | None = None) -> tuple[Path, Fit]:
-    """Fit `path`'s microbenchmarks on preset `base` (default: the file's GPU); write `out`."""
+def calibrate(path: Path, base: str | None = None, out: Path | None = None) -> tuple[Path, dict[str, Fit]]:
+    """Fit `path`'s microbenchmarks on preset `base` (default: the file's GPU); write `out`.
+    Returns the fit of each build the file measured (float32, and bfloat16 where present)."""
     if not path.is_file():
         raise CalibrationError("calibration", str(path), "an existing measurements/calibration-<gpu>.json")
     try:
@@ -307,11 +346,13 @@ def calibrate(path: Path, base: str | None = None, out: Path | None = None) -> t
     origin = _relative(path)
     if base != GPU_PRESET[tag]:  # e.g. an H100 preset from H200 microbenchmarks: the same GH100 SMs
         origin += f" (measured on {raw['meta']['gpu']}, applied to {base})"
-    f = fit(raw, base, origin)
-    doc = preset_json(f, base, f"{base}+calibrated({path.stem})")
+    fits, tiles = {"float32": fit(raw, base, origin)}, {"float32": tile_of(raw, "")}
+    if BF16 in raw:
+        fits[BF16], tiles[BF16] = fit_dtype(raw, BF16, base, origin), tile_of(raw[BF16], f"{BF16}.")
+    doc = preset_json(fits, tiles, base, f"{base}+calibrated({path.stem})")
     from_dict(doc, origin=str(out))  # the file must load as a preset
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    return out, f
+    return out, fits
 
 
 def _relative(path: Path) -> str:
@@ -323,11 +364,13 @@ def _relative(path: Path) -> str:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
-        out, f = calibrate(Path(args.calibration), args.base, Path(args.out) if args.out else None)
+        out, fits = calibrate(Path(args.calibration), args.base, Path(args.out) if args.out else None)
     except (CalibrationError, HardwareError) as e:
         print(f"moelab calibrate: error: {e}", file=sys.stderr)
         return 2
-    print(report(f))
+    print("\n\n".join(report(f, dtype) for dtype, f in fits.items()))
+    if BF16 not in fits:
+        print(f"\nno {BF16} section in {args.calibration}: the preset covers the float32 build only")
     print(f"\nwrote {out}")
     return 0
 

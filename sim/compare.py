@@ -17,6 +17,11 @@ calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, fr
 Bounds (issue 4): latency within 10%, every phase's busy time within 20%, overlap efficiency
 within 0.1 absolute. A run that recorded no commit cannot be matched to the kernel the
 microbenchmarks measured: it is compared, but not held to the bounds.
+
+Which runs: the calibration measures each kernel build (float32, bf16) at one tile shape, and
+the calibrated preset records it (`Hardware.require_tile`); `measured_runs` takes the runs of a
+calibrated (dtype, tile), and `compare` with the calibrated preset refuses any other run with
+an error naming the dtype and shape, since its figures were measured on another kernel.
 """
 
 from __future__ import annotations
@@ -32,13 +37,12 @@ from reference import Config
 from . import metrics
 from .calibrate import GPU_PRESET, MEASUREMENTS
 from .engine import simulate
-from .hardware import Hardware
+from .hardware import Hardware, HardwareError
 from .hardware import get as get_hardware
 from .trace import KIND, ROLE, Trace, TraceError, concat
 
 PHASES = ("gate", "dispatch", "gemm0", "gemm1", "combine")
 LATENCY_BOUND, PHASE_BOUND, OVERLAP_BOUND = 0.10, 0.20, 0.10
-DEFAULT_TILE = {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8}  # gpu/microbench.py's tile shape
 CALIBRATED = "calibrated"  # `compare`'s hardware: the preset calibrated on the run's GPU
 
 
@@ -117,16 +121,16 @@ def _trace_of_summary(path: Path) -> Path:
     raise CompareError("measured", names[0], f"a trace file beside {path}")
 
 
-def measured_runs(folder: Path | None = None) -> list[MeasuredRun]:
-    """Every committed layer run under measurements/gpu/ with the calibrated tile shape."""
+def measured_runs(folder: Path | None = None, calibrated_only: bool = True) -> list[MeasuredRun]:
+    """Every committed layer run under measurements/gpu/ on a GPU with a preset; with
+    `calibrated_only`, those whose dtype and tile shape its calibrated preset covers."""
     runs = []
     for p in sorted((folder or MEASUREMENTS / "gpu").glob("*.npz")):
         try:
             run = load_measured(p)
         except (CompareError, TraceError):
             continue
-        c = run.config
-        if (c.tile_m, c.tile_n, c.tile_k) == tuple(DEFAULT_TILE.values()) and run.gpu_tag:
+        if run.gpu_tag and (not calibrated_only or uncovered(run) is None):
             runs.append(run)
     return runs
 
@@ -136,6 +140,20 @@ def calibrated_for(run: MeasuredRun) -> Path:
     if not path.is_file():
         raise CompareError("hardware", str(path), f"a calibrated preset for {run.gpu!r}: run `moelab calibrate`")
     return path
+
+
+def tile_of(cfg: Config) -> tuple[int, int, int]:
+    return cfg.tile_m, cfg.tile_n, cfg.tile_k
+
+
+def uncovered(run: MeasuredRun) -> str | None:
+    """Why the calibrated preset of the run's GPU cannot predict it (no preset, or no section
+    for its dtype at its tile shape), or None when it can."""
+    try:
+        get_hardware(str(calibrated_for(run))).require_tile(run.config.dtype, tile_of(run.config))
+    except (CompareError, HardwareError) as e:
+        return str(e)
+    return None
 
 
 def summary(trace: Trace, processors: int, ranks: int) -> dict:
@@ -175,7 +193,8 @@ class Predictor:
         self.cache: dict[tuple[str, str], object] = {}
 
     def __call__(self, cfg: Config, hw: Hardware):
-        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(hw.to_dict(), sort_keys=True))
+        figures = hw.for_dtype(cfg.dtype).to_dict()  # what simulate runs with
+        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True))
         if key not in self.cache:
             self.cache[key] = simulate(cfg, hardware=hw)
         return self.cache[key]
@@ -197,9 +216,15 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
             predict: Predictor | None = None) -> Comparison:
     """Predict `run` and tabulate predicted vs measured with each quantity's error and bound."""
     predict = predict or Predictor()
-    if hardware in (None, CALIBRATED):
-        hardware = calibrated_for(run)
-    hw = get_hardware(str(hardware) if isinstance(hardware, Path) else hardware)
+    calibrated = hardware in (None, CALIBRATED)
+    hw = get_hardware(str(calibrated_for(run)) if calibrated else
+                      str(hardware) if isinstance(hardware, Path) else hardware)
+    if calibrated:
+        try:
+            hw.require_tile(run.config.dtype, tile_of(run.config))
+        except HardwareError as e:
+            raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
+    hw = hw.for_dtype(run.config.dtype)
     result = predict(run.config, hw)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta.get("processors") or hw.processors)

@@ -13,7 +13,10 @@ at its own rate alone, slower as the bytes all blocks copy at once outgrow the L
 by the issuing block's threads (dispatch: after packing; return: by the processor finishing the
 tile's last GEMM1 task), slowed the same way by the bytes in flight, and over NVLink also bound
 by the port's share; after its last task every processor sums its share of tokens in choice
-order. Times in ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
+order. The float32 kernel weights a tile's returned rows in its combine task (a copy); the bf16
+kernel weights the bf16 rows in float32 in that final sum, its combine task only marks the
+tile's arrival (modeled with the measured copy rate, i.e. for a calibrated preset). Times in
+ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
+Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
+WEIGHTED_IN_TASK = {"float32": True, "bfloat16": False}  # processor.cuh: TASK_COMBINE weights rows (fp32 only)
 
 
 def blocks(hw: Hardware) -> int:
@@ -50,6 +55,10 @@ def block_bytes_per_ns(hw: Hardware) -> float:
 def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
     """Duration of each task (arrays of the tile plan's task_kind, task_flops, task_bytes)."""
     combine = kind == COMBINE
+    if hw.copy_ns_per_byte and not WEIGHTED_IN_TASK[cfg.dtype]:
+        # moelab's measured bf16 kernel: the combine task only marks the arrival (the roofline
+        # presets keep FlashMoE's weighting task)
+        flops, nbytes = np.where(combine, 0.0, flops), np.where(combine, 0.0, nbytes)
     hbm_bytes = np.where(combine, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
     compute = flops / block_flops_per_ns(hw, cfg.dtype)
     memory = hbm_bytes / block_bytes_per_ns(hw)
@@ -117,12 +126,18 @@ def pack_ns(hw: Hardware, nbytes: float, link: int, inflight: float | None = Non
     return copy + put_ns(hw, link, nbytes, inflight, over_link) + hw.task_overhead_ns
 
 
+def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:
+    """Bytes the final combine moves for `tokens` tokens: `rows` returned rows of `dtype_bytes`
+    values read per token and its float32 row of y written."""
+    return tokens * (rows * dtype_bytes + Y_BYTES) * hidden
+
+
 def reduce_ns(hw: Hardware, cfg: Config, processors: int) -> float:
     """One processor's share of the final ordered combine: its tokens' k returned rows read and
     the sum written (0 when the preset does not model it)."""
     warps = processors * REDUCE_WARPS
     tokens = math.ceil(cfg.tokens / warps) * REDUCE_WARPS
-    return tokens * (cfg.top_k + cfg.shared_experts + 1) * cfg.hidden * cfg.dtype_bytes * hw.reduce_ns_per_byte
+    return reduce_bytes(tokens, cfg.top_k + cfg.shared_experts, cfg.hidden, cfg.dtype_bytes) * hw.reduce_ns_per_byte
 
 
 def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool) -> float:

@@ -74,7 +74,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
-    hw = get_hardware(hardware)
+    hw = get_hardware(hardware).for_dtype(cfg.dtype)  # the figures of the cfg's kernel build
     say = progress or (lambda _: None)
     t0 = time.perf_counter()
     if plan is None:

@@ -8,6 +8,17 @@
 
 Without "base" the file must give every field. A bad field raises `HardwareError` naming the
 field, the value and what is allowed. Units: ns, GB/s (= bytes per ns), TFLOP/s.
+
+The megakernel is built once per dtype (float32 SIMT, bf16 tensor cores), and a calibration
+measures each build at one tile shape. A calibrated preset's top-level figures are the float32
+build's; "dtypes" holds, per dtype, the tile shape measured and the figures that build's fit gave
+(none for float32: the top level is its own):
+
+    "dtypes": {"float32": {"tile": [128, 64, 8]},
+               "bfloat16": {"tile": [128, 64, 32], "gemm_fixed_ns": 61000, ..., "sources": {...}}}
+
+`Hardware.for_dtype` gives the figures a config of that dtype runs with (the simulator asks for
+them once per run); `require_tile` says whether the calibration covers a dtype at a tile shape.
 """
 
 from __future__ import annotations
@@ -73,6 +84,8 @@ class Hardware:
     collective_latency_ns: float  # fixed cost of one NCCL all-to-all call
     alltoall_gbps: float  # bandwidth an NCCL all-to-all reaches per GPU over NVLink
     sources: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # per dtype: the tile shape its build was calibrated at and that build's figures (module text)
+    dtypes: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -93,6 +106,9 @@ class Hardware:
             if getattr(self, f) > 1 or (f == "l2_hit_fraction" and getattr(self, f) >= 1):
                 raise HardwareError(f, getattr(self, f), "a fraction in [0, 1)" if f == "l2_hit_fraction"
                                     else "a fraction in (0, 1]")
+        for dtype, section in self.dtypes.items():
+            _check_dtype_section(dtype, section)
+            dataclasses.replace(self, **_figures(section), dtypes={})  # each figure by the rules above
 
     @property
     def processors(self) -> int:
@@ -105,8 +121,29 @@ class Hardware:
     def source(self, name: str) -> str:
         return self.sources.get(name, "")
 
+    def for_dtype(self, dtype: str) -> Hardware:
+        """The figures a kernel of `dtype` runs with: its calibrated build's, where the calibration
+        measured that build, else these."""
+        section = self.dtypes.get(dtype)
+        if not section or not _figures(section):
+            return self
+        return dataclasses.replace(self, name=f"{self.name}[{dtype}]", **_figures(section),
+                                   sources={**self.sources, **section.get("sources", {})}, dtypes={})
+
+    def require_tile(self, dtype: str, tile: tuple[int, int, int]) -> None:
+        """Raise unless the calibration measured `dtype`'s build at `tile` (bM, bN, bK)."""
+        calibrated = {d: tuple(s["tile"]) for d, s in self.dtypes.items()}
+        if dtype not in calibrated:
+            have = ", ".join(f"{d} at {_shape(t)}" for d, t in calibrated.items()) or "none"
+            raise HardwareError(f"dtypes.{dtype}", None, f"a calibrated {dtype} section in {self.name} "
+                                f"(calibrated: {have}); measure the {dtype} build (benchmarks/calibrate_gpu.py) "
+                                "and run `moelab calibrate`")
+        if calibrated[dtype] != tuple(tile):
+            raise HardwareError(f"dtypes.{dtype}.tile", _shape(tile), f"the tile shape {dtype} was calibrated at "
+                                f"in {self.name}: {_shape(calibrated[dtype])}")
+
     def replace(self, **changes) -> Hardware:
-        unknown = sorted(set(changes) - set(field_names()) - {"sources"})
+        unknown = sorted(set(changes) - set(field_names()) - {"sources", "dtypes"})
         if unknown:
             raise HardwareError(unknown[0], changes[unknown[0]], "a known field: " + ", ".join(field_names()))
         return dataclasses.replace(self, **changes)
@@ -116,7 +153,35 @@ class Hardware:
 
 
 def field_names() -> list[str]:
-    return [f.name for f in dataclasses.fields(Hardware) if f.name != "sources"]
+    return [f.name for f in dataclasses.fields(Hardware) if f.name not in ("sources", "dtypes")]
+
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _shape(tile) -> str:
+    return "x".join(str(v) for v in tile)
+
+
+def _figures(section: dict) -> dict:
+    return {k: v for k, v in section.items() if k not in ("tile", "sources")}
+
+
+def _check_dtype_section(dtype, section) -> None:
+    if dtype not in DTYPES:
+        raise HardwareError("dtypes", dtype, "keys among " + ", ".join(DTYPES))
+    if not isinstance(section, dict):
+        raise HardwareError(f"dtypes.{dtype}", section, "an object with the tile shape and figures")
+    tile = section.get("tile")
+    if not (isinstance(tile, list | tuple) and len(tile) == 3
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in tile)):
+        raise HardwareError(f"dtypes.{dtype}.tile", tile, "[bM, bN, bK], three positive integers")
+    unknown = sorted(set(_figures(section)) - set(number_fields()))
+    if unknown:
+        raise HardwareError(f"dtypes.{dtype}.{unknown[0]}", section[unknown[0]],
+                            "a known number field: " + ", ".join(number_fields()))
+    if not isinstance(section.get("sources", {}), dict):
+        raise HardwareError(f"dtypes.{dtype}.sources", section["sources"], "an object mapping field names to sources")
 
 
 def number_fields() -> list[str]:
@@ -204,6 +269,9 @@ def from_dict(d: dict, origin: str = "calibration") -> Hardware:
     d = dict(d)
     base_name = d.pop("base", None)
     sources = d.pop("sources", {})
+    dtypes = d.pop("dtypes", {})
+    if not isinstance(dtypes, dict):
+        raise HardwareError("dtypes", dtypes, "an object of per-dtype sections: " + ", ".join(DTYPES))
     if not isinstance(sources, dict):
         raise HardwareError("sources", sources, "an object mapping field names to sources")
     unknown = sorted(set(d) - set(field_names()))
@@ -214,12 +282,12 @@ def from_dict(d: dict, origin: str = "calibration") -> Hardware:
         if missing:
             raise HardwareError(missing[0], None, f"present in {origin} (or give \"base\": a preset to "
                                                   "start from: " + ", ".join(PRESETS) + ")")
-        return Hardware(**d, sources={f: sources.get(f, origin) for f in field_names()})
+        return Hardware(**d, sources={f: sources.get(f, origin) for f in field_names()}, dtypes=dtypes)
     if base_name not in PRESETS:
         raise HardwareError("base", base_name, "one of " + ", ".join(PRESETS))
     base = PRESETS[base_name]
     merged = {**base.sources, **{f: sources.get(f, origin) for f in d}}
-    return base.replace(**{"name": f"{base.name}+{Path(origin).stem}", **d}, sources=merged)
+    return base.replace(**{"name": f"{base.name}+{Path(origin).stem}", **d}, sources=merged, dtypes=dtypes)
 
 
 def get(name_or_path: str | Hardware) -> Hardware:

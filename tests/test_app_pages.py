@@ -8,6 +8,7 @@ from app_traces import pipeline_trace
 from streamlit.testing.v1 import AppTest
 
 import sim
+from reference import presets
 
 # the Simulate, Compare and Fences pages run the simulator (sim.simulate, being written)
 needs_sim = pytest.mark.skipif(not hasattr(sim, "simulate"), reason="sim.simulate has not landed")
@@ -88,9 +89,15 @@ def gpu_run(tr):
     return tr
 
 
+def calibrated_tile(tr):
+    """The run's config at the tile shape the committed float32 calibration measured."""
+    tr.meta["config"] = presets.get(tr.meta["config"]["name"]).replace(tile_m=128, tile_n=64, tile_k=8).to_dict()
+    return tr
+
+
 @needs_sim
 def test_compare_page_puts_a_measured_run_beside_its_prediction(tmp_path, monkeypatch):
-    gpu_run(pipeline_trace(ranks=2, blocks=8, config="tiny")).save(tmp_path / "tiny-run.npz")
+    calibrated_tile(gpu_run(pipeline_trace(ranks=2, blocks=8, config="tiny"))).save(tmp_path / "tiny-run.npz")
     (tmp_path / "not-a-trace.npz").write_bytes(b"junk")
     monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
     at = page("compare")
@@ -101,6 +108,17 @@ def test_compare_page_puts_a_measured_run_beside_its_prediction(tmp_path, monkey
     assert errors[0]["quantity"] == "layer latency (ms)" and errors[0]["bound"] == "±10%"
     at.selectbox[1].set_value("h100-sxm").run()
     assert not at.exception and table(at) != errors
+
+
+@needs_sim
+def test_compare_page_names_a_run_the_calibration_does_not_cover(tmp_path, monkeypatch):
+    gpu_run(pipeline_trace(ranks=2, blocks=8, config="tiny")).save(tmp_path / "tiny-run.npz")  # 32x32x8 tiles
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("compare")
+    assert any("'dtypes.float32.tile' = '32x32x8'" in e.value for e in at.error)
+    assert not at.get("plotly_chart")
+    at.selectbox[1].set_value("h200-sxm").run()  # a named preset predicts any run
+    assert not at.exception and at.get("plotly_chart")
 
 
 @needs_sim

@@ -20,18 +20,24 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             put_nvlink_ns_per_byte=0.1, nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0,
             gate_slot_ns=2.0, gate_fixed_ns=20000.0, handoff_ns=5000.0, subscriber_ns=1500.0,
             nvlink_latency_ns=1200.0)
+# the bf16 build's: its own GEMM (against the BF16 peak), copies of 2-byte rows, gate, combine and
+# scheduler; the knee, puts and link are the float32 job's byte moves, shared
+TRUE_BF16 = dict(TRUE, matrix_efficiency=0.2, gemm_fixed_ns=60000.0, copy_ns_per_byte=0.05,
+                 copy_extra_ns_per_byte=0.09, copy_half_bytes=float(HALVES[40]), reduce_ns_per_byte=0.4,
+                 gate_item_ns_per_h=200.0, gate_slot_ns=3.0, gate_fixed_ns=30000.0, handoff_ns=4000.0,
+                 subscriber_ns=1000.0)
 
 
 def _stat(v):
     return {"median": v, "p10": v, "p90": v, "min": v, "max": v, "n": 1}
 
 
-def synthetic(gpu="NVIDIA H200"):
-    """A calibration file whose every figure follows the model with the TRUE figures."""
-    t = TRUE
+def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
+    """A calibration file of one build whose every figure follows the model with figures `t`."""
     hw = hardware.PRESETS["h200-sxm"].replace(**{k: v for k, v in t.items() if k != "task_overhead_ns"})
     blocks = 132 * t["blocks_per_sm"]
-    rate = 67.0 * 1e3 * t["matrix_efficiency"] / blocks
+    rate = hw.tflops(dtype) * 1e3 * t["matrix_efficiency"] / blocks
+    nb = 2 if dtype == "bfloat16" else 4
 
     def task(r):
         return t["gemm_fixed_ns"] + 2 * r * 2048 * 64 / rate
@@ -39,12 +45,12 @@ def synthetic(gpu="NVIDIA H200"):
     gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64,
              "ns_per_task": _stat(task(r) * (1.2 if b == 1 else 1.0))}  # alone: not fitted
             for k in ("gemm0", "gemm1") for b, r in ((1, 128), (blocks, 128), (blocks, 96), (blocks, 64), (blocks, 32))]
-    tile = 128 * 2048 * 4
+    tile = 128 * 2048 * nb
     copy_blocks = (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, blocks)
     per_byte = [costs.contended_ns_per_byte(t["copy_ns_per_byte"], t["copy_extra_ns_per_byte"], t["copy_half_bytes"],
                                             b * tile, t["l2_knee_bytes"]) for b in copy_blocks]
     copy = [{"blocks": b, "rows": 128, "bytes": tile, "scaled": s, "ns_per_copy": _stat(tile * v)}
-            for b, v in zip(copy_blocks, per_byte) for s in (False, True)]
+            for b, v in zip(copy_blocks, per_byte) for s in ((False, True) if nb == 4 else (False,))]
     put = [{"peer": p, "blocks": b, "bytes": size, "reps": 8, "issue_ns_per_put": _stat(1.0),
             "ns_per_put": _stat(costs.put_ns(hw, link, size, b * size, b)), "aggregate_gbps": 0.0}
            for p, link in (("self", LOCAL), ("nvlink", NVLINK)) for b in (1, 8, 16, 32, 64, 128, blocks)
@@ -53,16 +59,17 @@ def synthetic(gpu="NVIDIA H200"):
         p["aggregate_gbps"] = p["blocks"] * p["bytes"] / p["ns_per_put"]["median"]
     dispatch = [{"peer": "self", "tiles": 64, "concurrent_blocks": 128, "rows": _stat(128), "bytes_per_row": 8192,
                  "ns_per_tile": _stat(1.0), "ns_per_row": _stat(1.0)}]
-    per_block = math.ceil(8192 / (263 * 4)) * 4 * 3 * 2048 * 4
+    per_block = math.ceil(8192 / (263 * 4)) * 4 * (2 * nb + 4) * 2048  # 2 rows of nb-byte values read, y written
     gate = []
     for tokens, experts in ((8192, 64), (1024, 64), (16384, 64), (8192, 128), (8192, 8)):
-        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts)
+        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, dtype=dtype)
         gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": 2, "grid": blocks,
                      "ns": costs.gate_ns(hw, cfg)})
-    return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "tile": {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8},
+    tile_k = {"TILE_K": 32, "MOE_BF16": 1} if nb == 2 else {"TILE_K": 8}
+    return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "tile": {"TILE_M": 128, "TILE_N": 64, **tile_k},
             "occupancy": {"megakernel_grid": blocks, "n_proc": blocks - 1, "sms": 132},
             "gemm": gemm, "copy": copy, "put": put, "dispatch": dispatch, "gate": gate,
-            "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263,
+            "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263, "bytes_per_value": nb,
                          "ns_per_block": _stat(per_block * t["reduce_ns_per_byte"])}],
             "scheduler": {"tasks": 4096, "gap_ns": _stat(t["handoff_ns"]), "task_ns": _stat(task(128)),
                           "arrival_to_first_task_ns": _stat(t["subscriber_ns"] + t["handoff_ns"])},
@@ -73,7 +80,9 @@ def synthetic(gpu="NVIDIA H200"):
 def test_fit_recovers_the_figures_the_microbenchmarks_were_made_from(tmp_path):
     src = tmp_path / "calibration-h200.json"
     src.write_text(json.dumps(synthetic()))
-    out, fit = calibrate.calibrate(src, out=tmp_path / "calibrated-h200.json")
+    out, fits = calibrate.calibrate(src, out=tmp_path / "calibrated-h200.json")
+    assert list(fits) == ["float32"]
+    fit = fits["float32"]
     for name, want in TRUE.items():
         assert fit.values[name] == pytest.approx(want, rel=1e-6, abs=1e-6), name
     assert all(abs(y - m) <= 1e-6 * max(abs(m), 1.0) for p, m, y in fit.residuals

@@ -2,7 +2,9 @@
 // processor.cuh) run piece by piece in persistent kernels of the megakernel's block size and
 // launch bounds, timed with %globaltimer, so the simulator's figures come from the code it models.
 // gpu/microbench.py launches them and turns the clocks into measurements/calibration-<gpu>.json.
-//   mb_gemm      tile GEMM tasks (GEMM0 with bias + activation, GEMM1 with bias), per block
+// Built like moe.cu for either kernel: float32, or with -DMOE_BF16=1 the bf16 one (bf16 tokens,
+// weights and moved rows, tensor-core tile GEMM), so each build times its own element type.
+//   mb_gemm      tile GEMM tasks (processor.cuh's gemm_task: GEMM0 or GEMM1), per block
 //   mb_copy      copy_rows gathers (dispatch packing, combine weighting), per block
 //   mb_put       put-with-signal of `bytes` by each of `gridDim` blocks to one PE
 //   mb_pingpong  put-with-signal (or a bare signal) round trips between two PEs
@@ -11,33 +13,32 @@
 //   mb_combine   the per-token ordered combine of the processors (telemetry logs per block)
 #include <nvshmem.h>
 #include <nvshmemx.h>
-#include "gate.cuh"
-#include "processor.cuh"
+#include "block_smem.cuh"
 
 #ifndef MIN_BLOCKS_PER_SM
 #define MIN_BLOCKS_PER_SM 2
 #endif
-#ifndef TILE_M
-#error "compile with -DTILE_M=.. -DTILE_N=.. -DTILE_K=.."
-#endif
 
-using MbGemm = SimtTileGemm<TILE_M, TILE_N, TILE_K>;
 constexpr int MB_THREADS = 128;
-// the same shared memory as the megakernel, so that both reach the same occupancy
-constexpr int MB_SMEM_BYTES = MbGemm::SMEM_FLOATS * 4 > GATE_SMEM_DOUBLES * 8 ? MbGemm::SMEM_FLOATS * 4
-                                                                                : GATE_SMEM_DOUBLES * 8;
 #define MB_KERNEL extern "C" __global__ void __launch_bounds__(MB_THREADS, MIN_BLOCKS_PER_SM)
 
 // Tasks in queue order g = j * gridDim + block (as a FIFO scheduler hands them out): the column
 // block varies fastest, then the tile (a_tiles distinct row tiles of A), then the expert (two
 // tiles per expert, as at the FlashMoE default), so concurrent tasks share operands as in a layer.
-// kind 0: out = act(A.W + bias) (GEMM0), kind 1: out = A.W + bias (GEMM1). ns[block] = total time.
-MB_KERNEL mb_gemm(int kind, int act, const float* A, int a_tiles, int rows, const float* __restrict__ W,
-                  const float* __restrict__ bias, int experts, int K, int N, float* out, int reps,
+// Each task is the megakernel's own gemm_task on a Params pointing at these buffers: kind 0
+// (GEMM0) out = act(A.W + bias) with A as inbox (K = H) and out as hidden (N = I); kind 1
+// (GEMM1) out = A.W + bias with A as hidden (K = I) and out as outbuf (N = H). ns[block] = total.
+MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, const elem_t* __restrict__ W,
+                  const float* __restrict__ bias, int experts, int K, int N, elem_t* out, int reps,
                   unsigned long long* ns) {
-  __shared__ __align__(16) unsigned char smem_raw[MB_SMEM_BYTES];
-  float* smem = reinterpret_cast<float*>(smem_raw);
-  float acc[MbGemm::TM][MbGemm::TN];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Params q;
+  q.act_kind = act;
+  if (kind == TASK_GEMM0) {
+    q.H = K, q.I = N, q.inbox = const_cast<elem_t*>(A), q.w1 = W, q.b1 = bias, q.hidden = out;
+  } else {
+    q.I = K, q.H = N, q.hidden = const_cast<elem_t*>(A), q.w2 = W, q.b2 = bias, q.outbuf = out;
+  }
   const int ncol = N / TILE_N;
   __syncthreads();
   const uint64_t t0 = now_ns();
@@ -46,32 +47,20 @@ MB_KERNEL mb_gemm(int kind, int act, const float* A, int a_tiles, int rows, cons
     const int col0 = (int)(g % ncol) * TILE_N;
     const long long tile = g / ncol;
     const int slot = (int)(tile % a_tiles), le = (int)((tile / 2) % experts);
-    MbGemm::run(A + (long long)slot * TILE_M * K, K, rows, W + (long long)le * K * N + col0, N, K, smem, acc);
-    float* o = out + (long long)slot * TILE_M * N;
-#pragma unroll
-    for (int i = 0; i < MbGemm::TM; ++i) {
-      int r = MbGemm::row_of(i);
-      if (r >= rows) continue;
-#pragma unroll
-      for (int c = 0; c < MbGemm::TN; ++c) {
-        int col = col0 + MbGemm::col_of(c);
-        float v = acc[i][c] + bias[(long long)le * N + col];
-        o[(long long)r * N + col] = kind == 0 ? activate(act, v) : v;
-      }
-    }
+    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, (long long)slot * TILE_M, rows, le, col0, smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
   }
   if (threadIdx.x == 0) ns[blockIdx.x] = now_ns() - t0;
 }
 
-// Each block gathers `rows` rows of H floats (a scattered permutation of src's rows, as tokens
+// Each block gathers `rows` rows of H elements (a scattered permutation of src's rows, as tokens
 // are gathered per expert) into its own region of dst with the megakernel's copy_rows, `reps` times.
-MB_KERNEL mb_copy(const float* src, int src_rows, float* dst, int rows, int H, const float* scales, int reps,
+MB_KERNEL mb_copy(const elem_t* src, int src_rows, elem_t* dst, int rows, int H, const float* scales, int reps,
                   unsigned long long* ns) {
   Params q;
   q.H = H;  // copy_rows reads only the row width
-  float* mine = dst + (long long)blockIdx.x * rows * H;
+  elem_t* mine = dst + (long long)blockIdx.x * rows * H;
   __syncthreads();
   const uint64_t t0 = now_ns();
   for (int j = 0; j < reps; ++j) {
@@ -155,7 +144,7 @@ MB_KERNEL mb_pingpong(float* buf, long long bytes, uint64_t* sig, int iters, int
 // Cooperative launch; the state words must be zero.
 MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
   const Params& p = *params;
-  __shared__ __align__(16) unsigned char smem_raw[MB_SMEM_BYTES];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint64_t t0 = now_ns();
   for (int item = blockIdx.x; item < ceil_div(p.T, GATE_TOKENS); item += gridDim.x)
     gate_item(p, item, reinterpret_cast<double*>(smem_raw));

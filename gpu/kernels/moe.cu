@@ -11,31 +11,18 @@
 // grid by occupancy and launch (dynamic shared memory may pass the 48 KiB of static).
 #include <nvshmem.h>
 #include <nvshmemx.h>
-#include "gate.cuh"
-#include "processor.cuh"
+#include "block_smem.cuh"
 
 #ifndef MIN_BLOCKS_PER_SM
 #define MIN_BLOCKS_PER_SM 2
 #endif
 
-#ifndef TILE_M
-#error "compile with -DTILE_M=.. -DTILE_N=.. -DTILE_K=.."
-#endif
-#if MOE_BF16 && !defined(GEMM_STAGES)
-#error "compile the bf16 kernel with -DGEMM_STAGES=.. (gpu/layout.py picks it)"
-#endif
-
 constexpr int BLOCK_THREADS = 128;
 #if MOE_BF16
-constexpr int GEMM_SMEM_BYTES = TcTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES>::SMEM_BYTES;
 #define MOE_KERNEL moelab_moe_bf16
 #else
-constexpr int GEMM_SMEM_BYTES = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS * 4;
 #define MOE_KERNEL moelab_moe_fp32
 #endif
-constexpr int SMEM_BYTES = GEMM_SMEM_BYTES > GATE_SMEM_DOUBLES * 8 ? GEMM_SMEM_BYTES : GATE_SMEM_DOUBLES * 8;
-// the dynamic shared memory every launch must give a block (gpu/build.py reads it from the cubin)
-extern "C" __constant__ int moelab_smem_bytes = SMEM_BYTES;
 
 extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
 MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {

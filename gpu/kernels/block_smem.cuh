@@ -1,0 +1,22 @@
+// A block's dynamic shared memory, the same in the megakernel (moe.cu) and its calibration
+// microbenchmarks (microbench.cu), so both reach the same occupancy: the gate and the tile GEMM
+// take turns in one buffer of moelab_smem_bytes, a constant the launcher reads from the cubin
+// (gpu/layout.py SMEM_SYMBOL) to set the kernel's limit, size the grid and launch.
+#pragma once
+#include "gate.cuh"
+#include "processor.cuh"
+
+#ifndef TILE_M
+#error "compile with -DTILE_M=.. -DTILE_N=.. -DTILE_K=.."
+#endif
+#if MOE_BF16 && !defined(GEMM_STAGES)
+#error "compile the bf16 kernel with -DGEMM_STAGES=.. (gpu/layout.py picks it)"
+#endif
+
+#if MOE_BF16
+constexpr int GEMM_SMEM_BYTES = TcTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES>::SMEM_BYTES;
+#else
+constexpr int GEMM_SMEM_BYTES = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS * 4;
+#endif
+constexpr int SMEM_BYTES = GEMM_SMEM_BYTES > GATE_SMEM_DOUBLES * 8 ? GEMM_SMEM_BYTES : GATE_SMEM_DOUBLES * 8;
+extern "C" __constant__ int moelab_smem_bytes = SMEM_BYTES;

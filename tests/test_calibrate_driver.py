@@ -1,0 +1,43 @@
+"""benchmarks/calibrate_gpu.py without a GPU (`--from-raw`): the two builds' saved results become
+one calibration file, float32 at the top level and the bf16 build under "bfloat16", which `moelab
+calibrate` fits into both sections; the microbenchmark jobs take the bf16 tile from gpu/cases.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from test_sim_calibrate import TRUE_BF16, synthetic
+
+from gpu import cases, microbench
+from moelab.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_jobs_take_each_build_from_one_place():
+    assert microbench.tile_options("float32", 2) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8}
+    m, n, k = cases.BF16_TILE
+    assert {key: v for key, v in microbench.tile_options("bfloat16", 2).items() if key != "GEMM_STAGES"} == \
+        {"TILE_M": m, "TILE_N": n, "TILE_K": k, "MOE_BF16": 1}
+    assert {c["config"]["dtype"] for c in microbench.job_cases(2, "bfloat16")} == {"bfloat16"}
+
+
+def test_from_raw_writes_one_file_with_both_builds(tmp_path):
+    for dtype, raw in (("float32", synthetic()), ("bfloat16", synthetic(t=TRUE_BF16, dtype="bfloat16"))):
+        raw = {"gpu": "NVIDIA H200", "dtype": dtype, **{k: v for k, v in raw.items() if k != "meta"}}
+        if dtype == "bfloat16":
+            for k in microbench.BYTE_SECTIONS:
+                raw.pop(k)
+        (tmp_path / f"raw-{dtype}").mkdir()
+        (tmp_path / f"raw-{dtype}" / "results.json").write_text(json.dumps(raw))
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "calibrate_gpu.py"), "--from-raw", str(tmp_path),
+                           "--out", str(tmp_path), "--commit", "abc"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "(float32)" in done.stdout and "(bfloat16)" in done.stdout
+    doc = json.loads((tmp_path / "calibration-h200.json").read_text())
+    assert doc["meta"]["commit"] == "abc" and doc["meta"]["gpu"] == "NVIDIA H200" and "bf16" in doc["meta"]["producer"]
+    assert "put" in doc and "put" not in doc["bfloat16"] and doc["bfloat16"]["tile"]["TILE_K"] == 32
+    out = tmp_path / "calibrated.json"
+    assert main(["calibrate", "--calibration", str(tmp_path / "calibration-h200.json"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["dtypes"]["bfloat16"]["tile"] == [128, 64, 32]
