@@ -61,8 +61,10 @@ struct Tf32TileGemm {
         cp_async16(As + m * A_LD + a_col, m < rows ? Ak + (a_off + i * a_step) : A, m < rows);
       }
 #pragma unroll
-      for (int i = 0; i < B_COPIES; ++i)
-        if (b_row + i * B_STEP < BK) cp_async16(Bs + (b_row + i * B_STEP) * B_LD + b_col, Bk + (b_off + i * b_step), true);
+      for (int i = 0; i < B_COPIES; ++i) {
+        const int k = b_row + i * B_STEP;
+        if (k < BK) cp_async16(Bs + k * B_LD + b_col, Bk + (b_off + i * b_step), true);
+      }
     };
     const int KT = K / BK;
     const bool active = warp * WM < rows;
