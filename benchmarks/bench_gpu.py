@@ -2,16 +2,18 @@
 
     python benchmarks/bench_gpu.py --gpus 1 2 4 --suite checks bench --out OUT_DIR
     python benchmarks/bench_gpu.py --gpus 1 2 --suite bench --dtypes bfloat16 float32 --untraced float32
+    python benchmarks/bench_gpu.py --gpus 1 2 --suite checks bench --dtypes tf32
 
 `checks`: small configs against the float64 golden (fresh seeds, skewed routing, all tokens to one
 expert, capacity dropping, T not a multiple of tile_m, E = P and E = 8P, every gate and
 activation the kernel supports), telemetry on/off, and a rank that sits out (the others must
 time out and raise). `bench`: the FlashMoE default and its token/expert sweeps, kernel vs the
 torch layer of the same dtype (float32 points also beside torch bf16), random inputs drawn on the GPU,
-checked against the torch layer; `--dtypes` picks the kernels (float32, bfloat16), `--untraced`
-those whose points keep no trace, and `checks` then includes the bf16 kernel's checks against the
-reference's bf16-emulated golden. The matmul ceiling of each dtype is measured first (torch,
-8192^3) and each point's rate is given as a share of its own dtype's ceiling.
+checked against the torch layer; `--dtypes` picks the kernels (float32, bfloat16, tf32: float32 data
+on TF32 tensor cores, timed beside torch with TF32 allowed), `--untraced` those whose points keep
+no trace, and `checks` then includes the bf16 (tf32) kernel's checks against the reference's
+bf16-emulated (tf32) golden. The matmul ceiling of each precision is measured first (torch,
+8192^3) and each point's rate is given as a share of its own precision's ceiling.
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -32,17 +34,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu import spawn  # noqa: E402
-from gpu.cases import bench_cases, bf16_check_cases, check_cases, sit_out_case  # noqa: E402
+from gpu.cases import (  # noqa: E402
+    PRECISIONS,
+    bench_cases,
+    bf16_check_cases,
+    check_cases,
+    sit_out_case,
+    tf32_check_cases,
+)
+from reference import Config  # noqa: E402
 from reference.cli import format_table  # noqa: E402
 from sim import metrics  # noqa: E402
 
 
 def ceiling_tflops(dtype: str = "float32") -> float:
-    """Measured matmul rate of `dtype` (torch, no TF32, 8192^3 random operands, median of 10 after
-    3 warm-ups) on GPU 0."""
+    """Measured matmul rate of `dtype` (torch, TF32 only for "tf32", 8192^3 random operands, median
+    of 10 after 3 warm-ups) on GPU 0."""
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     dt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     a = torch.randn(8192, 8192, device="cuda", dtype=dt)
     b = torch.randn(8192, 8192, device="cuda", dtype=dt)
@@ -56,6 +66,7 @@ def ceiling_tflops(dtype: str = "float32") -> float:
         if i >= 3:
             times.append(s.elapsed_time(e) * 1e-3)
     del a, b
+    torch.backends.cuda.matmul.allow_tf32 = False
     torch.cuda.empty_cache()
     times.sort()
     return 2 * 8192 ** 3 / times[len(times) // 2] / 1e12
@@ -103,14 +114,17 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float]) -> list[tupl
     share of that dtype's ceiling, the GEMM phase's rate (GEMM FLOPs over the GEMM task time per
     processor block, from telemetry) as a share of it, and FlashMoE's overlap efficiency
     T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too."""
-    on_two = {(r["config"]["name"], r["config"].get("dtype", "float32")): r["kernel_ms"]
+    def precision(r):
+        return Config.from_dict(r["config"]).gemm_precision
+
+    on_two = {(r["config"]["name"], precision(r)): r["kernel_ms"]
               for r in all_results if "kernel_ms" in r and r["config"]["ranks"] == 2}
     rows = []
     for r in all_results:
         if "kernel_ms" not in r:
             continue
         c = r["config"]
-        dt = c.get("dtype", "float32")
+        dt = precision(r)
         ceil = ceilings[dt] * c["ranks"]
         tf = flops(r) / (r["kernel_ms"] * 1e-3) / 1e12
         gemm_tf = flops(r) / (r["gemm_ms_per_proc"] * 1e-3) / 1e12 if r.get("gemm_ms_per_proc") else 0.0
@@ -128,6 +142,10 @@ def table(all_results: list[dict], ceilings: dict[str, float]) -> str:
     return format_table(TABLE_HEAD, table_rows(all_results, ceilings))
 
 
+def ceiling_text(ceilings: dict[str, float]) -> str:
+    return ", ".join(f"{dt} {t:.1f}" for dt, t in ceilings.items()) + " TFLOP/s"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1])
@@ -136,17 +154,17 @@ def main() -> int:
     ap.add_argument("--out", default="artifacts/gpu")
     ap.add_argument("--timeout", type=float, default=560.0, help="wall-clock limit per GPU count, seconds")
     ap.add_argument("--prefix", default="", help="prefix of the trace files' names (e.g. h200x2-)")
-    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
-                    help="kernels to bench (and, with bfloat16, to check)")
-    ap.add_argument("--untraced", nargs="*", default=[], choices=["float32", "bfloat16"],
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(PRECISIONS),
+                    help="kernels to bench (and, with bfloat16 or tf32, to check)")
+    ap.add_argument("--untraced", nargs="*", default=[], choices=list(PRECISIONS),
                     help="dtypes whose bench points keep no telemetry trace")
     args = ap.parse_args()
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
-    ceilings = {dt: ceiling_tflops(dt) for dt in ("float32", "bfloat16")}
+    ceilings = {dt: ceiling_tflops(dt) for dt in PRECISIONS}
     meta["fp32_ceiling_tflops"], meta["bf16_ceiling_tflops"] = ceilings["float32"], ceilings["bfloat16"]
-    print(f"measured matmul ceilings per GPU: fp32 {ceilings['float32']:.1f}, bf16 {ceilings['bfloat16']:.1f} TFLOP/s",
-          flush=True)
+    meta["tf32_ceiling_tflops"] = ceilings["tf32"]
+    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}", flush=True)
     seed = int.from_bytes(os.urandom(4), "little")
     meta["seed"] = seed
     everything = []
@@ -156,6 +174,8 @@ def main() -> int:
             cases += check_cases(p, seed, args.prefix)
             if "bfloat16" in args.dtypes:
                 cases += bf16_check_cases(p, seed)
+            if "tf32" in args.dtypes:
+                cases += tf32_check_cases(p, seed)
         if "bench" in args.suite:
             for dt in args.dtypes:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced)
@@ -179,11 +199,12 @@ def main() -> int:
             print(r["name"], "FAILED:", r["failed"], flush=True)
     checks = [r for r in everything if r["name"].startswith(("check", "sit"))]
     for r in checks:
-        keys = ("routing_equal", "counts_equal", "weight_max_abs_err", "rel_err", "golden_path", "dropped", "nan",
+        keys = ("routing_equal", "counts_equal", "weight_max_abs_err", "rel_err", "golden_path", "rel_err_float64",
+                "dropped", "nan",
                 "telemetry_same_output", "sm_utilization", "raised", "seconds_to_raise", "error", "failed")
         print(r["name"], {k: r[k] for k in keys if k in r}, flush=True)
     print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}, "
-          f"ceilings per GPU: fp32 {ceilings['float32']:.1f}, bf16 {ceilings['bfloat16']:.1f} TFLOP/s")
+          f"ceilings per GPU: {ceiling_text(ceilings)}")
     print(table(everything, ceilings))
     return 0
 

@@ -2,7 +2,7 @@
 
     python benchmarks/prebuild_cubins.py            # then carry .cache with the call
 
-Collects the compile-time options (tile shape, dtype) of every GPU test case and benchmark point
+Collects the compile-time options (tile shape, GEMM precision) of every GPU test case and benchmark point
 on 1, 2, 4 and 8 GPUs, plus the calibration microbenchmarks, and builds them into
 .cache/moelab/cubins (the folder benchmarks/device_env.sh points MOELAB_CACHE to), two at a time,
 and removes the folder's other cubins (stale keys), since the carried folder is capped at 64 MiB.
@@ -28,8 +28,9 @@ def wanted() -> list[tuple[dict, str]]:
     """(compile options, unit) of everything the device scripts run."""
     todo = []
     for p in (1, 2, 4, 8):
-        todo += cases.check_cases(p, 0) + cases.bf16_check_cases(p, 0) + ([cases.sit_out_case(p)] if p > 1 else [])
-        for dtype in ("float32", "bfloat16"):
+        todo += cases.check_cases(p, 0) + cases.bf16_check_cases(p, 0) + cases.tf32_check_cases(p, 0)
+        todo += [cases.sit_out_case(p)] if p > 1 else []
+        for dtype in cases.PRECISIONS:
             for points in ("sweep", "tiles"):
                 todo += cases.bench_cases(p, points, dtype=dtype)
     opts = {tuple(sorted(layout.compile_options(Config(**c["config"])).items())) for c in todo}

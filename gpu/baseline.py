@@ -3,8 +3,9 @@
 gate (float64 logits of the path's operands, the reference's routing rule) | capacity-padded
 send buffer (E, C, H) | all_to_all_single dispatch | per-local-expert batched GEMMs (torch.bmm
 over the (L, P * C, H) received rows: one grouped call per GEMM) | all_to_all_single back |
-combine of each token's k rows in choice order. float32 (no TF32) or bfloat16 operands with
-float32 combine. One process per GPU, NCCL for the all-to-alls.
+combine of each token's k rows in choice order. float32 (no TF32), tf32 (float32 data, cuBLAS
+allowed TF32 tensor cores for the expert GEMMs, as the kernel of a tf32 config multiplies) or
+bfloat16 operands with float32 combine. One process per GPU, NCCL for the all-to-alls.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ class TorchLayer:
     def __init__(self, cfg: Config, inputs, rank: int, dtype: str = "float32", group=None):
         import torch
 
-        if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"baseline dtype {dtype!r} is not allowed: float32 or bfloat16")
-        torch.backends.cuda.matmul.allow_tf32 = False
+        if dtype not in ("float32", "tf32", "bfloat16"):
+            raise ValueError(f"baseline dtype {dtype!r} is not allowed: float32, tf32 or bfloat16")
+        self.tf32 = dtype == "tf32"
         self.cfg, self.rank, self.group = cfg, rank, group
         self.s = Sizes.of(cfg)
-        self.dt = torch.float32 if dtype == "float32" else torch.bfloat16
-        cast = (lambda t: t) if dtype == "float32" else (lambda t: t.to(torch.bfloat16))
+        self.dt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        cast = (lambda t: t.to(torch.bfloat16)) if dtype == "bfloat16" else (lambda t: t)
         self.x, self.w1, self.b1, self.w2, self.b2 = (cast(t) for t in (inputs.x, inputs.w1, inputs.b1, inputs.w2,
                                                                        inputs.b2))
         # gate operands as the path stores them (bf16-rounded on the bf16 path), in float64
@@ -72,6 +73,8 @@ class TorchLayer:
         import torch.distributed as dist
 
         s = self.s
+        # a process-wide switch: set on every call, so that layers of both kinds can take turns
+        torch.backends.cuda.matmul.allow_tf32 = self.tf32
         expert, weight, slot = self.route()
         kept = slot >= 0
         # dropped assignments go to a spare last row instead of through a boolean mask, which

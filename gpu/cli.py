@@ -9,7 +9,7 @@ from reference.cli import Progress, add_config_args, config_from_args, format_ta
 
 
 def cmd_gpu(args: argparse.Namespace) -> int:
-    from . import layout, spawn
+    from . import cases, layout, spawn
 
     cfg = config_from_args(args)
     layout.check_supported(cfg)
@@ -18,7 +18,8 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     progress = Progress(not args.quiet)
     case = {"name": cfg.name, "config": cfg.to_dict(), "inputs": args.inputs, "seed": cfg.seed,
             "golden": args.check and args.inputs == "reference", "baseline_check": args.check,
-            "bench": args.bench, "baselines": ["float32", "bfloat16"], "warmup": args.warmup, "iters": args.iters,
+            "bench": args.bench, "baselines": ["float32", "bfloat16"] + (["tf32"] if cfg.tf32 else []),
+            "warmup": args.warmup, "iters": args.iters,
             "trace": "trace.npz" if args.trace else None, "timeout_ms": args.timeout_ms}
     progress(f"{cfg.name} on {args.gpus} GPU(s): spawning the workers")
     results = spawn.run([case], args.gpus, args.out, timeout_s=args.wall_timeout, echo=not args.quiet)
@@ -32,24 +33,26 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res, indent=2, default=str))
     else:
-        keys = ("failed", "routing_equal", "counts_equal", "rel_err", "vs_baseline_rel_err", "dropped",
-                "telemetry_same_output", "sm_utilization", "kernel_ms", "kernel_telemetry_ms", "torch_float32_ms",
-                "torch_bfloat16_ms", "grid")
+        keys = ("failed", "routing_equal", "counts_equal", "golden_path", "rel_err", "rel_err_float64",
+                "vs_baseline_rel_err", "dropped", "telemetry_same_output", "sm_utilization", "kernel_ms",
+                "kernel_telemetry_ms", "torch_float32_ms", "torch_tf32_ms", "torch_bfloat16_ms", "grid")
         print(format_table(("quantity", "value"), [(k, res[k]) for k in keys if k in res]))
-    bad = "failed" in res or (args.check and (res.get("rel_err", 0.0) > 1e-5 or res.get("routing_equal") is False))
+    tolerance = cases.GOLDEN_TOLERANCE[cfg.gemm_precision]
+    bad = "failed" in res or (args.check and (res.get("rel_err", 0.0) > tolerance or res.get("routing_equal") is False))
     return 1 if bad else 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("gpu", help="run the CUDA megakernel on local GPUs",
-                       description="Build (cached), launch and check the megakernel (float32, or the bf16 "
+                       description="Build (cached), launch and check the megakernel (float32, the TF32 "
+                                   "tensor-core kernel for a config with tf32 = true, or the bf16 "
                                    "tensor-core kernel for a bfloat16 config) on N GPUs of this "
                                    "host, one process each; optionally time it against the torch layer and save "
                                    "its telemetry trace.")
     add_config_args(p)
     p.add_argument("--check", action="store_true",
-                   help="compare with the golden (reference inputs; float64, or the bf16-emulated path for "
-                        "bfloat16) and the torch layer")
+                   help="compare with the golden (reference inputs; float64, the bf16-emulated path for "
+                        "bfloat16, the tf32 path for tf32) and the torch layer")
     p.add_argument("--bench", action="store_true", help="time kernel and torch layer (CUDA events, median)")
     p.add_argument("--trace", metavar="OUT.npz|OUT.json", help="save the kernel's telemetry trace")
     p.add_argument("--inputs", choices=["reference", "random"], default="reference",

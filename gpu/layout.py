@@ -1,4 +1,5 @@
-"""What the megakernel supports (float32; bfloat16 on tensor cores), its buffers' sizes, its arguments.
+"""What the megakernel supports (float32 on CUDA cores or, with tf32, on TF32 tensor cores; bfloat16
+on tensor cores), its buffers' sizes, its arguments.
 
 All sizes derive from the `Config` (never ad hoc): the capacity C per (source rank, expert)
 block is `cfg.capacity` (or T when nothing is dropped; a token picks an expert at most once, so
@@ -36,6 +37,10 @@ BF16_MAX_STAGES = 4  # cp.async stages of the tensor-core tile GEMM, at most (th
 # with the rest, no spills; 256 x 64 tiles, 208, spill)
 BF16_GEMM_REGS = 192
 BF16_TILE_N = (32, 64, 128, 256)
+TF32_STAGES = 3  # cp.async stages of the TF32 tile GEMM (Tf32TileGemm::STAGES)
+TF32_MAX_TILE_M = 128  # 2 mma row tiles per warp: at 256 rows the TF32 kernel spills registers (ptxas -v)
+TF32_MAX_ACC = 128  # accumulator floats per thread, tile_m x tile_n / 128 threads: more spill
+STATIC_SMEM_BYTES = 48 * 1024  # the TF32 tile GEMM keeps its stages within what static memory could hold
 
 
 class UnsupportedConfig(ConfigError):
@@ -57,6 +62,8 @@ def check_supported(cfg: Config) -> None:
         raise UnsupportedConfig("top_k", cfg.top_k, f"at most {MAX_TOP_K}")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
+    elif cfg.tf32:
+        _check_tf32_tiles(cfg)
     elif cfg.tile_m % 16 or cfg.tile_m > 1024:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "a multiple of 16, at most 1024 (16 row groups of threads)")
     if cfg.tile_n % 8:
@@ -110,6 +117,37 @@ def bf16_stages(cfg: Config) -> int:
     return min(BF16_MAX_STAGES, SMEM_PER_BLOCK // bf16_stage_bytes(cfg))
 
 
+def _power_of_two(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def _check_tf32_tiles(cfg: Config) -> None:
+    """The TF32 tile GEMM's shape (gpu/kernels/tile_gemm_tf32.cuh): 4 warps stacked along M, each
+    one or two 16-row mma tiles; 8-wide mma tiles along N and 8-deep steps along K, each thread
+    copying the same 16-byte column of every slice (powers of two); its accumulators within the
+    registers; its cp.async stages within a block's static shared memory; and a tile's rows times
+    the row length within the 32-bit offsets the copies use."""
+    if cfg.tile_m % 64 or cfg.tile_m > TF32_MAX_TILE_M:
+        raise UnsupportedConfig("tile_m", cfg.tile_m, "64 or 128 for tf32 (4 warps of 16-row mma tiles; 256 rows "
+                                "spill registers)")
+    for name in ("tile_n", "tile_k"):
+        v = getattr(cfg, name)
+        if not 8 <= v <= 512 or not _power_of_two(v):
+            raise UnsupportedConfig(name, v, "a power of two from 8 to 512 for tf32 (the mma's 8 columns and "
+                                    "8-deep steps; every thread copies the same column of each slice)")
+    if cfg.tile_m * cfg.tile_n > TF32_MAX_ACC * BLOCK_THREADS:
+        raise UnsupportedConfig("tile_n", cfg.tile_n, f"at most {TF32_MAX_ACC * BLOCK_THREADS // cfg.tile_m} for "
+                                f"tf32 with tile_m = {cfg.tile_m} ({TF32_MAX_ACC} accumulators per thread; more spill)")
+    b_ld = cfg.tile_n if (cfg.tile_n // 8) % 2 else cfg.tile_n + 8  # Tf32TileGemm::A_LD, B_LD: bank padding
+    smem = TF32_STAGES * 4 * (cfg.tile_m * (cfg.tile_k + 4) + cfg.tile_k * b_ld)
+    if smem > STATIC_SMEM_BYTES - 1024:
+        raise UnsupportedConfig("tile_k", cfg.tile_k, f"for tf32, small enough that {TF32_STAGES} stages of "
+                                f"{cfg.tile_m} x {cfg.tile_n} float tiles fit 47 KiB of shared memory (need {smem} B)")
+    if cfg.tile_m * max(cfg.hidden, cfg.ffn) >= 2**31:
+        raise UnsupportedConfig("tile_m", cfg.tile_m, f"for tf32, below 2**31 / {max(cfg.hidden, cfg.ffn)} (the "
+                                "tile GEMM's copies use 32-bit offsets into a tile's rows)")
+
+
 @dataclass(frozen=True)
 class Sizes:
     """Run-time sizes of one rank's buffers for `cfg`."""
@@ -150,15 +188,19 @@ class Sizes:
         return self.E + 2 * self.E * self.TM + self.P
 
 
+KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),
+           "tf32": ("moelab_moe_tf32", {"MOE_TF32": 1})}  # by Config.gemm_precision: name, -D flags
+
+
 def compile_options(cfg: Config) -> dict[str, int]:
-    """The compile-time part of a config: the tile shape and the dtype (one cubin per pair), and
-    the bf16 tile GEMM's stages."""
-    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k}
-    return {**opts, "MOE_BF16": 1, "GEMM_STAGES": bf16_stages(cfg)} if cfg.dtype == "bfloat16" else opts
+    """The compile-time part of a config: the tile shape and the GEMM precision (one cubin per pair),
+    and the bf16 tile GEMM's stages."""
+    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
+    return {**opts, "GEMM_STAGES": bf16_stages(cfg)} if cfg.gemm_precision == "bfloat16" else opts
 
 
 def kernel_name(cfg: Config) -> str:
-    return "moelab_moe_bf16" if cfg.dtype == "bfloat16" else "moelab_moe_fp32"
+    return KERNELS[cfg.gemm_precision][0]
 
 
 def param_fields() -> list[str]:

@@ -45,25 +45,30 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
 
 def golden_path(cfg: Config) -> str:
     """The golden a kernel run is held to: float64 for the float32 kernel, the reference's
-    bf16-emulated path (bf16 operands and activation, float32 accumulation) for the bf16 one."""
-    return "bfloat16" if cfg.dtype == "bfloat16" else "float64"
+    bf16-emulated path (bf16 operands and activation, float32 accumulation) for the bf16 one, its
+    tf32 path (GEMM operands rounded as cvt.rna.tf32.f32 rounds them) for the TF32 one."""
+    return "float64" if cfg.gemm_precision == "float32" else cfg.gemm_precision
 
 
 def check_golden(cfg: Config, ys: list, routes: list) -> dict:
-    """Kernel routing and output of every rank against the reference's golden of its dtype (the
-    routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights)."""
+    """Kernel routing and output of every rank against the reference's golden of its precision
+    (the routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights);
+    where that golden is not float64, the output against float64 too (rel_err_float64)."""
     w = weights.draw(cfg)
     r = routing.route(cfg, w.x, w.wg, w.gate_bias)
-    y64 = golden.dense(cfg, w, r, golden_path(cfg))
+    y_gold = golden.dense(cfg, w, r, golden_path(cfg))
     expert = np.stack([x["expert"] for x in routes])
     slot = np.stack([x["slot"] for x in routes])
     weight = np.stack([x["weight"] for x in routes])
     counts = np.stack([x["counts"] for x in routes])
-    return {"routing_equal": bool(np.array_equal(expert, r.expert) and np.array_equal(slot, r.slot)),
-            "counts_equal": bool(np.array_equal(counts, r.counts(cfg.experts))),
-            "weight_max_abs_err": float(np.abs(weight - r.weight).max()),
-            "rel_err": _rel(np.stack(ys), y64), "golden_path": golden_path(cfg), "dropped": r.dropped,
-            "nan": bool(np.isnan(np.stack(ys)).any())}
+    res = {"routing_equal": bool(np.array_equal(expert, r.expert) and np.array_equal(slot, r.slot)),
+           "counts_equal": bool(np.array_equal(counts, r.counts(cfg.experts))),
+           "weight_max_abs_err": float(np.abs(weight - r.weight).max()),
+           "rel_err": _rel(np.stack(ys), y_gold), "golden_path": golden_path(cfg), "dropped": r.dropped,
+           "nan": bool(np.isnan(np.stack(ys)).any())}
+    if golden_path(cfg) != "float64":
+        res["rel_err_float64"] = _rel(np.stack(ys), golden.dense(cfg, w, r, "float64"))
+    return res
 
 
 def run_everywhere(session: Session, layer: Layer, telemetry: bool = False) -> None:
@@ -195,7 +200,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         res["kept_rows"] = int(send_counts.sum())  # rows the experts computed, over all ranks
         trace = last_trace(session, layer, cfg, send_counts, res)
         if case.get("baseline_check") or case.get("bench"):
-            base = TorchLayer(cfg, inputs, session.rank, "bfloat16" if cfg.dtype == "bfloat16" else "float32")
+            base = TorchLayer(cfg, inputs, session.rank, cfg.gemm_precision)
             yb, eb, wb, sb = base.forward()
             same_route = bool(torch.equal(eb.cpu(), torch.from_numpy(rt["expert"])) and
                               torch.equal(sb.cpu(), torch.from_numpy(rt["slot"])))
@@ -253,8 +258,8 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         if trace is not None and case.get("trace"):
             keep = ("name", "grid", "n_proc", "sm_utilization", "gemm_ms_per_proc", "warmup", "iters", "kernel_ms",
                     "kernel_ms_all", "kernel_telemetry_ms", "kernel_telemetry_ms_all", "torch_float32_ms",
-                    "torch_float32_ms_all", "torch_bfloat16_ms", "torch_bfloat16_ms_all", "vs_baseline_rel_err",
-                    "rel_err")
+                    "torch_float32_ms_all", "torch_bfloat16_ms", "torch_bfloat16_ms_all", "torch_tf32_ms",
+                    "torch_tf32_ms_all", "vs_baseline_rel_err", "rel_err")
             trace.meta.update({k: res[k] for k in keep if k in res})
             trace.meta.update(case.get("meta", {}))
             trace.save(out_dir / case["trace"])

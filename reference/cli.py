@@ -126,7 +126,7 @@ def save_golden(cfg: Config, result: dict, path: str) -> None:
 # float32 and bf16 results may move by a rounding step with another BLAS; semantics changes move
 # them by O(1). Inputs and routing must match exactly.
 TOLERANCES = {"routing": 0.0, "routing_weight": 1e-15, "float64": 1e-12, "float32": 1e-6,
-              "bfloat16": 5e-3}
+              "bfloat16": 5e-3, "tf32": 1e-6}
 
 
 def tolerance_of(quantity: str) -> float:
@@ -198,15 +198,15 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_configs)
 
     p = sub.add_parser("golden", help="run the golden MoE forward (NumPy) on a config",
-                       description="Compute the golden MoE layer (dense formula in float64, float32 "
-                                   "and emulated bf16, plus the tile walk) and optionally save it.")
+                       description="Compute the golden MoE layer (dense formula in float64, float32, "
+                                   "emulated bf16 and TF32, plus the tile walk) and optionally save it.")
     add_config_args(p)
     p.add_argument("--out", metavar="FILE.npz", help="write inputs, weights, routing and outputs")
     p.add_argument("--check", metavar="FILE.npz",
                    help="recompute a saved golden and report the max relative errors")
     p.add_argument("--tolerance", type=float,
                    help="--check fails above this max relative error (default: exact inputs and "
-                        "routing, 1e-12 float64, 1e-6 float32, 5e-3 bfloat16)")
+                        "routing, 1e-12 float64, 1e-6 float32 and tf32, 5e-3 bfloat16)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_golden)

@@ -57,6 +57,9 @@ class Config:
     shared_experts: int = 0  # dense experts every token goes through with weight 1
     skew: float = 0.0  # load imbalance: -skew * ln(1 + e) is added to expert e's gate logit
     dtype: str = "float32"
+    # float32 storage, expert GEMMs on tensor cores: operands rounded to TF32 (10-bit mantissa),
+    # products accumulated in float32; the gate stays float64
+    tf32: bool = False
     seed: int = 0
     # the parallel layout
     ranks: int = 1  # P: GPUs holding experts, one process each
@@ -88,6 +91,11 @@ class Config:
             raise ConfigError("skew", self.skew, "a finite number >= 0 (0: no imbalance)")
         if not isinstance(self.bias, bool):
             raise ConfigError("bias", self.bias, "true or false")
+        if not isinstance(self.tf32, bool):
+            raise ConfigError("tf32", self.tf32, "true or false")
+        if self.tf32 and self.dtype != "float32":
+            raise ConfigError("tf32", self.tf32, f"false with dtype = {self.dtype!r} (TF32 is a way to multiply "
+                              "float32 operands: true only with dtype float32)")
         if isinstance(self.shared_experts, bool) or not isinstance(self.shared_experts, int) \
                 or self.shared_experts < 0:
             raise ConfigError("shared_experts", self.shared_experts, "an integer >= 0")
@@ -120,6 +128,12 @@ class Config:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def gemm_precision(self) -> str:
+        """What the expert GEMMs multiply in: "tf32" for a float32 config with tf32, else dtype.
+        Names the golden's precision path and the hardware's matrix rate."""
+        return "tf32" if self.tf32 else self.dtype
 
     @property
     def capacity(self) -> int | None:

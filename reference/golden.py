@@ -9,8 +9,9 @@ Two computations of one layer call, which must agree:
   rows back and combine at the home rank.
 Both accumulate a token's contributions in one fixed order (choice 0, 1, .., k-1, then shared
 experts), as the kernel must, so results are deterministic. Precision paths: float64 (the
-truth), float32, and bfloat16 (operands and the GEMM0 output rounded to bf16, float32
-accumulation, float32 output).
+truth), float32, bfloat16 (operands and the GEMM0 output rounded to bf16, float32
+accumulation, float32 output), and tf32 (float32 throughout, the expert GEMMs' operands -- tokens,
+W1, the activation, W2 -- rounded to TF32 as they are multiplied; biases stay float32).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import plan as tile_plan
 from .config import Config
-from .numerics import activate, compute_dtype, round_bf16, to_path
+from .numerics import activate, compute_dtype, gemm_operand, round_bf16, to_path
 from .routing import Routing
 from .weights import Weights
 
@@ -47,7 +48,7 @@ def _gemm0(cfg: Config, rows, w1, b1, cols: np.ndarray, path: str):
 
 def _expert_ffn(cfg: Config, rows, w1, b1, w2, b2, path: str):
     h = _gemm0(cfg, rows, w1, b1, np.arange(cfg.ffn), path)
-    return h @ w2 + b2
+    return gemm_operand(h, path) @ w2 + b2
 
 
 def _ordered_sum(contrib: np.ndarray) -> np.ndarray:
@@ -59,15 +60,16 @@ def _ordered_sum(contrib: np.ndarray) -> np.ndarray:
 
 
 def _expert_operands(cfg: Config, w: Weights, e: int, path: str):
-    return (to_path(w.w1[e], path), to_path(w.b1[e], path), to_path(w.w2[e], path),
-            to_path(w.b2[e], path))
+    """w1, b1, w2, b2 of expert e: the weights as the GEMMs read them, the biases as stored."""
+    return (gemm_operand(to_path(w.w1[e], path), path), to_path(w.b1[e], path),
+            gemm_operand(to_path(w.w2[e], path), path), to_path(w.b2[e], path))
 
 
 def dense(cfg: Config, w: Weights, routing: Routing, path: str = "float64") -> np.ndarray:
     """(P, T, H) output by the dense formula, grouped by expert."""
     dt = compute_dtype(path)
     p, t, k = routing.expert.shape
-    x = to_path(w.x, path)
+    x = gemm_operand(to_path(w.x, path), path)  # the tokens are only ever a GEMM0 operand here
     contrib = np.zeros((p, t, k + cfg.shared_experts, cfg.hidden), dt)
     for e in range(cfg.experts + cfg.shared_experts):
         if e < cfg.experts:
@@ -93,7 +95,7 @@ def _task_columns(plan, lo: int, hi: int, kind: int) -> np.ndarray:
 def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarray:
     """(P, T, H) output by executing the tile plan rank by rank."""
     dt = compute_dtype(path)
-    x = to_path(w.x, path)
+    x = gemm_operand(to_path(w.x, path), path)
     k_all = cfg.top_k + cfg.shared_experts
     # each home rank keeps one float32/64 row per (token, choice): the combine target
     combine_buf = np.zeros((cfg.ranks, cfg.tokens, k_all, cfg.hidden), dt)
@@ -114,7 +116,7 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             h[:, _columns(cols0, cfg.ffn)] = _gemm0(cfg, a, w1, b1, cols0, path)
             out = np.empty((a.shape[0], cfg.hidden), dt)
             cols1 = _columns(_task_columns(plan, lo, hi, tile_plan.GEMM1), cfg.hidden)
-            out[:, cols1] = h @ w2[:, cols1] + b2[cols1]
+            out[:, cols1] = gemm_operand(h, path) @ w2[:, cols1] + b2[cols1]
             # combine: the rows go back to the home rank, weighted into their (token, choice) row
             weight = plan.row_weight[rows].astype(dt)[:, None]
             combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = weight * out

@@ -1,15 +1,19 @@
-"""Elementwise numerics shared by the golden paths: bfloat16 rounding, activations, softmax.
+"""Elementwise numerics shared by the golden paths: bfloat16 and TF32 rounding, activations, softmax.
 
 bfloat16 is emulated in NumPy: values are rounded to the nearest bfloat16 (ties to even) and held
 in float32, which is what a tensor-core kernel with bf16 operands and fp32 accumulation sees.
+TF32 is a way to multiply float32 data, not a storage type: on the "tf32" path everything is
+float32 and only the operands of the expert GEMMs are rounded to TF32 as the kernel converts them
+(cvt.rna.tf32.f32: 10 mantissa bits kept, nearest, ties away from zero).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-PATHS = ("float64", "float32", "bfloat16")
-_COMPUTE = {"float64": np.float64, "float32": np.float32, "bfloat16": np.float32}
+PATHS = ("float64", "float32", "bfloat16", "tf32")
+_COMPUTE = {"float64": np.float64, "float32": np.float32, "bfloat16": np.float32, "tf32": np.float32}
+_TF32_DROPPED = 13  # float32 has 23 mantissa bits, TF32 keeps 10
 
 
 def compute_dtype(path: str) -> type:
@@ -24,11 +28,27 @@ def round_bf16(a: np.ndarray) -> np.ndarray:
     return (bits & np.uint32(0xFFFF0000)).view(np.float32)
 
 
+def round_tf32(a: np.ndarray) -> np.ndarray:
+    """Round to TF32 as PTX cvt.rna.tf32.f32 does: to nearest on the 13 dropped mantissa bits, ties
+    away from zero (add half an ulp to the magnitude, then truncate; a carry moves into the
+    exponent, up to infinity); returns float32 with those bits zero. Inf and NaN are kept as they are."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(1 << (_TF32_DROPPED - 1))) & np.uint32((0xFFFFFFFF << _TF32_DROPPED) & 0xFFFFFFFF)
+    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return np.where(special, bits, rounded).view(np.float32)
+
+
 def to_path(a: np.ndarray, path: str) -> np.ndarray:
-    """An operand as the path stores it: float64, float32, or bf16-rounded float32."""
+    """An operand as the path stores it: float64, float32, or bf16-rounded float32 (the tf32
+    path stores float32)."""
     if path == "bfloat16":
         return round_bf16(a)
     return np.asarray(a, dtype=_COMPUTE[path])
+
+
+def gemm_operand(a: np.ndarray, path: str) -> np.ndarray:
+    """A stored operand as the path's expert GEMM reads it: TF32-rounded on the tf32 path."""
+    return round_tf32(a) if path == "tf32" else a
 
 
 def _erf(x: np.ndarray) -> np.ndarray:

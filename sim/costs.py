@@ -1,7 +1,8 @@
 """The cost model: how long a block spends on a task, the gate or moving a tile, from the preset.
 
-A block's share of the chip is 1 / (SMs x blocks per SM) of its matrix rate (peak x efficiency)
-and of its HBM bandwidth. A task takes its FLOPs over the block's rate or its HBM bytes over the
+A block's share of the chip is 1 / (SMs x blocks per SM) of its matrix rate (peak x efficiency; the
+expert GEMMs at the rate of the config's GEMM precision, so a tf32 config's at the TF32 tensor-core
+rate) and of its HBM bandwidth. A task takes its FLOPs over the block's rate or its HBM bytes over the
 block's bandwidth, whichever dominates, plus the per-task overhead. GEMM operands are reread by
 many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a combine streams.
 
@@ -60,7 +61,8 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
         # presets keep FlashMoE's weighting task)
         flops, nbytes = np.where(combine, 0.0, flops), np.where(combine, 0.0, nbytes)
     hbm_bytes = np.where(combine, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
-    compute = flops / block_flops_per_ns(hw, cfg.dtype)
+    # the GEMM tasks multiply in the GEMM precision; a combine's few flops (its weighting) in dtype
+    compute = flops / np.where(combine, block_flops_per_ns(hw, cfg.dtype), block_flops_per_ns(hw, cfg.gemm_precision))
     memory = hbm_bytes / block_bytes_per_ns(hw)
     if hw.copy_ns_per_byte:
         # a measured copy rate replaces the even HBM share for the combine (it weights its rows in
@@ -141,6 +143,7 @@ def reduce_ns(hw: Hardware, cfg: Config, processors: int) -> float:
 
 
 def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool) -> float:
-    """A whole-chip kernel of the bulk-synchronous baseline (launch gap not included)."""
+    """A whole-chip kernel of the bulk-synchronous baseline (launch gap not included); its expert
+    GEMMs multiply in the config's GEMM precision (torch with TF32 allowed for a tf32 config)."""
     hbm_bytes = nbytes * (1.0 - hw.l2_hit_fraction) if gemm else nbytes
-    return max(flops / chip_flops_per_ns(hw, cfg.dtype), hbm_bytes / hw.hbm_gbps)
+    return max(flops / chip_flops_per_ns(hw, cfg.gemm_precision if gemm else cfg.dtype), hbm_bytes / hw.hbm_gbps)

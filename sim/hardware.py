@@ -47,6 +47,7 @@ class Hardware:
     blocks_per_sm: int  # resident blocks of the persistent kernel per SM
     tflops_float32: float
     tflops_bfloat16: float
+    tflops_tf32: float  # float32 data multiplied on tensor cores with TF32 operands
     tflops_float64: float
     matrix_efficiency: float  # share of the peak matrix rate a tile GEMM reaches
     hbm_gbps: float
@@ -98,7 +99,7 @@ class Hardware:
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise HardwareError(f, v, "a positive integer")
-        for f in ("tflops_float32", "tflops_bfloat16", "tflops_float64", "hbm_gbps", "nvlink_gbps",
+        for f in ("tflops_float32", "tflops_bfloat16", "tflops_tf32", "tflops_float64", "hbm_gbps", "nvlink_gbps",
                   "nic_gbps", "pcie_gbps", "matrix_efficiency", "alltoall_gbps"):
             if getattr(self, f) <= 0:
                 raise HardwareError(f, getattr(self, f), "a number > 0")
@@ -200,6 +201,7 @@ _H100 = {
     "blocks_per_sm": (4, "FlashMoE csrc/include/flashmoe/arch.cuh, Hardware<900, 128>: 4 blocks per SM"),
     "tflops_float32": (67.0, _DATASHEET_H100 + ": FP32 67 TFLOPS (FlashMoE computes FP32 on CUDA cores)"),
     "tflops_bfloat16": (989.4, _DATASHEET_H100 + ": BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense"),
+    "tflops_tf32": (494.7, _DATASHEET_H100 + ": TF32 Tensor Core 989 TFLOPS with sparsity, 494.7 dense"),
     "tflops_float64": (67.0, _DATASHEET_H100 + ": FP64 Tensor Core 67 TFLOPS"),
     "matrix_efficiency": (0.8, "DESIGN.md floors of the FlashMoE default's expert math: fp32 5.4 ms is 0.76 "
                                "and bf16 0.34 ms is 0.82 of peak"),
@@ -235,6 +237,7 @@ _H200 = {
     "sms": (132, "H200 is the GH100 chip of H100 SXM5: 132 SMs"),
     "tflops_float32": (67.0, _DATASHEET_H200 + ": FP32 67 TFLOPS"),
     "tflops_bfloat16": (989.4, _DATASHEET_H200 + ": BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense"),
+    "tflops_tf32": (494.7, _DATASHEET_H200 + ": TF32 Tensor Core 989 TFLOPS with sparsity, 494.7 dense"),
     "tflops_float64": (67.0, _DATASHEET_H200 + ": FP64 Tensor Core 67 TFLOPS"),
     "hbm_gbps": (4800.0, _DATASHEET_H200 + ": GPU memory bandwidth 4.8 TB/s"),
     "nvlink_gbps": (450.0, _DATASHEET_H200 + ": NVLink 900 GB/s bidirectional, 450 GB/s each way"),

@@ -45,5 +45,13 @@ def test_cubin_constant_names_a_missing_symbol(tmp_path):
         build.cubin_constant(cubin, "moelab_nothing")
 
 
+def test_tf32_kernel_compiles_and_device_links(tmp_path):
+    # the TF32 tile GEMM at the bench's shape, the checks' narrower one and the wide variant
+    for tile in ((128, 64, 16), (64, 32, 16), (128, 128, 8)):
+        opts = {"TILE_M": tile[0], "TILE_N": tile[1], "TILE_K": tile[2], "MOE_TF32": 1}
+        data = build.build(opts, cache=tmp_path).cubin.read_bytes()
+        assert data[:4] == b"\x7fELF" and b"moelab_moe_tf32" in data and b"nvshmem" in data
+
+
 def test_nvshmem_is_the_gpu_machines_version():
     assert build.nvshmem_version(build.nvshmem_dir()) == "3.4.5"

@@ -78,6 +78,54 @@ def test_bf16_cases_are_supported():
     assert cases.bench_cases(1, "default", "x-", trace=False)[0]["trace"] is None
 
 
+def test_tf32_tile_shape_is_checked_field_by_field():
+    flash = presets.get("flashmoe")
+    tf = flash.replace(tf32=True, tile_k=16)
+    layout.check_supported(tf)
+    layout.check_supported(flash.replace(tf32=True))  # the fp32 default's 128 x 64 x 8 tiles fit too
+    for change, field in [(dict(tile_m=32), "tile_m"), (dict(tile_m=256), "tile_m"),  # 256 rows spill
+                          (dict(tile_k=4), "tile_k"), (dict(tile_k=32), "tile_k"),  # 3 stages of 32 exceed 47 KiB
+                          (dict(tile_n=256), "tile_n"),  # 256 accumulators per thread
+                          (dict(tile_n=48, hidden=1920, ffn=1920, tile_k=8), "tile_n")]:  # no power of two
+        with pytest.raises(layout.UnsupportedConfig) as e:
+            layout.check_supported(tf.replace(**change))
+        assert e.value.field == field and "tf32" in str(e.value)
+    layout.check_supported(tf.replace(tile_m=64, tile_n=256, tile_k=8))  # 128 accumulators: no spill
+    with pytest.raises(layout.UnsupportedConfig, match="32-bit offsets"):
+        layout.check_supported(Config(tokens=8, hidden=2**24, ffn=128, tile_m=128, tile_n=64, tile_k=8, tf32=True))
+    assert layout.compile_options(tf) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": 16, "MOE_TF32": 1}
+    assert layout.kernel_name(tf) == "moelab_moe_tf32"
+    # float32 storage: the buffers are those of the float32 kernel
+    assert layout.Sizes.of(tf) == layout.Sizes.of(flash.replace(tile_k=16))
+
+
+def test_tf32_cases_are_supported():
+    from gpu import cases
+
+    checks = cases.tf32_check_cases(2, 7)
+    benches = cases.bench_cases(2, "sweep", "x-", "tf32") + cases.bench_cases(2, "tiles", "x-", "tf32")
+    for c in checks + benches:
+        cfg = Config.from_dict(c["config"])
+        assert cfg.tf32 and cfg.dtype == "float32" and cfg.gemm_precision == "tf32"
+        layout.check_supported(cfg)
+    assert {Config.from_dict(c["config"]).tokens % Config.from_dict(c["config"]).tile_m for c in checks} != {0}
+    assert any(Config.from_dict(c["config"]).capacity_factor is None for c in checks)
+    bench = cases.bench_cases(1, "default", "x-", "tf32")
+    assert bench[0]["trace"] == "x-trace-flashmoe-tf32-p1.npz" and bench[0]["baselines"] == ["tf32", "float32"]
+    assert Config.from_dict(bench[0]["config"]).tile_k == cases.TF32_TILE_K
+    names = [c["name"] for c in cases.bench_cases(2, "sweep", "x-", "tf32")]
+    assert "bench-flashmoe-tokens-1k-tf32-p2" in names and "bench-flashmoe-experts-128-tf32-p2" in names
+    assert "bench-flashmoe-tile128x128x8-tf32-p2" in names
+    # the float32 and bf16 bench points are those of before
+    assert cases.bench_cases(1, "default")[0]["baselines"] == ["float32", "bfloat16"]
+    assert Config.from_dict(cases.bench_cases(1, "default")[0]["config"]) == presets.get("flashmoe").replace(ranks=1)
+
+
+def test_tf32_stages_are_the_kernels():
+    text = (layout.KERNEL_DIR / "tile_gemm_tf32.cuh").read_text()
+    assert re.search(r"STAGES = (\d+);", text)[1] == str(layout.TF32_STAGES)
+
+
 def test_sizes_derive_from_config():
     s = layout.Sizes.of(presets.get("flashmoe"))
     assert (s.C, s.TM, s.L, s.n0, s.n1) == (256, 2, 16, 32, 32)

@@ -1,11 +1,12 @@
 """Config validation (one test per rule), presets, and TOML/JSON round trips and failures."""
 
+import argparse
 import json
 
 import pytest
 
 from reference import Config, ConfigError, presets
-from reference.cli import _parse_value
+from reference.cli import _parse_value, config_from_args
 
 BAD_FIELDS = [
     ("name", ""), ("tokens", 0), ("tokens", 1.5), ("tokens", True), ("hidden", -64), ("ffn", 0),
@@ -13,7 +14,8 @@ BAD_FIELDS = [
     ("tile_n", 0), ("tile_k", 0), ("gate", "argmax"), ("activation", "tanh"), ("dtype", "fp8"),
     ("placement", "random"), ("capacity_factor", 0.0), ("capacity_factor", -1.0),
     ("capacity_factor", float("inf")), ("capacity_factor", "none"), ("bias", 1),
-    ("shared_experts", -1), ("skew", -0.5), ("skew", float("nan")), ("seed", -1),
+    ("shared_experts", -1), ("skew", -0.5), ("skew", float("nan")), ("seed", -1), ("tf32", 1),
+    ("tf32", "true"),
 ]
 
 
@@ -39,6 +41,20 @@ def test_cross_field_rules(changes, field):
     assert err.value.field == field
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_tf32_only_with_float32(dtype):
+    with pytest.raises(ConfigError) as err:
+        Config(dtype=dtype, tf32=True)
+    assert (err.value.field, err.value.value) == ("tf32", True)
+    assert "float32" in err.value.allowed and dtype in err.value.allowed
+
+
+def test_gemm_precision():
+    assert Config().gemm_precision == "float32" and Config(dtype="bfloat16").gemm_precision == "bfloat16"
+    assert Config(tf32=True).gemm_precision == "tf32"
+    assert all(not c.tf32 for c in presets.PRESETS.values())  # the presets stay float32/bf16 as measured
+
+
 def test_capacity_rule():
     c = Config(tokens=100, experts=8, top_k=2, capacity_factor=1.0)
     assert c.capacity == 25  # ceil(1.0 * 100 * 2 / 8)
@@ -60,7 +76,8 @@ def test_replace_unknown_field():
 
 @pytest.mark.parametrize("suffix", [".toml", ".json"])
 def test_save_load_round_trip(tmp_path, suffix):
-    for c in (presets.get("tiny"), presets.get("tiny-nodrop"), presets.get("tiny-deepseek")):
+    for c in (presets.get("tiny"), presets.get("tiny-nodrop"), presets.get("tiny-deepseek"),
+              presets.get("tiny").replace(tf32=True)):
         path = tmp_path / f"c{suffix}"
         c.save(path)
         assert Config.load(path) == c
@@ -97,6 +114,14 @@ def test_presets_hold_the_papers_configs():
     assert [c.experts for c in presets.SWEEPS["experts"]] == [8, 16, 32, 64, 128]
     assert [c.ranks for c in presets.SWEEPS["gpus"]] == [1, 2, 4, 8]
     assert all(c.name in presets.PRESETS for s in presets.SWEEPS.values() for c in s)
+
+
+def test_dict_round_trip_and_set_option():
+    c = presets.get("tiny").replace(tf32=True)
+    assert Config.from_dict(c.to_dict()) == c and c.to_dict()["tf32"] is True
+    assert Config.from_dict({k: v for k, v in c.to_dict().items() if k != "tf32"}).tf32 is False  # older files
+    args = argparse.Namespace(config="tiny", gpus=None, set=["tf32=true"])
+    assert config_from_args(args).tf32 is True and config_from_args(args).name == "tiny+tf32=True"
 
 
 def test_cli_value_parsing():

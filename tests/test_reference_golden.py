@@ -75,6 +75,9 @@ def test_edge_configs_all_paths(changes):
     assert max_rel_error(golden.tile_walk(cfg, w, tp, "float32"), truth) < 1e-5
     assert max_rel_error(golden.dense(cfg, w, r, "float32"), truth) < 1e-5
     assert max_rel_error(golden.dense(cfg, w, r, "bfloat16"), truth) < 2e-2
+    tf32 = golden.dense(cfg, w, r, "tf32")
+    assert max_rel_error(tf32, truth) < 5e-3
+    assert max_rel_error(golden.tile_walk(cfg, w, tp, "tf32"), tf32) < 1e-5
 
 
 def test_skewed_routing_drops_and_matches():
@@ -104,7 +107,62 @@ def test_precision_paths_differ_as_their_dtypes_do():
     truth = golden.dense(cfg, w, r, "float64")
     e32 = max_rel_error(golden.dense(cfg, w, r, "float32"), truth)
     ebf = max_rel_error(golden.dense(cfg, w, r, "bfloat16"), truth)
+    etf = max_rel_error(golden.dense(cfg, w, r, "tf32"), truth)
     assert 1e-9 < e32 < 1e-5 and 1e-4 < ebf < 2e-2
+    assert 10 * e32 < etf < ebf / 4  # TF32 keeps 10 mantissa bits, bf16 7
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), activation=st.sampled_from(["relu", "gelu_tanh", "silu"]),
+       gate=st.sampled_from(GATES), skew=st.sampled_from([0.0, 2.0]))
+def test_tf32_path_within_5e3_of_float64_on_fresh_inputs(seed, activation, gate, skew):
+    # the GPU checks' shape (H = 128, I = 256, 2 ranks), fresh seeds: the bar issue 9 sets for TF32
+    cfg = Config(tokens=200, hidden=128, ffn=256, experts=8, top_k=2, gate=gate, activation=activation,
+                 skew=skew, ranks=2, tile_m=64, tile_n=32, tile_k=16, tf32=True, seed=seed)
+    w, r, tp = forward_all(cfg)
+    truth = golden.dense(cfg, w, r, "float64")
+    tf32 = golden.dense(cfg, w, r, "tf32")
+    assert max_rel_error(tf32, truth) < 5e-3
+    assert max_rel_error(golden.dense(cfg, w, r, "float32"), truth) < max_rel_error(tf32, truth)
+    assert max_rel_error(golden.tile_walk(cfg, w, tp, "tf32"), tf32) < 1e-5
+
+
+def test_tf32_path_rounds_exactly_the_gemm_operands():
+    # the tf32 path is the float32 path on TF32-rounded tokens and weights, with the activation
+    # rounded again before GEMM1 (it is GEMM1's operand); biases are not rounded
+    from reference.numerics import round_tf32
+
+    cfg = presets.get("tiny").replace(top_k=1, experts=2, ranks=1, tf32=True)
+    w, r, _ = forward_all(cfg)
+    y = golden.dense(cfg, w, r, "tf32")
+    e = r.expert[0, 0, 0]
+    x = round_tf32(w.x[0, 0])
+    h = np.maximum(x @ round_tf32(w.w1[e]) + w.b1[e].astype(np.float32), 0)
+    want = r.weight[0, 0, 0].astype(np.float32) * (round_tf32(h) @ round_tf32(w.w2[e]) + w.b2[e].astype(np.float32))
+    assert max_rel_error(y[0, 0], want) < 1e-6
+
+
+def test_round_tf32_is_cvt_rna_bit_for_bit():
+    from reference.numerics import round_tf32
+
+    # (float32 bits in, TF32 bits out): 13 low bits dropped, to nearest, ties away from zero
+    cases = [
+        (0x3F800000, 0x3F800000),  # 1.0 is a TF32 value
+        (0x3F800FFF, 0x3F800000),  # below half an ulp (0x1000): down
+        (0x3F801000, 0x3F802000),  # a tie with an even kept part: away from zero (ties-to-even would stay)
+        (0x3F803000, 0x3F804000),  # a tie with an odd kept part: away from zero too
+        (0x3F801001, 0x3F802000),  # above half: up
+        (0xBF801000, 0xBF802000),  # negative tie: magnitude up, away from zero
+        (0xBF800FFF, 0xBF800000),
+        (0x3FFFF000, 0x40000000),  # the carry moves into the exponent: 2.0
+        (0x7F7FF000, 0x7F800000),  # the largest ties round to infinity
+        (0x00001000, 0x00002000),  # subnormals round the same way (no flush)
+        (0x80000FFF, 0x80000000),
+        (0x7F800000, 0x7F800000), (0xFF800000, 0xFF800000), (0xFFFFFFFF, 0xFFFFFFFF),  # inf, -inf, NaN kept
+    ]
+    bits = np.array([c[0] for c in cases], np.uint32).view(np.float32)
+    got = round_tf32(bits).view(np.uint32)
+    assert [hex(g) for g in got] == [hex(c[1]) for c in cases]
 
 
 def test_round_bf16_ties_to_even():

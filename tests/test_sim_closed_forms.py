@@ -52,6 +52,22 @@ def test_one_gpu_one_expert_compute_only():
     assert len(gemm0) == n0 and np.unique(gemm0["start"]).size == 2  # two rounds
 
 
+def test_tf32_gemm_tasks_run_at_the_tf32_matrix_rate():
+    # the compute-only layer above with tf32: each GEMM task's FLOPs at the datasheet's dense TF32 rate
+    cfg = Config(tokens=128, hidden=64, ffn=64 * 600, experts=1, top_k=1, capacity_factor=None,
+                 bias=False, ranks=1, tile_m=128, tile_n=64, tile_k=8, tf32=True)
+    plan = reference.plan_of(cfg)
+    r = sim.simulate(cfg, plan=plan)
+    blocks = HW.sms * HW.blocks_per_sm
+    flops, nbytes = plan.task_flops[plan.task_kind == GEMM0][0], plan.task_bytes[plan.task_kind == GEMM0][0]
+    rate = HW.tflops_tf32 * 1e3 * HW.matrix_efficiency / blocks
+    want = max(flops / rate, nbytes * (1 - HW.l2_hit_fraction) / (HW.hbm_gbps / blocks)) + HW.task_overhead_ns
+    gemm0 = r.trace.where("processor", "gemm0")
+    assert np.allclose(gemm0["end"] - gemm0["start"], want, rtol=REL)
+    assert HW.tflops_tf32 == 494.7 and "TF32" in HW.source("tflops_tf32")
+    assert r.metrics["latency_ns"] < sim.simulate(cfg.replace(tf32=False), plan=plan).metrics["latency_ns"]
+
+
 def test_scheduler_bag_of_equal_tasks_is_ceil_tasks_over_processors():
     from sim.kernel import Scheduler
 

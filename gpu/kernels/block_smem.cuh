@@ -15,6 +15,8 @@
 
 #if MOE_BF16
 constexpr int GEMM_SMEM_BYTES = TcTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES>::SMEM_BYTES;
+#elif MOE_TF32
+constexpr int GEMM_SMEM_BYTES = Tf32TileGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES;
 #else
 constexpr int GEMM_SMEM_BYTES = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS * 4;
 #endif

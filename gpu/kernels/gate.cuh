@@ -9,7 +9,7 @@
 // - slots per expert in priority order (choice j first, then token index), dropped at >= C.
 #pragma once
 #include "common.cuh"
-#include "tile_gemm.cuh"  // cp_async16, cp_async_commit, cp_async_wait
+#include "tile_gemm.cuh"  // cp_async16, cp_async_commit, cp_async_wait, smem_addr
 
 constexpr int GATE_TOKENS = 32;       // tokens per gate work item
 constexpr int GATE_EXPERTS = 64;      // experts per pass over H
@@ -38,7 +38,6 @@ __device__ __forceinline__ void dmma_8x8x4(double (&d)[2], double a, double b) {
 __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(gmem), "r"(valid ? 4 : 0));
 }
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Logits of tokens t0.. (GATE_TOKENS of them) against every expert, GATE_EXPERTS per pass.
 // Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 4 x 2 mma tiles.

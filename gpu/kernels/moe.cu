@@ -1,6 +1,7 @@
 // moelab's MoE megakernel: one persistent launch per layer call on every GPU. Built as
 // moelab_moe_fp32 (float32, SIMT tile GEMM) or, with -DMOE_BF16=1, moelab_moe_bf16 (bf16 tokens,
-// weights and moved rows; tensor-core tile GEMM with float32 accumulation; see params.cuh).
+// weights and moved rows; tensor-core tile GEMM with float32 accumulation; see params.cuh) or,
+// with -DMOE_TF32=1, moelab_moe_tf32 (float32 data, tensor-core tile GEMM on TF32 operands).
 // Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
 // Phases: gate (all blocks) | barrier | slots (all blocks) | barrier | dispatch + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 -> return put -> combine) | final ordered combine.
@@ -20,6 +21,8 @@
 constexpr int BLOCK_THREADS = 128;
 #if MOE_BF16
 #define MOE_KERNEL moelab_moe_bf16
+#elif MOE_TF32
+#define MOE_KERNEL moelab_moe_tf32
 #else
 #define MOE_KERNEL moelab_moe_fp32
 #endif

@@ -6,6 +6,7 @@
 #include <nvshmemx.h>
 #include "os.cuh"
 #include "tile_gemm.cuh"
+#include "tile_gemm_tf32.cuh"
 
 __device__ __forceinline__ float activate(int kind, float h) {
   switch (kind) {
@@ -77,15 +78,33 @@ __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, i
     log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, rows, tile, 0);
 }
 
+#if MOE_BF16 && MOE_TF32
+#error "MOE_TF32 multiplies float32 data: build it without MOE_BF16"
+#elif MOE_BF16 || MOE_TF32
 #if MOE_BF16
-// A GEMM0 or GEMM1 task of the bf16 kernel, as the reference's bf16 path computes it: bf16
-// operands, float32 accumulation, bias and activation in float32, the activation rounded to bf16
-// (round to nearest even) into `hidden`. The GEMM1 output is rounded to bf16 too, for the trip
-// home (half the bytes; one more rounding than the reference, whose combine reads float32 rows).
-// GEMM_STAGES (cp.async stages) comes with the tile shape from the build (gpu/layout.py).
+// GEMM_STAGES (cp.async stages) comes with the tile shape from the build (gpu/layout.py)
+template <int BM, int BN, int BK>
+using TensorCoreGemm = TcTileGemm<BM, BN, BK, GEMM_STAGES>;
+#else
+template <int BM, int BN, int BK>
+using TensorCoreGemm = Tf32TileGemm<BM, BN, BK>;
+#endif
+// two adjacent outputs stored as elements: bf16 rounds to nearest even, float32 is kept
+__device__ __forceinline__ void store_pair(__nv_bfloat16* at, float v0, float v1) {
+  *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(v0, v1);
+}
+__device__ __forceinline__ void store_pair(float* at, float v0, float v1) {
+  *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
+}
+
+// A GEMM0 or GEMM1 task of a tensor-core kernel, as the reference's bf16 or tf32 path computes
+// it: float32 accumulation, bias and activation in float32. bf16: bf16 operands, the activation
+// rounded to bf16 (round to nearest even) into `hidden`, and the GEMM1 output rounded to bf16 too,
+// for the trip home (half the bytes; one more rounding than the reference, whose combine reads
+// float32 rows). tf32: float32 operands rounded to TF32 inside the tile GEMM, float32 stored.
 template <int BM, int BN, int BK>
 __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, void* smem) {
-  using Gemm = TcTileGemm<BM, BN, BK, GEMM_STAGES>;
+  using Gemm = TensorCoreGemm<BM, BN, BK>;
   float acc[Gemm::MT][Gemm::NT][4];
   const int act = (int)p.act_kind;
   if (kind == TASK_GEMM0) {
@@ -93,15 +112,14 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
     const float* b = p.b1 + (long long)le * p.I + col0;
     elem_t* out = p.hidden + s0 * p.I + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-      *reinterpret_cast<__nv_bfloat162*>(out + r * p.I + c) =
-          __floats2bfloat162_rn(activate(act, v0 + b[c]), activate(act, v1 + b[c + 1]));
+      store_pair(out + r * p.I + c, activate(act, v0 + b[c]), activate(act, v1 + b[c + 1]));
     });
   } else {
     Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, smem, acc);
     const float* b = p.b2 + (long long)le * p.H + col0;
     elem_t* out = p.outbuf + s0 * p.H + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-      *reinterpret_cast<__nv_bfloat162*>(out + r * p.H + c) = __floats2bfloat162_rn(v0 + b[c], v1 + b[c + 1]);
+      store_pair(out + r * p.H + c, v0 + b[c], v1 + b[c + 1]);
     });
   }
 }

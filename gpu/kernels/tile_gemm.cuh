@@ -128,6 +128,7 @@ __device__ __forceinline__ int thread_index() {
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
   return t;
 }
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp_async16(unsigned smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
 }
