@@ -1,0 +1,55 @@
+#!/bin/bash
+# The GPU machine's work, in parts, each call running the parts it names and printing the bench
+# table last (a call is capped at 10 minutes, so the whole set takes two calls):
+#   checks     ptxas report (registers, spills, shared memory) of the float32, bf16 and tf32 kernels
+#              at the bench's tiles, the GPU tests on every GPU count, `moelab gpu` as a user runs it
+#   calibrate  the calibration microbenchmarks of both builds on 2 GPUs (calibration-<gpu>.json)
+#   bench-D    the sweep of precision D (float32, bfloat16, tf32) on the GPU counts given, a
+#              telemetry trace per point, each beside the torch layer of its precision
+#   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
+# Repo root on the GPU machine (its copy has no .git: the commit comes from here). Carry .whl
+# (nvshmem4py-cu13 0.4.1, simpy) and .cache (benchmarks/prebuild_cubins.py). $OUT/results.tar.gz
+# holds every result file.
+set -o pipefail
+. benchmarks/device_env.sh
+begin_run "$@"
+PREFIX=$1
+GPUS=$2
+shift 2
+for part in "$@"; do
+  case $part in
+    checks)
+      for precision in float32 bfloat16 tf32; do
+        python3 - "$precision" "$NVH" <<'EOF' 2>&1 | tee -a "$R/ptxas.txt"
+import subprocess, sys
+from gpu import build, cases, layout
+from reference import presets
+precision, nvh = sys.argv[1], sys.argv[2]
+cfg = cases.in_dtype(presets.get("flashmoe"), precision)
+flags = [f"-D{k}={v}" for k, v in sorted(layout.compile_options(cfg).items())]
+cmd = ["nvcc", f"-arch={build.ARCH}", "-rdc=true", "-O3", "-std=c++17", "-c", "gpu/kernels/moe.cu", f"-I{nvh}/include",
+       *flags, f"-DMIN_BLOCKS_PER_SM={layout.MIN_BLOCKS_PER_SM}", "-Xptxas", "-v", "-o", f"/tmp/ptxas-{precision}.o"]
+out = subprocess.run(cmd, capture_output=True, text=True).stderr.splitlines()
+at = next(i for i, line in enumerate(out) if f"for {layout.kernel_name(cfg)}" in line)
+print(precision, " ".join(flags), *out[at + 1: at + 3], sep="\n  ")
+EOF
+      done
+      timeout 240 python3 -m pytest -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
+      for extra in "" "--set tf32=true"; do
+        timeout 90 python3 -m moelab gpu --config tiny $extra --set tile_m=64 --gpus 2 --check --bench \
+          --out /tmp/moelab-cli 2>&1 | tee -a "$R/cli.txt"
+      done ;;
+    calibrate)
+      timeout 300 python3 benchmarks/calibrate_gpu.py --gpus 2 --out "$R" --commit "$MOELAB_COMMIT" --timeout 280 \
+        2>&1 | tee "$R/calibrate.txt" ;;
+    bench-*)
+      # shellcheck disable=SC2086  # GPUS is a list of counts
+      timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#bench-}" \
+        --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
+    *) echo "unknown part $part: checks, calibrate, bench-float32, bench-bfloat16, bench-tf32"; exit 2 ;;
+  esac
+done
+tar -czf "$OUT/results.tar.gz" -C "$R" .
+tail -n 3 "$R/pytest.txt" 2>/dev/null
+for part in "$@"; do [[ $part == bench-* ]] && tail -n 24 "$R/${part}.txt"; done
+exit 0
