@@ -26,6 +26,7 @@ TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not 
 DTYPES = ("float32", "bfloat16")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
 MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum (gpu/build.py passes it to nvcc): 2 blocks of 4 warps per SM
+CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
 # H100/H200: 228 KiB of shared memory per SM, of which the driver keeps 1 KiB per resident block;
 # 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)

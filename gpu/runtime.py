@@ -29,10 +29,12 @@ from .layout import BLOCK_THREADS, OS_WARPS, TLOG_CAP, Sizes
 
 @dataclass(frozen=True)
 class Loaded:
-    """A megakernel on this GPU: the cuda.core kernel and the dynamic shared memory of each block."""
+    """A megakernel on this GPU: the cuda.core kernel, the dynamic shared memory of each block and
+    the cubin's clock-sync kernel (moe.cu moelab_clock_sync)."""
 
     kernel: object
     smem_bytes: int
+    clock_sync: object
 
 
 def allow_dynamic_smem(kernel, smem_bytes: int, device_id: int) -> None:
@@ -94,7 +96,7 @@ class Session:
             obj = ObjectCode.from_cubin(built.cubin.read_bytes())
             nvshmem.library_init(NvshmemKernelObject.from_obj(obj))
             loaded = Loaded(obj.get_kernel(layout.kernel_name(cfg)),
-                            build.cubin_constant(built.cubin, layout.SMEM_SYMBOL))
+                            build.cubin_constant(built.cubin, layout.SMEM_SYMBOL), obj.get_kernel(layout.CLOCK_SYNC))
             allow_dynamic_smem(loaded.kernel, loaded.smem_bytes, self.device.device_id)
             self._kernels[built.key] = (obj, loaded)
         return self._kernels[built.key][1]
@@ -339,6 +341,22 @@ class Layer:
         return telemetry.decode(tlog, counts, rank=self.session.rank, node=self.cfg.node_of(self.session.rank),
                                 n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, bases=bases,
                                 elem_bytes=self.sizes.elem_bytes)
+
+    def clock_sync(self) -> int:
+        """This GPU's %globaltimer at the moment every rank's clock-sync kernel has started (a
+        collective: every rank calls it once, between layer calls). The differences of the ranks'
+        values are their clocks' offsets. Keeps the last launch's telemetry and counts."""
+        import torch
+        from cuda.core import LaunchConfig, launch
+
+        with torch.cuda.stream(self.session.torch_stream):
+            self.buffers["error"].zero_()
+            now = torch.zeros(1, dtype=torch.int64, device=self.buffers["error"].device)
+        self.epoch += 1  # the start signals carry this epoch; the next layer call waits for a newer one
+        launch(self.session.stream, LaunchConfig(grid=1, block=1), self.loaded.clock_sync,
+               np.uint64(self._params.data_ptr()), np.uint64(self.epoch), np.uint64(now.data_ptr()))
+        self.check()
+        return int(now.item())
 
     def kernel_start_ns(self) -> int:
         """Earliest event start of the last telemetry launch (globaltimer ns)."""

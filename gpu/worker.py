@@ -134,10 +134,14 @@ def profile_table(session: Session, fn) -> str:
 
 
 def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndarray, res: dict):
-    """The trace of the layer's last telemetry launch, all ranks on one time axis (rank 0; None
-    elsewhere); its processor utilization, size and span go into res. Collective."""
-    origin = min(_gather(session, layer.kernel_start_ns()))
-    tb, dropped = layer.trace_builder(origin, send_counts)
+    """The trace of the layer's last telemetry launch, all ranks on one time axis, rank 0's clock
+    (rank 0; None elsewhere); its processor utilization, size and span go into res. Collective.
+    The GPUs' %globaltimer clocks differ by a constant offset, measured by a clock-sync launch."""
+    clocks = _gather(session, layer.clock_sync())
+    offsets = [c - clocks[0] for c in clocks]  # rank r's clock minus rank 0's
+    starts = _gather(session, layer.kernel_start_ns())
+    origin = min(s - d for s, d in zip(starts, offsets))  # on rank 0's clock
+    tb, dropped = layer.trace_builder(origin + offsets[session.rank], send_counts)
     parts = _gather(session, (tb.build(), dropped))
     if session.rank != 0:
         return None
@@ -147,7 +151,8 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
         "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
         "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
         "dropped_events": sum(p[1] for p in parts),
-        "time_origin": "earliest kernel start over ranks (globaltimer ns)"})
+        "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
+        "clock_offsets_ns": offsets})
     res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)
     # GEMM task time per processor block: the layer's GEMM FLOPs over it give the rate of the
     # GEMM phase as if it had all processors to itself (the bar of "GEMM phases at x% of ceiling")

@@ -84,3 +84,14 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   if (!aborted(p)) combine_tokens(p, telemetry);
   if (threadIdx.x == 0) nvshmem_quiet();
 }
+
+// The ranks' clocks on one axis (launched with one thread, after a layer call): each rank signals
+// its start to every rank, waits (bounded) for all, and reads %globaltimer. The reads fall within a
+// signal's latency of one real moment, the last rank's signal landing, so their differences are
+// the offsets between the GPUs' clocks, which are not synchronized (~0.2 ms apart on an H200 pair).
+extern "C" __global__ void moelab_clock_sync(const Params* __restrict__ params, uint64_t epoch,
+                                             unsigned long long* now) {
+  const Params& p = *params;
+  for (int q = 0; q < p.P; ++q) nvshmemx_signal_op(p.sig_start + p.rank, epoch, NVSHMEM_SIGNAL_SET, q);
+  *now = wait_all_started(p, epoch) ? now_ns() : 0ull;
+}
