@@ -9,6 +9,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # The gpu benchmark scripts' start: record the command (the copy there has no .git, so the commit
 # comes in MOELAB_COMMIT), make $R for the results, log the GPUs, topology and nvcc, find NVSHMEM.
 begin_run() {
+  # measured runs are matched to their kernel by the full commit (sim/compare.py)
+  [[ $MOELAB_COMMIT =~ ^[0-9a-f]{40}$ ]] || { echo "MOELAB_COMMIT=$MOELAB_COMMIT: the full 40-hex commit \
+(MOELAB_COMMIT=\$(git rev-parse HEAD)) is needed"; exit 2; }
   export MOELAB_COMMAND="MOELAB_COMMIT=$MOELAB_COMMIT bash $0 $*"
   OUT=${OUT:-artifacts/device}
   R=$OUT/r

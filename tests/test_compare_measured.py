@@ -15,9 +15,27 @@ RUNS = compare.measured_runs()
 EVERY_RUN = compare.measured_runs(calibrated_only=False)
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
 # (run, quantity) misses of the calibration committed in measurements/calibration-h200.json, each with
-# its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list. Empty since
-# the recalibration at a308851 (cold-L2 gate, the L2 knee of copies and puts).
-KNOWN_MISSES: dict[tuple[str, str], str] = {}
+# its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list. Measured
+# at 41451f0 (32-token FP64 gate, 2x2-warp bf16 GEMM at 128 x 128 x 64, clock-aligned traces).
+SHORT_BF16_TILES = ("bf16 tasks of ~32-row tiles cost more than the model's fixed + rows-linear task "
+                    "(microbenchmark: 38.5 us at 32 rows vs 33.3 us modeled; the fixed cost is anchored on "
+                    "full-tile tasks), so small bf16 layers are underpredicted")
+SMALL_TWO_GPU = ("a small layer on 2 GPUs is 10-30% longer than on 1 (overlap efficiency 1.10-1.18 "
+                 "measured, 1.00 modeled): cross-rank waits (tile arrivals over NVLink before the first "
+                 "tasks, returns before the combine) that the model overlaps away")
+LAUNCH_SKEW = ("the gate phase of a 2-GPU run includes the start wait for the other rank's launch "
+               "(host skew), which the model does not have")
+KNOWN_MISSES: dict[tuple[str, str], str] = {
+    **{(f"h200x2-trace-flashmoe-{p}", q): SHORT_BF16_TILES for p, q in [
+        ("tokens-1k-bf16-p1", "layer"), ("tokens-1k-bf16-p1", "gemm0"), ("tokens-1k-bf16-p2", "gemm0"),
+        ("tokens-2k-bf16-p1", "layer"), ("experts-128-bf16-p1", "layer")]},
+    **{(f"h200x2-trace-flashmoe-{p}", q): SMALL_TWO_GPU for p, q in [
+        ("tokens-1k-bf16-p1", "overlap"), ("tokens-2k-bf16-p1", "overlap"), ("tokens-4k-bf16-p1", "overlap"),
+        ("tokens-1k-bf16-p2", "layer"), ("tokens-2k-bf16-p2", "layer"), ("tokens-4k-bf16-p2", "layer"),
+        ("experts-32-bf16-p2", "layer"), ("experts-128-bf16-p2", "layer"), ("tokens-1k-p2", "layer"),
+        ("tokens-2k-p2", "layer")]},
+    ("h200x2-trace-flashmoe-experts-16-p2", "gate"): LAUNCH_SKEW,
+}
 
 
 def test_there_are_measured_runs():
