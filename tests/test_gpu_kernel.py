@@ -42,18 +42,24 @@ def suite(request, tmp_path_factory):
     return p, {r["name"]: r for r in results}
 
 
+def assert_matches_golden(r: dict, precision: str) -> None:
+    """A check case's result against the golden of its precision (cases.GOLDEN_TOLERANCE)."""
+    assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
+    assert r["golden_path"] == {"float32": "float64"}.get(precision, precision), r["name"]
+    assert r["routing_equal"] and r["counts_equal"], r["name"]
+    assert r["weight_max_abs_err"] < 1e-12, r["name"]
+    assert not r["nan"], r["name"]  # the poisoned outputs were all written
+    assert r["rel_err"] < GOLDEN_TOLERANCE[precision], (r["name"], r["rel_err"])
+    assert r["telemetry_same_output"], r["name"]
+
+
 def test_kernel_matches_golden(suite):
     p, results = suite
     checks = [r for name, r in results.items()
               if name.startswith("check-") and not name.startswith(("check-bf16-", "check-tf32-"))]
     assert checks
     for r in checks:
-        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
-        assert r["routing_equal"] and r["counts_equal"], r["name"]
-        assert r["weight_max_abs_err"] < 1e-12, r["name"]
-        assert not r["nan"], r["name"]
-        assert r["rel_err"] < GOLDEN_TOLERANCE["float32"], (r["name"], r["rel_err"])
-        assert r["telemetry_same_output"], r["name"]
+        assert_matches_golden(r, "float32")
 
 
 def test_bf16_kernel_matches_bf16_golden(suite):
@@ -61,14 +67,8 @@ def test_bf16_kernel_matches_bf16_golden(suite):
     checks = [r for name, r in results.items() if name.startswith("check-bf16-")]
     assert checks
     for r in checks:
-        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
-        assert r["config"]["dtype"] == "bfloat16" and r["golden_path"] == "bfloat16", r["name"]
-        assert r["routing_equal"] and r["counts_equal"], r["name"]
-        assert r["weight_max_abs_err"] < 1e-12, r["name"]
-        assert not r["nan"], r["name"]
-        assert r["rel_err"] < GOLDEN_TOLERANCE["bfloat16"], (r["name"], r["rel_err"])
-        assert r["telemetry_same_output"], r["name"]
-        assert r["baseline_routing_equal"], r["name"]
+        assert_matches_golden(r, "bfloat16")
+        assert r["config"]["dtype"] == "bfloat16" and r["baseline_routing_equal"], r["name"]
     assert results[f"check-bf16-one_expert_dropping-p{p}"]["dropped"] > 0
 
 
@@ -77,15 +77,9 @@ def test_tf32_kernel_matches_tf32_golden_and_float64(suite):
     checks = [r for name, r in results.items() if name.startswith("check-tf32-")]
     assert checks
     for r in checks:
-        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
-        assert r["config"]["tf32"] and r["golden_path"] == "tf32", r["name"]
-        assert r["routing_equal"] and r["counts_equal"], r["name"]
-        assert r["weight_max_abs_err"] < 1e-12, r["name"]
-        assert not r["nan"], r["name"]  # the poisoned outputs were all written
-        assert r["rel_err"] < GOLDEN_TOLERANCE["tf32"], (r["name"], r["rel_err"])
+        assert_matches_golden(r, "tf32")
+        assert r["config"]["tf32"] and r["baseline_routing_equal"], r["name"]
         assert r["rel_err_float64"] < TF32_VS_FLOAT64, (r["name"], r["rel_err_float64"])
-        assert r["telemetry_same_output"], r["name"]
-        assert r["baseline_routing_equal"], r["name"]
     assert results[f"check-tf32-one_expert_dropping-p{p}"]["dropped"] > 0
 
 
