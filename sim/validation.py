@@ -180,8 +180,8 @@ def markdown(comparisons: list[Comparison], pending: list[tuple[str, str]] | Non
         by_reason[why].append(name)
     if by_reason:
         lines += ["Committed runs not compared yet: their kernel build or tile shape has no calibration "
-                  "(measure it with the `calibrate` part of `benchmarks/device_run.sh`, then `moelab calibrate`); CI skips "
-                  "them with the same reason:", ""]
+                  "(measure it with the `calibrate` part of `benchmarks/device_run.sh`, then `moelab "
+                  "calibrate`); CI skips them with the same reason:", ""]
         lines += [f"- {len(names)} run(s) ({', '.join(names)}): {why}" for why, names in by_reason.items()]
         lines.append("")
     return "\n".join(lines)

@@ -14,8 +14,8 @@ def point(name, ranks, kernel_ms):
     cfg = {"name": name, "ranks": ranks, "tokens": 1024, "experts": 64, "hidden": 2048, "ffn": 2048, "top_k": 2,
            "dtype": "bfloat16"}
     return {"name": f"bench-{name}-p{ranks}", "config": cfg, "kernel_ms": kernel_ms,
-            "kernel_telemetry_ms": kernel_ms * 1.01, "kept_rows": 2048 * ranks, "torch_bfloat16_ms": 2 * kernel_ms, "gemm_ms_per_proc": 0.5,
-            "sm_utilization": 0.8}
+            "kernel_telemetry_ms": kernel_ms * 1.01, "kept_rows": 2048 * ranks, "torch_bfloat16_ms": 2 * kernel_ms,
+            "gemm_ms_per_proc": 0.5, "sm_utilization": 0.8}
 
 
 def test_overlap_efficiency_is_the_two_gpu_latency_over_this_one():
