@@ -113,6 +113,11 @@ def test_cli_prints_the_fit_and_its_residuals(tmp_path, capsys):
 def test_a_file_lacking_what_a_fit_needs_names_the_field(tmp_path, capsys, change, field):
     raw = synthetic()
     change(raw)
+    assert_calibrate_refuses(raw, field, tmp_path, capsys)
+
+
+def assert_calibrate_refuses(raw: dict, field: str, tmp_path, capsys) -> None:
+    """`moelab calibrate` on the calibration file `raw` exits 2, naming `field`."""
     src = tmp_path / "calibration-h200.json"
     src.write_text(json.dumps(raw))
     assert main(["calibrate", "--calibration", str(src), "--out", str(tmp_path / "x.json")]) == 2

@@ -6,7 +6,7 @@ that lacks a dtype or was calibrated at another tile shape is refused with one c
 import json
 
 import pytest
-from test_sim_calibrate import TRUE, TRUE_BF16, synthetic
+from test_sim_calibrate import TRUE, TRUE_BF16, assert_calibrate_refuses, synthetic
 
 import sim
 from moelab.cli import main
@@ -88,10 +88,7 @@ def test_a_file_without_bf16_covers_float32_only(tmp_path, capsys):
 def test_a_bf16_section_lacking_what_a_fit_needs_names_the_field(tmp_path, capsys, change, field):
     raw = both_builds()
     change(raw)
-    src = tmp_path / "calibration-h200.json"
-    src.write_text(json.dumps(raw))
-    assert main(["calibrate", "--calibration", str(src), "--out", str(tmp_path / "x.json")]) == 2
-    assert f"calibration field '{field}'" in capsys.readouterr().err
+    assert_calibrate_refuses(raw, field, tmp_path, capsys)
 
 
 def test_another_tile_shape_is_refused(tmp_path):
