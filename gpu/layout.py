@@ -21,6 +21,7 @@ GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias") 
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
 BLOCK_THREADS = 128
 OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
+MAX_PROCESSORS = 32 * 16  # the scheduler warp keeps 16 processors per lane in registers (os.cuh SCHED_GROUPS)
 MAX_TOP_K = 16
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")

@@ -138,11 +138,18 @@ def test_sizes_derive_from_config():
 
 def test_param_fields_match_the_struct():
     fields = layout.param_fields()
-    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "timeout_ns"
+    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "direct_return"
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "TM", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
-             "tlog_cap", "timeout_ns"}
+             "tlog_cap", "timeout_ns", "direct_return"}
     assert sizes <= set(fields)
+
+
+def test_scheduler_capacity_is_the_kernels():
+    """The host refuses grids past what the scheduler warp keeps in registers (os.cuh)."""
+    text = (layout.KERNEL_DIR / "os.cuh").read_text()
+    groups = int(re.search(r"constexpr int SCHED_GROUPS = (\d+);", text)[1])
+    assert 32 * groups == layout.MAX_PROCESSORS
 
 
 def test_simulated_gate_item_is_the_kernels():

@@ -1,7 +1,7 @@
 // The OS block (FlashMoE's roles): warp 0 is the scheduler, warps 1..3 the subscriber.
 // - subscriber: learns how many rows each source sends to each local expert (count signals),
 //   then turns every landed tile into tasks: a dispatched tile into its GEMM0 tasks, a returned
-//   tile of this rank's tokens into its combine task;
+//   tile of this rank's tokens (all its GEMM1 column blocks counted in) into its combine task;
 // - scheduler: hands the published tasks, in queue order, to idle processors through their
 //   mailboxes, and stops them all once every task of the layer call has been done.
 #pragma once
@@ -11,6 +11,8 @@
 
 constexpr unsigned STOP_INDEX = 0xffffffffu;
 constexpr int SUBSCRIBER_LANES = 96;
+constexpr int SCHED_GROUPS = 16;  // the scheduler warp serves at most 32 x 16 processors (the host checks)
+constexpr int READY_BATCH = 8;    // queue flags a scheduler lane reads at once
 
 // Reserve n queue slots, write the tasks, then publish them (scheduler reads them in order).
 __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, int col_step) {
@@ -77,11 +79,14 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
         long long r = it - D, e = r / p.TM;
         int tile = (int)(r % p.TM), rows_all = __ldcg(p.counts + e);
         if (tile >= ceil_div(rows_all, BM)) continue;
-        if (ld_acquire_sys(p.sig_comb + r) < epoch) {
+        if (ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
           ++pending;
           if (first_pending < 0) first_pending = it;
           continue;
         }
+        // every column block has landed; the count starts again from 0 for the next call, whose
+        // adds all come after this rank has dispatched again
+        p.sig_comb[r] = 0;
         p.seen[it] = 1;
         w.restart();
         uint64_t t = now_ns();
@@ -95,7 +100,8 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     int tile = (int)((first_pending < D ? first_pending : first_pending - D) % p.TM);
     bool gave_up = first_pending < D
         ? w.expired(p, WAIT_TILE, idx_or_r / p.L, idx_or_r % p.L, tile, 0, (long long)epoch)
-        : w.expired(p, WAIT_RETURN, idx_or_r / p.L, idx_or_r, tile, 0, (long long)epoch);
+        : w.expired(p, WAIT_RETURN, idx_or_r / p.L, idx_or_r, tile, 
+                        (long long)ld_acquire_sys(p.sig_comb + first_pending - D), n1);
     if (gave_up) return;
   }
 }
@@ -103,36 +109,57 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
 __device__ void scheduler(const Params& p, volatile int* s_total) {
   const int lane = threadIdx.x;
   const int np = (int)p.n_proc;
+  // lane's processors are q = lane + 32 g; what it has sent them lives in registers, and every
+  // global read of a round is issued before the first is used: one memory latency per round
+  // instead of one per 32 processors and per 32 queue entries (a round is what a processor
+  // waits for between its tasks)
+  int sent[SCHED_GROUPS];
+#pragma unroll
+  for (int g = 0; g < SCHED_GROUPS; ++g) sent[g] = 0;
   int head = 0, published = 0;
   Waiter w(2);
   for (;;) {
     // decisions that end the loop are lane 0's, so the warp stays converged for its ballots
     if (__shfl_sync(0xffffffffu, lane == 0 && aborted(p), 0)) break;
-    // the published prefix of the queue
-    for (;;) {
-      int i = published + lane;
-      int ready = i < p.queue_cap ? ld_acquire_gpu(p.queue_ready + i) : 0;
-      unsigned b = __ballot_sync(0xffffffffu, ready);
-      int n = b == 0xffffffffu ? 32 : __ffs(~b) - 1;
-      published += n;
-      if (n < 32) break;
+    // the published prefix of the queue, READY_BATCH x 32 flags per read
+    for (bool full = true; full;) {
+      int ready[READY_BATCH];
+#pragma unroll
+      for (int u = 0; u < READY_BATCH; ++u) {
+        int i = published + 32 * u + lane;
+        ready[u] = i < p.queue_cap ? ld_acquire_gpu(p.queue_ready + i) : 0;
+      }
+#pragma unroll
+      for (int u = 0; u < READY_BATCH; ++u) {
+        if (!full) break;  // uniform: it comes from a ballot
+        unsigned b = __ballot_sync(0xffffffffu, ready[u]);
+        int n = b == 0xffffffffu ? 32 : __ffs(~b) - 1;
+        published += n;
+        full = n == 32;
+      }
     }
     const int total = __shfl_sync(0xffffffffu, *s_total, 0);
     const bool all_assigned = total >= 0 && head == total;
+    int done[SCHED_GROUPS];
+#pragma unroll
+    for (int g = 0; g < SCHED_GROUPS; ++g) {
+      int q = 32 * g + lane;
+      done[g] = q < np ? ld_acquire_gpu(p.mailbox_done + q) : -1;
+    }
     bool all_idle = true, progress = false;
-    for (int base = 0; base < np; base += 32) {
-      int q = base + lane;
+#pragma unroll
+    for (int g = 0; g < SCHED_GROUPS; ++g) {
+      int q = 32 * g + lane;
       bool exists = q < np;
-      int sent = exists ? p.sched_sent[q] : 0;
-      bool idle = exists && ld_acquire_gpu(p.mailbox_done + q) == sent;
+      bool idle = exists && done[g] == sent[g];
       unsigned b = __ballot_sync(0xffffffffu, idle);
       all_idle &= b == __ballot_sync(0xffffffffu, exists);
       int avail = published - head;
       if (avail > 0 && b) {
         int r = __popc(b & ((1u << lane) - 1u));
         if (idle && r < avail) {
-          p.sched_sent[q] = sent + 1;
-          st_release_gpu(p.mailbox + q, ((unsigned long long)(sent + 1) << 32) | (unsigned)(head + r));
+          sent[g] += 1;
+          st_release_gpu(p.mailbox + q, ((unsigned long long)sent[g] << 32) | (unsigned)(head + r));
         }
         head += min(__popc(b), avail);
         progress = true;
@@ -148,9 +175,9 @@ __device__ void scheduler(const Params& p, volatile int* s_total) {
   }
   // stop every processor (also after an abort, so that none waits for a command)
   __syncwarp();
-  for (int q = lane; q < np; q += 32) {
-    int sent = p.sched_sent[q] + 1;
-    p.sched_sent[q] = sent;
-    st_release_gpu(p.mailbox + q, ((unsigned long long)sent << 32) | STOP_INDEX);
+#pragma unroll
+  for (int g = 0; g < SCHED_GROUPS; ++g) {
+    int q = 32 * g + lane;
+    if (q < np) st_release_gpu(p.mailbox + q, ((unsigned long long)(sent[g] + 1) << 32) | STOP_INDEX);
   }
 }
