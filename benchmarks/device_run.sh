@@ -6,6 +6,8 @@
 #   calibrate  the calibration microbenchmarks of both builds on 2 GPUs (calibration-<gpu>.json)
 #   bench-D    the sweep of precision D (float32, bfloat16, tf32) on the GPU counts given, a
 #              telemetry trace per point, each beside the torch layer of its precision
+#   put-D      the same sweep with GEMM1's tiles put home by one block each (the kernel's other
+#              return path), untraced: the direct stores measured against it
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
 # Repo root on the GPU machine (its copy has no .git: the commit comes from here). Carry .whl
 # (nvshmem4py-cu13 0.4.1, simpy) and .cache (benchmarks/prebuild_cubins.py). $OUT/results.tar.gz
@@ -42,14 +44,16 @@ EOF
     calibrate)
       timeout 300 python3 benchmarks/calibrate_gpu.py --gpus 2 --out "$R" --commit "$MOELAB_COMMIT" --timeout 280 \
         2>&1 | tee "$R/calibrate.txt" ;;
-    bench-*)
+    bench-*|put-*)
+      path=store
+      [[ $part == put-* ]] && path=put
       # shellcheck disable=SC2086  # GPUS is a list of counts
-      timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#bench-}" \
-        --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
-    *) echo "unknown part $part: checks, calibrate, bench-float32, bench-bfloat16, bench-tf32"; exit 2 ;;
+      timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
+        --return-path $path --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
+    *) echo "unknown part $part: checks, calibrate, bench-D or put-D (D: float32, bfloat16, tf32)"; exit 2 ;;
   esac
 done
 tar -czf "$OUT/results.tar.gz" -C "$R" .
 tail -n 3 "$R/pytest.txt" 2>/dev/null
-for part in "$@"; do [[ $part == bench-* ]] && tail -n 24 "$R/${part}.txt"; done
+for part in "$@"; do [[ $part == bench-* || $part == put-* ]] && tail -n 24 "$R/${part}.txt"; done
 exit 0

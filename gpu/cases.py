@@ -40,7 +40,13 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
         ("tiny_tiles", dict(tokens=96, hidden=64, ffn=128, experts=8, tile_m=32, tile_n=32) if 8 % p == 0 else {}),
     ]
     return [{"name": f"check-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
-             "trace": f"{prefix}trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases]
+             "trace": f"{prefix}trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases] + \
+        [put_return_case(f"check-put_return-p{p}", {**base, "tokens": 333, "tile_m": 128, "tile_n": 64})]
+
+
+def put_return_case(name: str, config: dict) -> dict:
+    """The kernel's other return path, where GEMM1's last task puts the whole tile home."""
+    return {"name": name, "config": config, "inputs": "reference", "golden": True, "direct_return": False}
 
 
 # the bench's bf16 tile: the fewest operand bytes from L2 per FLOP whose accumulators and fragments
@@ -70,7 +76,8 @@ def bf16_check_cases(p: int, seed: int) -> list[dict]:
                                        experts=4 * p, activation="gelu_tanh")),
     ]
     return [{"name": f"check-bf16-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
-             "baseline_check": True} for n, ch in cases]
+             "baseline_check": True} for n, ch in cases] + \
+        [put_return_case(f"check-bf16-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 
 TF32_TILE_K = 16  # the bench's tf32 tile depth: two mma k-steps per cp.async stage
@@ -115,13 +122,19 @@ def in_dtype(cfg: Config, dtype: str) -> Config:
     return cfg.replace(**PRECISIONS[dtype][0])
 
 
-def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True) -> list[dict]:
+def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True,
+                direct_return: bool = True) -> list[dict]:
     """Every point is timed beside the torch layer of the same precision `dtype` (float32, bfloat16
     or tf32; float32 points also beside torch bf16, tf32 points beside torch float32) and, with
     `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16|-tf32]-pP.npz); the default
     point also profiles the torch layer. `points`: default, sweep (tokens and experts; bf16 and tf32
-    also the default at their first tile variant), tiles (the default at each tile variant)."""
+    also the default at their first tile variant), tiles (the default at each tile variant).
+    Without `direct_return` the kernel puts each finished tile home from one block (its path where
+    a peer is not load/store reachable): names end in -put and keep no trace (the simulator models
+    the direct stores)."""
     _, tag, baselines, variants = PRECISIONS[dtype]
+    if not direct_return:
+        tag, trace = f"{tag}-put", False
     chosen = []
     for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]:
         if points in ("default", "tiles") and c.name != "flashmoe":
@@ -143,5 +156,5 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
         cases.append({"name": f"bench-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
                       "bench": True, "baselines": list(baselines), "warmup": 3,
                       "iters": 10, "trace": f"{prefix}trace-{c.name}{tag}-p{p}.npz" if trace else None,
-                      "profile": c.name == "flashmoe"})
+                      "profile": c.name == "flashmoe" and direct_return, "direct_return": direct_return})
     return cases

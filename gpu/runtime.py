@@ -24,7 +24,9 @@ import numpy as np
 from reference import Config, weights
 
 from . import build, errors, layout, telemetry
-from .layout import BLOCK_THREADS, OS_WARPS, TLOG_CAP, Sizes
+from .layout import BLOCK_THREADS, MAX_PROCESSORS, OS_WARPS, TLOG_CAP, Sizes
+
+LINE_UP_CYCLES = 4_000_000  # ~2 ms at an H100/H200's ~2 GHz: longer than a host takes to enqueue a launch
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,17 @@ class Session:
         import nvshmem.core as nvshmem
 
         nvshmem.barrier_all(self.stream)
+
+    def line_up(self) -> None:
+        """Make the launch enqueued next start on every rank at once: this GPU spins (LINE_UP_CYCLES)
+        while its host enqueues the rest, then all ranks' streams meet. A stream barrier alone
+        leaves the skew of the hosts' enqueueing after it (~0.1 ms seen on an H200 pair), which
+        the kernel's start wait would count as layer time."""
+        import torch
+
+        with torch.cuda.stream(self.torch_stream):
+            torch.cuda._sleep(LINE_UP_CYCLES)
+        self.barrier()
 
     def sync(self) -> None:
         self.stream.sync()
@@ -195,7 +208,7 @@ class Layer:
     """cfg's MoE layer on this rank: buffers, the argument block and the launch."""
 
     def __init__(self, session: Session, cfg: Config, inputs: Inputs, *, timeout_ms: float = 5000.0,
-                 telemetry_cap: int = TLOG_CAP):
+                 telemetry_cap: int = TLOG_CAP, direct_return: bool = True):
         import nvshmem.core.interop.torch as symmetric
         import torch
 
@@ -214,6 +227,10 @@ class Layer:
                                            f"memory fit an SM of {session.name}")
         self.grid = per_sm * session.sms
         self.n_proc = self.grid - 1
+        if self.n_proc > MAX_PROCESSORS:
+            raise layout.UnsupportedConfig("tile_k", cfg.tile_k, f"a tile shape whose {per_sm} blocks per SM x "
+                                           f"{session.sms} SMs stay within the scheduler's {MAX_PROCESSORS} processors")
+        self.direct_return = bool(direct_return)
         self.logs = self.n_proc + OS_WARPS
         dev = torch.device("cuda", session.local_rank)
         f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
@@ -239,7 +256,7 @@ class Layer:
             self._work64 = torch.zeros(errors.ERROR_WORDS + self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
             n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=s.E * s.TM, tile_done1=s.E * s.TM, in_count=s.E,
-                       seen=2 * s.E * s.TM, mailbox_done=self.n_proc, sched_sent=self.n_proc, tlog_count=self.logs)
+                       seen=2 * s.E * s.TM, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
             at = 0
             for name, n in n32.items():
@@ -249,7 +266,7 @@ class Layer:
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, TM=s.TM, rank=session.rank,
                      gate_kind=layout.GATES.index(cfg.gate), act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
-                     timeout_ns=int(timeout_ms * 1e6))
+                     timeout_ns=int(timeout_ms * 1e6), direct_return=int(self.direct_return))
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}
         self._check_inputs(tensors)

@@ -171,11 +171,13 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch.distributed as dist
 
     cfg = Config.from_dict(case["config"])
-    res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {})}
+    res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
+                 "direct_return": case.get("direct_return", True)}
     t0 = time.perf_counter()
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
-    layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0))
+    layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
+                  direct_return=case.get("direct_return", True))
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
     try:
         if case.get("sit_out") is not None:
@@ -198,7 +200,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         # determinism and telemetry: the same output bit for bit with telemetry on (ranks lined up
         # first, so that the trace shows the layer, not the host's skew between the ranks)
         layer.poison()
-        session.barrier()
+        session.line_up()
         run_everywhere(session, layer, telemetry=True)
         res["telemetry_same_output"] = all(_gather(session, bool(np.array_equal(layer.output(), y))))
         send_counts = np.stack([r["counts"] for r in routes])
@@ -221,10 +223,10 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
                 return allt.max(axis=0)
 
             def lined_up():
-                # the last launch checked, then every rank's stream meets before the start event:
-                # the kernel's own start wait does not time host skew between the ranks
+                # the last launch checked, then the ranks' launches lined up: the kernel's own
+                # start wait does not time host skew between the ranks
                 layer.check()
-                session.barrier()
+                session.line_up()
 
             kern = max_over_ranks(timed(session, lambda ev: layer.launch(events=ev), warm, iters, lined_up))
             layer.check()

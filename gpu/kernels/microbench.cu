@@ -47,7 +47,8 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     const int col0 = (int)(g % ncol) * TILE_N;
     const long long tile = g / ncol;
     const int slot = (int)(tile % a_tiles), le = (int)((tile / 2) % experts);
-    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, (long long)slot * TILE_M, rows, le, col0, smem_raw);
+    const long long s0 = (long long)slot * TILE_M;
+    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, out + s0 * N, smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
   }

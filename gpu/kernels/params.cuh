@@ -37,10 +37,11 @@ struct Params {
   elem_t* inbox;               // [P][L][C][H] dispatched rows arriving from each source rank
   elem_t* staging;             // [E][C][H]    this rank's rows packed per expert, put from here
   elem_t* outbuf;              // [P][L][C][H] GEMM1 output per source, put back from here
+                               //              (where the source's combox is not load/store reachable)
   elem_t* combox;              // [E][C][H]    returned rows of this rank's tokens
   uint64_t* sig_count;         // [P][L]       (epoch << 32) | rows, from each source
   uint64_t* sig_tile;          // [P][L][TM]   epoch when a dispatched tile has landed
-  uint64_t* sig_comb;          // [E][TM]      epoch when a returned tile has landed
+  uint64_t* sig_comb;          // [E][TM]      GEMM1 column blocks of a returned tile landed so far
   uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
   // local working state, zeroed before every launch
   elem_t* hidden;              // [P][L][C][I] GEMM0 output
@@ -53,13 +54,13 @@ struct Params {
   int* seen;                   // [P*L*TM + E*TM] 1 once the subscriber has seen a tile land
   unsigned long long* mailbox; // [NP] (sequence << 32) | task index, written by the scheduler
   int* mailbox_done;           // [NP] last sequence number a processor finished
-  int* sched_sent;             // [NP] last sequence number the scheduler sent
   long long* error;            // ERROR_WORDS: the first failed wait
   unsigned long long* tlog;    // [logs][tlog_cap][4] telemetry events
   int* tlog_count;             // [logs] events written (may exceed tlog_cap: dropped)
   // sizes
   long long T, H, I, E, K, P, L, C, TM;
   long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
+  long long direct_return;     // 1: GEMM1 tasks store into the source's combox (nvshmem_ptr)
 };
 
 // state[] words
