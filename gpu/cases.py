@@ -46,7 +46,8 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
 
 def put_return_case(name: str, config: dict) -> dict:
     """The kernel's other return path, where GEMM1's last task puts the whole tile home."""
-    return {"name": name, "config": config, "inputs": "reference", "golden": True, "direct_return": False}
+    return {"name": name, "config": config, "inputs": "reference", "golden": True, "baseline_check": True,
+            "direct_return": False}
 
 
 # the bench's bf16 tile: the fewest operand bytes from L2 per FLOP whose accumulators and fragments

@@ -48,7 +48,7 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     const long long tile = g / ncol;
     const int slot = (int)(tile % a_tiles), le = (int)((tile / 2) % experts);
     const long long s0 = (long long)slot * TILE_M;
-    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, out + s0 * N, smem_raw);
+    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
   }

@@ -102,8 +102,8 @@ __device__ __forceinline__ void store_pair(float* at, float v0, float v1) {
 // rounded to bf16 (round to nearest even) into `hidden`, and the GEMM1 output rounded to bf16 too,
 // for the trip home (half the bytes; one more rounding than the reference, whose combine reads
 // float32 rows). tf32: float32 operands rounded to TF32 inside the tile GEMM, float32 stored.
-template <int BM, int BN, int BK>
-__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, elem_t* out1,
+template <int BM, int BN, int BK, class Out1>
+__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
                           void* smem) {
   using Gemm = TensorCoreGemm<BM, BN, BK>;
   float acc[Gemm::MT][Gemm::NT][4];
@@ -118,7 +118,7 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
   } else {
     Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, smem, acc);
     const float* b = p.b2 + (long long)le * p.H + col0;
-    elem_t* out = out1 + col0;
+    elem_t* out = out1() + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
       store_pair(out + r * p.H + c, v0 + b[c], v1 + b[c + 1]);
     });
@@ -126,8 +126,8 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
 }
 #else
 // A GEMM0 or GEMM1 task of the float32 kernel: SIMT, bias and activation in float32.
-template <int BM, int BN, int BK>
-__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, elem_t* out1,
+template <int BM, int BN, int BK, class Out1>
+__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
                           void* smem) {
   using Gemm = SimtTileGemm<BM, BN, BK>;
   float acc[Gemm::TM][Gemm::TN];
@@ -146,6 +146,7 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
     }
   } else {
     Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, sm, acc);
+    elem_t* out = out1();
 #pragma unroll
     for (int i = 0; i < Gemm::TM; ++i) {
       int r = Gemm::row_of(i);
@@ -153,7 +154,7 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
 #pragma unroll
       for (int j = 0; j < Gemm::TN; ++j) {
         int c = col0 + Gemm::col_of(j);
-        out1[r * p.H + c] = acc[i][j] + p.b2[(long long)le * p.H + c];
+        out[r * p.H + c] = acc[i][j] + p.b2[(long long)le * p.H + c];
       }
     }
   }
@@ -208,12 +209,17 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, void* smem) 
     const int rows = min(BM, __ldcg(p.in_count + block) - tile * BM);
     const long long s0 = (long long)block * p.C + (long long)tile * BM;  // first row of the tile
     const int le = (int)(block % p.L), src = (int)(block / p.L);
-    const long long e = p.rank * p.L + le, home_row = e * p.C + (long long)tile * BM;
     // GEMM1's output goes straight into the source's combox where that is load/store reachable
-    // (this GPU or an NVLink peer): no block spends a task putting a whole tile afterwards
-    elem_t* home = tk.x == TASK_GEMM1 && p.direct_return
-        ? static_cast<elem_t*>(nvshmem_ptr(p.combox + home_row * p.H, src)) : nullptr;
-    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, home ? home : p.outbuf + s0 * p.H, smem);
+    // (this GPU or an NVLink peer): no block spends a task putting a whole tile afterwards. Where
+    // it goes is worked out after the GEMM, so that it holds no registers through it.
+    auto home = [&] { return p.combox + ((p.rank * p.L + le) * p.C + (long long)tile * BM) * p.H; };
+    auto direct = [&]() -> elem_t* {
+      return tk.x == TASK_GEMM1 && p.direct_return ? static_cast<elem_t*>(nvshmem_ptr(home(), src)) : nullptr;
+    };
+    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, [&] {
+      elem_t* there = direct();
+      return there ? there : p.outbuf + s0 * p.H;
+    }, smem);
     __syncthreads();
     const long long tile_id = (long long)block * p.TM + tile;
     if (tid == 0) {
@@ -227,15 +233,15 @@ __device__ void processor(const Params& p, uint64_t epoch, int tel, void* smem) 
     }
     __syncthreads();
     // the source counts GEMM1 column blocks: its combine task starts once all n1 have landed
-    if (home && tid == 0) {
+    const long long count = (p.rank * p.L + le) * p.TM + tile;
+    if (tk.x == TASK_GEMM1 && direct() && tid == 0) {
       __threadfence_system();
-      nvshmemx_signal_op(p.sig_comb + e * p.TM + tile, 1, NVSHMEM_SIGNAL_ADD, src);
-    } else if (tk.x == TASK_GEMM1 && last && !home) {
+      nvshmemx_signal_op(p.sig_comb + count, 1, NVSHMEM_SIGNAL_ADD, src);
+    } else if (tk.x == TASK_GEMM1 && last && !direct()) {
       // the tile's output is complete: send it home, into the (expert, slot) rows of its source
       __threadfence();
-      nvshmemx_putmem_signal_nbi_block(p.combox + home_row * p.H, p.outbuf + s0 * p.H,
-                                       (size_t)rows * p.H * sizeof(elem_t), p.sig_comb + e * p.TM + tile, n1,
-                                       NVSHMEM_SIGNAL_ADD, src);
+      nvshmemx_putmem_signal_nbi_block(home(), p.outbuf + s0 * p.H, (size_t)rows * p.H * sizeof(elem_t),
+                                       p.sig_comb + count, n1, NVSHMEM_SIGNAL_ADD, src);
     }
     if (tid == 0) {
       log_event(p, tel, me, tk.x == TASK_GEMM0 ? EV_GEMM0 : EV_GEMM1, t0, now_ns(), (int)(p.rank * p.L + le), src,
