@@ -225,11 +225,10 @@ class Layer:
         if per_sm < 1:
             raise layout.UnsupportedConfig("tile_k", cfg.tile_k, f"small enough that a block's {smem} B of shared "
                                            f"memory fit an SM of {session.name}")
-        self.grid = per_sm * session.sms
+        # every resident block, up to the processors the scheduler warp serves (small tiles fit 3
+        # or more blocks per SM; a grid of fewer blocks is still co-resident)
+        self.grid = min(per_sm * session.sms, MAX_PROCESSORS + 1)
         self.n_proc = self.grid - 1
-        if self.n_proc > MAX_PROCESSORS:
-            raise layout.UnsupportedConfig("tile_k", cfg.tile_k, f"a tile shape whose {per_sm} blocks per SM x "
-                                           f"{session.sms} SMs stay within the scheduler's {MAX_PROCESSORS} processors")
         self.direct_return = bool(direct_return)
         self.logs = self.n_proc + OS_WARPS
         dev = torch.device("cuda", session.local_rank)
