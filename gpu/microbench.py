@@ -324,7 +324,7 @@ def sec_scheduler(b: Bench) -> dict:
     layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=2))
     try:
         layer.run()
-        s.barrier()
+        s.line_up()  # the ranks start together: a late rank's count signals would delay every first task
         layer.run(telemetry=True)
         tb, _ = layer.trace_builder(layer.kernel_start_ns(), None)
         tr = tb.build()

@@ -110,10 +110,10 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
 __device__ void scheduler(const Params& p, volatile int* s_total) {
   const int lane = threadIdx.x;
   const int np = (int)p.n_proc;
-  // lane's processors are q = lane + 32 g; what it has sent them lives in registers, and every
-  // global read of a round is issued before the first is used: one memory latency per round
-  // instead of one per 32 processors and per 32 queue entries (a round is what a processor
-  // waits for between its tasks)
+  // lane's processors are q = lane + 32 g; what it has sent them lives in registers, and a
+  // round's flags are read relaxed, all in flight at once, then made an acquire by one fence:
+  // one memory latency per round instead of one per 32 processors and per 32 queue entries
+  // (a round is what a processor waits for between its tasks)
   int sent[SCHED_GROUPS];
 #pragma unroll
   for (int g = 0; g < SCHED_GROUPS; ++g) sent[g] = 0;
@@ -121,14 +121,14 @@ __device__ void scheduler(const Params& p, volatile int* s_total) {
   Waiter w(2);
   for (;;) {
     // decisions that end the loop are lane 0's, so the warp stays converged for its ballots
-    if (__shfl_sync(0xffffffffu, lane == 0 && aborted(p), 0)) break;
+    if (__shfl_sync(0xffffffffu, lane == 0 && ld_relaxed_gpu(p.state + ST_ABORT) != 0, 0)) break;
     // the published prefix of the queue, READY_BATCH x 32 flags per read
     for (bool full = true; full;) {
       int ready[READY_BATCH];
 #pragma unroll
       for (int u = 0; u < READY_BATCH; ++u) {
         int i = published + 32 * u + lane;
-        ready[u] = i < p.queue_cap ? ld_acquire_gpu(p.queue_ready + i) : 0;
+        ready[u] = i < p.queue_cap ? ld_relaxed_gpu(p.queue_ready + i) : 0;
       }
 #pragma unroll
       for (int u = 0; u < READY_BATCH; ++u) {
@@ -145,8 +145,9 @@ __device__ void scheduler(const Params& p, volatile int* s_total) {
 #pragma unroll
     for (int g = 0; g < SCHED_GROUPS; ++g) {
       int q = 32 * g + lane;
-      done[g] = q < np ? ld_acquire_gpu(p.mailbox_done + q) : -1;
+      done[g] = q < np ? ld_relaxed_gpu(p.mailbox_done + q) : -1;
     }
+    fence_acq_rel_gpu();  // the tasks published and the processors' finished work, as seen above
     bool all_idle = true, progress = false;
 #pragma unroll
     for (int g = 0; g < SCHED_GROUPS; ++g) {
