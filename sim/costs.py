@@ -10,10 +10,11 @@ Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measure
 calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on every block, then
 one block per expert scans all (token, choice) pairs for its slots; a tile GEMM task costs
 `gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole); a block copies token rows
-at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a put is done
-by the issuing block's threads (dispatch: after packing; return: by the processor finishing the
-tile's last GEMM1 task), slowed the same way by the bytes in flight, and over NVLink also bound
-by the port's share; after its last task every processor sums its share of tokens in choice
+at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatch put
+is done by the issuing block's threads after packing, slowed the same way by the bytes in flight,
+and over NVLink also bound by the port's share; a GEMM1 task stores its output straight into the
+source GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts
+it through the NIC); after its last task every processor sums its share of tokens in choice
 order. The float32 kernel weights a tile's returned rows in its combine task (a copy); the bf16
 kernel weights the bf16 rows in float32 in that final sum, its combine task only marks the
 tile's arrival (modeled with the measured copy rate, i.e. for a calibrated preset). Times in
@@ -109,6 +110,13 @@ def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None
     per = contended_ns_per_byte(stores, hw.put_local_extra_ns_per_byte, hw.put_local_half_bytes, inflight,
                                 hw.l2_knee_bytes)
     return nbytes * (port_ns_per_byte(per, over_link, hw.nvlink_gbps) if link == NVLINK else per)
+
+
+def store_ns(hw: Hardware, link: int, nbytes: float) -> float:
+    """A GEMM1 task's extra time to store its `nbytes` of output into the source GPU's memory: none
+    on its own GPU (the measured task stores its output there), over NVLink at the block's put
+    rate alone (the return bytes of a GEMM phase are far below the port's share)."""
+    return nbytes * hw.put_nvlink_ns_per_byte if link == NVLINK else 0.0
 
 
 def port_ns_per_byte(alone: float, concurrent: int, gbps: float) -> float:

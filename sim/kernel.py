@@ -7,8 +7,10 @@ hands them to processor blocks in arrival order:
 
 - a dispatched tile arrives at its expert's owner: its GEMM0 tasks (one per tile_n columns of I);
 - the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
-- the one finishing its last GEMM1 puts the tile back to its source rank (the put's time on
-  that block is added to the phase's last task);
+- each GEMM1 task stores its column block straight into the source rank's memory (its GPU or an
+  NVLink peer; the stores' time over NVLink is added to every task) and counts itself in there;
+  the tile is back when the last one's count lands. Across nodes there is no such path: the one
+  finishing the last GEMM1 puts the whole tile, through the NIC;
 - the returned tile arrives at the source: one combine task, and the tile is done;
 - once every task of this GPU is done, each processor sums its share of the tokens' returned
   rows in choice order (the final combine; costs.reduce_ns, absent when the preset gives it 0).
@@ -30,7 +32,7 @@ import numpy as np
 import simpy
 
 from reference import Config, TilePlan
-from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, RETURN, TASK_KINDS
+from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, RETURN, TASK_KINDS
 
 from . import costs
 from .hardware import Hardware
@@ -80,7 +82,7 @@ class FusedKernel:
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
-                 send: Callable[[int], None], on_tile_done: Callable[[int], None]):
+                 send: Callable[..., None], on_tile_done: Callable[[int], None]):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec
@@ -134,10 +136,15 @@ class FusedKernel:
     def enqueue(self, t: int, kind: int) -> None:
         """Hand tile `t`'s tasks of one phase to the scheduler; go on when the last one ends."""
         tasks = self.phases.tasks[t][kind]
-        durations = self.durations[tasks].tolist()
-        if kind == GEMM1:  # the processor finishing the tile's last task puts it home
+        durations = self.durations[tasks]
+        if kind == GEMM1:
             x = int(self.phases.transfer[t, RETURN])
-            durations[-1] += costs.put_ns(self.hw, int(self.plan.transfer_link[x]), int(self.plan.transfer_bytes[x]))
+            link, nbytes = int(self.plan.transfer_link[x]), int(self.plan.transfer_bytes[x])
+            if link == NETWORK:  # the processor finishing the tile's last task puts it home
+                durations[-1] += costs.put_ns(self.hw, link, nbytes)
+            else:
+                durations = durations + costs.store_ns(self.hw, link, nbytes / len(durations))
+        durations = durations.tolist()
         slots = self.scheduler.assign(self.env.now, durations)
         name, expert = TASK_KINDS[kind], int(self.plan.tile_expert[t])
         for lane, start, end in slots:
@@ -150,7 +157,8 @@ class FusedKernel:
         if kind == GEMM0:
             self.enqueue(t, GEMM1)
         elif kind == GEMM1:
-            self.send(int(self.phases.transfer[t, RETURN]))
+            x = int(self.phases.transfer[t, RETURN])
+            self.send(x, stored=int(self.plan.transfer_link[x]) != NETWORK)
         else:
             self.on_tile_done(t)
         if not self.phases_left:

@@ -172,10 +172,13 @@ class Fabric:
         self.proxies = [Proxy(env, hw, transport, nic, self) for nic in self.nics] \
             if transport in PROXY_TRANSPORTS else []
 
-    def send(self, x: int) -> None:
-        """The GPU issues transfer `x` now (a put with its signal)."""
+    def send(self, x: int, stored: bool = False) -> None:
+        """The GPU issues transfer `x` now (a put with its signal), or, `stored`, only the signal of
+        one whose bytes its blocks have already stored into the peer (over NVLink or locally)."""
         link, src, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_src[x]), int(self.plan.transfer_dst[x])
-        if link == LOCAL:
+        if stored and link == NVLINK:
+            self.env.process(self._nvlink_signal(x))
+        elif link == LOCAL:
             self._link_rows(x, self.env.now)
             self.deliver(dst, [x])
         elif link == NVLINK:
@@ -188,6 +191,12 @@ class Fabric:
     def _nvlink_put(self, x: int):
         start = self.env.now
         yield self.nvlink[int(self.plan.transfer_src[x])].transfer(int(self.plan.transfer_bytes[x]))
+        yield self.env.timeout(self.hw.nvlink_latency_ns)
+        self._link_rows(x, start)
+        self.deliver(int(self.plan.transfer_dst[x]), [x])
+
+    def _nvlink_signal(self, x: int):
+        start = self.env.now
         yield self.env.timeout(self.hw.nvlink_latency_ns)
         self._link_rows(x, start)
         self.deliver(int(self.plan.transfer_dst[x]), [x])
