@@ -28,8 +28,8 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   bytes in flight past `l2_knee_bytes`; one knee for copies and puts, fitted on 1 to 264 blocks
   of 256 KiB to 1 MiB; the dispatch microbenchmark at 1K to 16K tokens checks it);
 - **GEMM0/GEMM1 tasks**: fixed cost + FLOPs over the block's rate at the megakernel's occupancy
-  of 2 blocks per SM (`gemm_fixed_ns`, `matrix_efficiency`); the processor finishing a tile's
-  last GEMM1 task also puts the tile home;
+  of 2 blocks per SM (`gemm_fixed_ns`, `matrix_efficiency`); each GEMM1 task also stores its
+  output into the source GPU's memory (over NVLink at a block's put rate);
 - **scheduling**: a processor is free again `handoff_ns` after a task (the scheduler warp must
   see it idle and mail it the next one); an arrived tile becomes tasks `subscriber_ns` after its
   signal (the shortest arrival-to-first-task delay of a 12K-token layer, less the hand-off);
