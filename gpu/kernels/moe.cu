@@ -80,7 +80,7 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
     const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
     if (tile < ceil_div(__ldcg(p.counts + e), TILE_M)) dispatch_tile<TILE_M>(p, epoch, telemetry, e, tile);
   }
-  processor<TILE_M, TILE_N, TILE_K>(p, epoch, telemetry, smem_raw);
+  processor<TILE_M, TILE_N, TILE_K>(p, telemetry, smem_raw);
   if (!aborted(p)) combine_tokens(p, telemetry);
   if (threadIdx.x == 0) nvshmem_quiet();
 }

@@ -162,7 +162,7 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
 #endif
 
 template <int BM, int BN, int BK>
-__device__ void processor(const Params& p, uint64_t epoch, int tel, void* smem) {
+__device__ void processor(const Params& p, int tel, void* smem) {
   __shared__ int4 task;
   __shared__ int last;
   const int me = blockIdx.x, tid = threadIdx.x;
