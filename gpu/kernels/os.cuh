@@ -11,7 +11,7 @@
 
 constexpr unsigned STOP_INDEX = 0xffffffffu;
 constexpr int SUBSCRIBER_LANES = 96;
-constexpr int SCHED_GROUPS = 12;  // the scheduler warp serves at most 32 x 12 processors (the host checks;
+constexpr int SCHED_GROUPS = 12;  // the scheduler warp serves at most 32 x 12 processors (the host caps the grid;
                                   // 16 made ptxas spill the bf16 kernel at its 255 registers)
 constexpr int READY_BATCH = 8;    // queue flags a scheduler lane reads at once
 
