@@ -171,13 +171,14 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch.distributed as dist
 
     cfg = Config.from_dict(case["config"])
+    direct_return = case.get("direct_return", True)
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
-                 "direct_return": case.get("direct_return", True)}
+                 "direct_return": direct_return}
     t0 = time.perf_counter()
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
     layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
-                  direct_return=case.get("direct_return", True))
+                  direct_return=direct_return)
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
     try:
         if case.get("sit_out") is not None:

@@ -115,7 +115,8 @@ def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None
 def store_ns(hw: Hardware, link: int, nbytes: float) -> float:
     """A GEMM1 task's extra time to store its `nbytes` of output into the source GPU's memory: none
     on its own GPU (the measured task stores its output there), over NVLink at the block's put
-    rate alone (the return bytes of a GEMM phase are far below the port's share)."""
+    rate alone (the return bytes of a GEMM phase are far below the port's share), none across
+    nodes (the tile's last task hands its put to the NIC or proxy, as put_ns says)."""
     return nbytes * hw.put_nvlink_ns_per_byte if link == NVLINK else 0.0
 
 

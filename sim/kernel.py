@@ -137,13 +137,10 @@ class FusedKernel:
         """Hand tile `t`'s tasks of one phase to the scheduler; go on when the last one ends."""
         tasks = self.phases.tasks[t][kind]
         durations = self.durations[tasks]
-        if kind == GEMM1:
+        if kind == GEMM1:  # each task stores its share of the tile home (none across nodes: a NIC puts it)
             x = int(self.phases.transfer[t, RETURN])
-            link, nbytes = int(self.plan.transfer_link[x]), int(self.plan.transfer_bytes[x])
-            if link == NETWORK:  # the processor finishing the tile's last task puts it home
-                durations[-1] += costs.put_ns(self.hw, link, nbytes)
-            else:
-                durations = durations + costs.store_ns(self.hw, link, nbytes / len(durations))
+            durations = durations + costs.store_ns(self.hw, int(self.plan.transfer_link[x]),
+                                                   int(self.plan.transfer_bytes[x]) / len(durations))
         durations = durations.tolist()
         slots = self.scheduler.assign(self.env.now, durations)
         name, expert = TASK_KINDS[kind], int(self.plan.tile_expert[t])

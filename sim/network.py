@@ -176,27 +176,20 @@ class Fabric:
         """The GPU issues transfer `x` now (a put with its signal), or, `stored`, only the signal of
         one whose bytes its blocks have already stored into the peer (over NVLink or locally)."""
         link, src, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_src[x]), int(self.plan.transfer_dst[x])
-        if stored and link == NVLINK:
-            self.env.process(self._nvlink_signal(x))
-        elif link == LOCAL:
+        if link == LOCAL:
             self._link_rows(x, self.env.now)
             self.deliver(dst, [x])
         elif link == NVLINK:
-            self.env.process(self._nvlink_put(x))
+            self.env.process(self._nvlink_put(x, stored))
         elif self.proxies:
             self.proxies[src].request(x)
         else:
             self.env.process(self._ibgda_put(x))
 
-    def _nvlink_put(self, x: int):
+    def _nvlink_put(self, x: int, stored: bool):
         start = self.env.now
-        yield self.nvlink[int(self.plan.transfer_src[x])].transfer(int(self.plan.transfer_bytes[x]))
-        yield self.env.timeout(self.hw.nvlink_latency_ns)
-        self._link_rows(x, start)
-        self.deliver(int(self.plan.transfer_dst[x]), [x])
-
-    def _nvlink_signal(self, x: int):
-        start = self.env.now
+        if not stored:  # the port moves the bytes; stored ones moved during the tasks
+            yield self.nvlink[int(self.plan.transfer_src[x])].transfer(int(self.plan.transfer_bytes[x]))
         yield self.env.timeout(self.hw.nvlink_latency_ns)
         self._link_rows(x, start)
         self.deliver(int(self.plan.transfer_dst[x]), [x])
