@@ -22,6 +22,7 @@ ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
 BLOCK_THREADS = 128
 OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
 MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in registers (os.cuh SCHED_GROUPS)
+GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
 MAX_TOP_K = 16
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
@@ -220,3 +221,10 @@ def param_fields() -> list[str]:
         else:
             names.append(re.split(r"[\s*]+", decl)[-1])
     return names
+
+
+def gate_split_capacity(tokens: int, grid: int) -> int:
+    """How many partial-logit copies the gate may need (gate.cuh gate_splits, which also keeps
+    whole slices of H): at most one block per item and split, so capacity x T x E stays within
+    grid x GATE_TOKENS x E float64s."""
+    return max(1, min(GATE_MAX_SPLITS, grid // -(-tokens // GATE_TOKENS)))

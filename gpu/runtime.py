@@ -242,7 +242,9 @@ class Layer:
             def empty(*shape, dtype):
                 return torch.empty(*shape, dtype=dtype, device=dev)
 
+            splits = layout.gate_split_capacity(s.T, self.grid)
             b = dict(y=empty(s.T, s.H, dtype=f32), logits=empty(s.T, s.E, dtype=f64), expert=empty(s.T, s.K, dtype=i32),
+                     gate_partial=empty(splits if splits > 1 else 0, s.T, s.E, dtype=f64),
                      weight=empty(s.T, s.K, dtype=f64), slot=empty(s.T, s.K, dtype=i32), counts=empty(s.E, dtype=i32),
                      row_token=empty(rows, dtype=i32), row_choice=empty(rows, dtype=i32),
                      row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=elem),
@@ -265,7 +267,8 @@ class Layer:
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, TM=s.TM, rank=session.rank,
                      gate_kind=layout.GATES.index(cfg.gate), act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
-                     timeout_ns=int(timeout_ms * 1e6), direct_return=int(self.direct_return))
+                     timeout_ns=int(timeout_ms * 1e6), direct_return=int(self.direct_return),
+                     gate_splits=splits)
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}
         self._check_inputs(tensors)

@@ -260,10 +260,8 @@ def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:
     rows = []
     for g in pts:
         grid = g.get("grid", blocks)
-        waves = math.ceil(math.ceil(g["tokens"] / costs.GATE_TOKENS) / grid)
-        items = waves * math.ceil(g["experts"] / costs.GATE_EXPERTS)
         slots = math.ceil(g["experts"] / grid) * g["tokens"] * g["top_k"]
-        rows.append((items * g["hidden"], slots, 1.0))
+        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0))
     a = np.array(rows, np.float64)
     y = np.array([g["ns"] for g in pts])
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
@@ -271,7 +269,7 @@ def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:
     names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns")
     for name, c in zip(names, coef):
         f.set(name, float(c), f"{origin}: gate phase over {len(pts)} (tokens, experts) points, least squares of "
-              "time = items x H x a + slot scans x b + c")
+              "time = H spanned per block x a + slot scans x b + c (costs.gate_work)")
     for g, row in zip(pts, a):
         f.check(f"gate T={g['tokens']} E={g['experts']} (ns)", g["ns"], float(row @ coef))
 

@@ -7,7 +7,8 @@ block's bandwidth, whichever dominates, plus the per-task overhead. GEMM operand
 many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a combine streams.
 
 Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measured and set by
-calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on every block, then
+calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on every block
+(an item's H split over up to 8 blocks when the items are fewer than the blocks), then
 one block per expert scans all (token, choice) pairs for its slots; a tile GEMM task costs
 `gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole); a block copies token rows
 at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatch put
@@ -33,6 +34,7 @@ from reference.plan import COMBINE, LOCAL, NVLINK
 from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
+GATE_DEPTH, GATE_MAX_SPLITS = 32, 8  # its slice of H, and the most blocks one item's H is split over
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
 WEIGHTED_IN_TASK = {"float32": True, "bfloat16": False}  # processor.cuh: TASK_COMBINE weights rows (fp32 only)
@@ -80,13 +82,30 @@ def gate_roofline_ns(hw: Hardware, cfg: Config) -> float:
     return max(flops / chip_flops_per_ns(hw, cfg.dtype), nbytes / hw.hbm_gbps)
 
 
+def gate_splits(tokens: int, hidden: int, grid: int) -> int:
+    """Blocks sharing one gate item's H (gate.cuh gate_splits): as many as leave every block a
+    share when the items are fewer than the blocks, each whole slices of H, none empty."""
+    items, slices = math.ceil(tokens / GATE_TOKENS), math.ceil(hidden / GATE_DEPTH)
+    want = max(1, min(grid // items, slices, GATE_MAX_SPLITS))
+    return math.ceil(slices / math.ceil(slices / want))
+
+
+def gate_work(tokens: int, hidden: int, experts: int, grid: int) -> int:
+    """The hidden elements one block's gate items span, one after another: its share of the
+    (item, split) units, each GATE_EXPERTS experts per pass over its range of H."""
+    splits = gate_splits(tokens, hidden, grid)
+    units = math.ceil(tokens / GATE_TOKENS) * splits
+    depth = math.ceil(math.ceil(hidden / GATE_DEPTH) / splits) * GATE_DEPTH
+    return math.ceil(units / grid) * math.ceil(experts / GATE_EXPERTS) * min(depth, hidden)
+
+
 def gate_ns(hw: Hardware, cfg: Config) -> float:
     """The megakernel's gate phase: the roofline or the kernel's work items and slot scans,
     whichever is longer, and the phase's fixed cost."""
     roofline = gate_roofline_ns(hw, cfg)
-    items = math.ceil(math.ceil(cfg.tokens / GATE_TOKENS) / blocks(hw)) * math.ceil(cfg.experts / GATE_EXPERTS)
     slots = math.ceil(cfg.experts / blocks(hw)) * cfg.tokens * cfg.top_k
-    kernel = items * cfg.hidden * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
+    kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, blocks(hw)) * hw.gate_item_ns_per_h
+              + slots * hw.gate_slot_ns)
     return max(roofline, kernel) + hw.gate_fixed_ns
 
 

@@ -138,10 +138,10 @@ def test_sizes_derive_from_config():
 
 def test_param_fields_match_the_struct():
     fields = layout.param_fields()
-    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "direct_return"
+    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "TM", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
-             "tlog_cap", "timeout_ns", "direct_return"}
+             "tlog_cap", "timeout_ns", "direct_return", "gate_splits"}
     assert sizes <= set(fields)
 
 
@@ -157,6 +157,21 @@ def test_simulated_gate_item_is_the_kernels():
     text = (layout.KERNEL_DIR / "gate.cuh").read_text()
     const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (GATE_\w+) = (\d+);", text)}
     assert (const["GATE_TOKENS"], const["GATE_EXPERTS"]) == (costs.GATE_TOKENS, costs.GATE_EXPERTS)
+    assert (const["GATE_DEPTH"], const["GATE_MAX_SPLITS"]) == (costs.GATE_DEPTH, costs.GATE_MAX_SPLITS)
+    assert (const["GATE_TOKENS"], const["GATE_MAX_SPLITS"]) == (layout.GATE_TOKENS, layout.GATE_MAX_SPLITS)
+
+
+@pytest.mark.parametrize("tokens,hidden,grid", [(1024, 2048, 264), (4096, 2048, 264), (8192, 2048, 264),
+                                                (200, 128, 264), (333, 256, 385), (96, 64, 9), (16384, 4096, 264)])
+def test_gate_split_is_whole_slices_within_capacity(tokens, hidden, grid):
+    """The simulator's split of a gate item's H (costs.gate_splits, as gate.cuh computes it) never
+    leaves a split empty, uses whole slices, and fits the partial-logit copies the host allocates."""
+    s = costs.gate_splits(tokens, hidden, grid)
+    slices = -(-hidden // costs.GATE_DEPTH)
+    per = -(-slices // s)
+    assert 1 <= s <= layout.gate_split_capacity(tokens, grid)
+    assert (s - 1) * per < slices <= s * per  # every split has at least one slice
+    assert s == 1 or s * -(-tokens // costs.GATE_TOKENS) <= grid
 
 
 def test_cache_key_covers_sources_options_and_toolchain():

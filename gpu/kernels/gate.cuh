@@ -16,6 +16,7 @@ constexpr int GATE_EXPERTS = 64;      // experts per pass over H
 constexpr int GATE_DEPTH = 32;        // slice of H per pipeline stage
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
 constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
+constexpr int GATE_MAX_SPLITS = 8;    // blocks that may share one item's H (few tokens: every block busy)
 // Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
 // the mma fragments are read). Row strides, in elements, make a fragment read (8 rows x 4 columns
 // of A, 4 rows x 8 columns of B) hit 32 different banks, and keep rows 16-byte aligned for cp.async.
@@ -39,13 +40,15 @@ __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem), "l"(gmem), "r"(valid ? 4 : 0));
 }
 
-// Logits of tokens t0.. (GATE_TOKENS of them) against every expert, GATE_EXPERTS per pass.
+// Logits of tokens t0.. (GATE_TOKENS of them) against every expert, GATE_EXPERTS per pass, over
+// the hidden range [h_lo, h_hi): with `partial` null that is all of H and the logits (offset
+// subtracted) go to p.logits; else the raw sums over the range go to partial[t][e] (split-K).
 // Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 4 x 2 mma tiles.
 // The slices of every pass form one cp.async pipeline, GATE_STAGES deep: the gate is bound by
 // load latency, not arithmetic (one slice in flight per block took ~1.9 us per slice on H200).
 // Copies past T, H or E are zero-filled by the copy itself. The logits of E <= GATE_SMEM_LOGITS
 // experts are also left in shared memory (over the drained stages) for the selection.
-__device__ void gate_scores(const Params& p, int t0, unsigned char* smem) {
+__device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigned char* smem, double* partial) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, quad = lane % 4;
   constexpr int MT = GATE_TOKENS / 8, NT = GATE_EXPERTS / 4 / 8;  // mma tiles per warp
@@ -60,34 +63,35 @@ __device__ void gate_scores(const Params& p, int t0, unsigned char* smem) {
   const elem_t* __restrict__ x = p.x;
   const float* __restrict__ wg = p.wg;
   const bool w_vec = E % 4 == 0;
-  const int per_pass = (H + GATE_DEPTH - 1) / GATE_DEPTH, slices = per_pass * ((E + GATE_EXPERTS - 1) / GATE_EXPERTS);
+  const int per_pass = ceil_div(h_hi - h_lo, GATE_DEPTH), slices = per_pass * ceil_div(E, GATE_EXPERTS);
   auto xs_of = [&](int stage) { return reinterpret_cast<elem_t*>(smem + stage * GATE_STAGE_BYTES); };
   auto ws_of = [&](int stage) {
     return reinterpret_cast<float*>(smem + stage * GATE_STAGE_BYTES + GATE_TOKENS * GATE_XS_LD * sizeof(elem_t));
   };
   auto issue = [&](int slice) {
     if (slice < slices) {
-      const int e0 = slice / per_pass * GATE_EXPERTS, h0 = slice % per_pass * GATE_DEPTH, stage = slice % GATE_STAGES;
+      const int e0 = slice / per_pass * GATE_EXPERTS, h0 = h_lo + slice % per_pass * GATE_DEPTH;
+      const int stage = slice % GATE_STAGES;
       elem_t* xs = xs_of(stage);
       float* ws = ws_of(stage);
 #pragma unroll
       for (int u = 0; u < X_COPIES; ++u) {
         const int v = tid + 128 * u, tok = v / (GATE_DEPTH / XV), h = (v % (GATE_DEPTH / XV)) * XV;
-        const bool in = t0 + tok < T && h0 + h < H;
+        const bool in = t0 + tok < T && h0 + h < h_hi;
         cp_async16(smem_addr(xs + tok * GATE_XS_LD + h), in ? x + (long long)(t0 + tok) * H + h0 + h : x, in);
       }
       if (w_vec) {
 #pragma unroll
         for (int u = 0; u < W_COPIES; ++u) {
           const int v = tid + 128 * u, k = v / (GATE_EXPERTS / 4), e = (v % (GATE_EXPERTS / 4)) * 4;
-          const bool in = h0 + k < H && e0 + e < E;
+          const bool in = h0 + k < h_hi && e0 + e < E;
           cp_async16(smem_addr(ws + k * GATE_WS_LD + e), in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
         }
       } else {
 #pragma unroll 4
         for (int u = 0; u < 4 * W_COPIES; ++u) {
           const int v = tid + 128 * u, k = v / GATE_EXPERTS, e = v % GATE_EXPERTS;
-          const bool in = h0 + k < H && e0 + e < E;
+          const bool in = h0 + k < h_hi && e0 + e < E;
           cp_async4(smem_addr(ws + k * GATE_WS_LD + e), in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
         }
       }
@@ -121,7 +125,7 @@ __device__ void gate_scores(const Params& p, int t0, unsigned char* smem) {
     }
     if (s % per_pass == per_pass - 1) {
       const int e0 = s / per_pass * GATE_EXPERTS;
-      const bool keep = E <= GATE_SMEM_LOGITS;  // then this is the only pass: drain before reusing smem
+      const bool keep = !partial && E <= GATE_SMEM_LOGITS;  // the only pass: drain before reusing smem
       if (keep) {
         cp_async_wait<0>();
         __syncthreads();
@@ -134,7 +138,9 @@ __device__ void gate_scores(const Params& p, int t0, unsigned char* smem) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int tok = 8 * m + row, t = t0 + tok, e = e0 + 16 * warp + 8 * n + 2 * quad + c;
-            if (t < T && e < E) {
+            if (t < T && e < E && partial) {
+              partial[(long long)t * E + e] = acc[m][n][c];
+            } else if (t < T && e < E) {
               const double z = acc[m][n][c] - p.logit_offset[e];
               p.logits[(long long)t * E + e] = z;
               if (keep) logits_smem[tok * E + e] = z;
@@ -211,16 +217,61 @@ __device__ void gate_select(const Params& p, int t, const double* z, int part, b
     }
 }
 
-// Gate work item: GATE_TOKENS tokens' logits, then their selections (SELECT_LANES threads each).
-__device__ void gate_item(const Params& p, int item, double* smem) {
+// A gate work item's selections (SELECT_LANES threads per token) from its logits: in shared memory
+// for E <= GATE_SMEM_LOGITS, else in p.logits.
+__device__ void gate_choose(const Params& p, int item, const double* smem) {
   const int t0 = item * GATE_TOKENS, tok = threadIdx.x / SELECT_LANES, t = t0 + tok;
-  gate_scores(p, t0, reinterpret_cast<unsigned char*>(smem));
-  __syncthreads();  // the block's logits are written before its threads read them back
   const bool valid = t < p.T;
-  const double* z = p.E <= GATE_SMEM_LOGITS ? smem + tok * p.E
-                                            : p.logits + (long long)(valid ? t : t0) * p.E;
+  const double* z = p.E <= GATE_SMEM_LOGITS ? smem + tok * p.E : p.logits + (long long)(valid ? t : t0) * p.E;
   gate_select(p, t, z, threadIdx.x % SELECT_LANES, valid);
   __syncthreads();  // the shared logits are read before the next item overwrites them
+}
+
+// How many blocks share one item's H: enough that every block has a share when the tokens are
+// few (at most the capacity of p.gate_partial), each an equal number of whole GATE_DEPTH slices,
+// none empty.
+__device__ __forceinline__ int gate_splits(const Params& p, int items) {
+  const int slices = ceil_div(p.H, GATE_DEPTH);
+  const int want = max(1, min(min((int)gridDim.x / items, slices), (int)p.gate_splits));
+  return ceil_div(slices, ceil_div(slices, want));
+}
+
+// The gate of every token, on all blocks: each GATE_TOKENS-token item's logits, then its top-k.
+// With few items the H range of an item is split over blocks, whose partial sums meet after a
+// grid barrier and are added in split order (the same every run), then selected from. Returns
+// the grid barriers it passed (0 or 1), -1 if the barrier was given up.
+__device__ int gate_phase(const Params& p, unsigned char* smem) {
+  const int items = ceil_div(p.T, GATE_TOKENS), splits = gate_splits(p, items);
+  const int depth = ceil_div(ceil_div(p.H, GATE_DEPTH), splits) * GATE_DEPTH;  // H per split
+  const long long TE = p.T * p.E;
+  double* logits_smem = reinterpret_cast<double*>(smem);
+  // one loop for both cases: the gate's scores are inlined once (a second copy spilled registers)
+  for (int u = blockIdx.x; u < items * splits; u += gridDim.x) {
+    const int item = u / splits, part = u % splits;
+    const int h_lo = min(part * depth, (int)p.H), h_hi = min(h_lo + depth, (int)p.H);
+    gate_scores(p, item * GATE_TOKENS, h_lo, h_hi, smem, splits > 1 ? p.gate_partial + part * TE : nullptr);
+    __syncthreads();  // the block's logits are written before its threads read them back
+    if (splits == 1) gate_choose(p, item, logits_smem);
+  }
+  if (splits == 1) return 0;
+  if (!grid_barrier(p, 0)) return -1;
+  const int E = (int)p.E;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int t0 = item * GATE_TOKENS;
+    for (int i = threadIdx.x; i < GATE_TOKENS * E; i += blockDim.x) {
+      const int tok = i / E, e = i % E;
+      if (t0 + tok >= p.T) continue;
+      const long long at = (long long)(t0 + tok) * E + e;
+      double z = 0.0;
+      for (int part = 0; part < splits; ++part) z += __ldcg(p.gate_partial + part * TE + at);
+      z -= p.logit_offset[e];
+      p.logits[at] = z;
+      if (E <= GATE_SMEM_LOGITS) logits_smem[tok * E + e] = z;
+    }
+    __syncthreads();
+    gate_choose(p, item, logits_smem);
+  }
+  return 1;
 }
 
 // Slots of expert e: scan assignments in priority order (choice j, then token t) in chunks of

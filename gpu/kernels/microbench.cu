@@ -140,18 +140,17 @@ MB_KERNEL mb_pingpong(float* buf, long long bytes, uint64_t* sig, int iters, int
   }
 }
 
-// The gate phase as moe.cu runs it (without the cross-rank start wait): every block takes gate
-// items, grid barrier, slots per expert, grid barrier. ns[2b], ns[2b + 1] = block b's start, end.
+// The gate phase as moe.cu runs it (without the cross-rank start wait): gate_phase on every block,
+// grid barrier, slots per expert, grid barrier. ns[2b], ns[2b + 1] = block b's start, end.
 // Cooperative launch; the state words must be zero.
 MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
   const Params& p = *params;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint64_t t0 = now_ns();
-  for (int item = blockIdx.x; item < ceil_div(p.T, GATE_TOKENS); item += gridDim.x)
-    gate_item(p, item, reinterpret_cast<double*>(smem_raw));
-  if (!grid_barrier(p, 0)) return;
+  int barriers = gate_phase(p, smem_raw);
+  if (barriers < 0 || !grid_barrier(p, barriers++)) return;
   for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e);
-  if (!grid_barrier(p, 1)) return;
+  if (!grid_barrier(p, barriers++)) return;
   if (threadIdx.x == 0) {
     ns[2 * blockIdx.x] = t0;
     ns[2 * blockIdx.x + 1] = now_ns();

@@ -45,6 +45,7 @@ struct Params {
   uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
   // local working state, zeroed before every launch
   elem_t* hidden;              // [P][L][C][I] GEMM0 output
+  double* gate_partial;        // [gate_splits][T][E] the gate's partial logits over a range of H
   int* state;                  // STATE_WORDS ints: barrier, abort, queue tail, ...
   int4* queue;                 // [Q] task descriptors
   int* queue_ready;            // [Q] 1 once the descriptor is written
@@ -61,6 +62,7 @@ struct Params {
   long long T, H, I, E, K, P, L, C, TM;
   long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
   long long direct_return;     // 1: GEMM1 tasks store into the source's combox (nvshmem_ptr)
+  long long gate_splits;       // most blocks one gate item's H may be split over (gate_partial's size)
 };
 
 // state[] words
