@@ -15,7 +15,7 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   aggregate to the peer; the dispatch microbenchmark (pack + put at the layer's concurrency) is
   checked against all these, not fitted;
 - reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
-- gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns: least squares of the gate phase over tokens
+- gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
 - handoff_ns, subscriber_ns: the processors' median gap between tasks and the shortest
   arrival-to-first-task delay less that gap, from the megakernel's telemetry on a 12K-token layer;
@@ -255,21 +255,22 @@ def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
 
 def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:
     pts = _need(raw, "gate", "gate phase times")
-    if len(pts) < 3:
-        raise CalibrationError("gate", len(pts), "at least 3 (tokens, experts) points")
+    if len(pts) < 4:
+        raise CalibrationError("gate", len(pts), "at least 4 (tokens, experts) points")
     rows = []
     for g in pts:
         grid = g.get("grid", blocks)
         slots = math.ceil(g["experts"] / grid) * g["tokens"] * g["top_k"]
-        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0))
+        split = float(costs.gate_splits(g["tokens"], g["hidden"], grid) > 1)
+        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0, split))
     a = np.array(rows, np.float64)
     y = np.array([g["ns"] for g in pts])
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     coef = np.maximum(coef, 0.0)
-    names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns")
+    names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns")
     for name, c in zip(names, coef):
         f.set(name, float(c), f"{origin}: gate phase over {len(pts)} (tokens, experts) points, least squares of "
-              "time = H spanned per block x a + slot scans x b + c (costs.gate_work)")
+              "time = H spanned per block x a + slot scans x b + c + (H split over blocks) x d (costs.gate_work)")
     for g, row in zip(pts, a):
         f.check(f"gate T={g['tokens']} E={g['experts']} (ns)", g["ns"], float(row @ coef))
 

@@ -106,7 +106,8 @@ def gate_ns(hw: Hardware, cfg: Config) -> float:
     slots = math.ceil(cfg.experts / blocks(hw)) * cfg.tokens * cfg.top_k
     kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, blocks(hw)) * hw.gate_item_ns_per_h
               + slots * hw.gate_slot_ns)
-    return max(roofline, kernel) + hw.gate_fixed_ns
+    split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, blocks(hw)) > 1 else 0.0
+    return max(roofline, kernel) + hw.gate_fixed_ns + split
 
 
 def contended_ns_per_byte(alone: float, extra: float, half: float, inflight: float, knee: float = 0.0) -> float:

@@ -68,6 +68,7 @@ class Hardware:
     gate_item_ns_per_h: float  # one block: one gate item (32 tokens x 64 experts) per element of H
     gate_slot_ns: float  # one block: scan one (token, choice) while assigning an expert's slots
     gate_fixed_ns: float  # the gate phase's fixed cost (two grid barriers, launch skew)
+    gate_split_ns: float  # with an item's H split over blocks: the third barrier and the partials' sum
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
     # block copies and puts slow down once the bytes all blocks have in flight at once outgrow the
     # L2: time per byte = alone + extra x beyond / (beyond + half), beyond = max(inflight - knee, 0)
@@ -220,7 +221,8 @@ _H100 = {
     "gpu_post_ns": (300.0, "estimate: IBGDA work request built and doorbell rung by a GPU thread; " + _ESTIMATE),
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
-    **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gemm_fixed_ns",
+    **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
+                                         "gemm_fixed_ns",
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",

@@ -17,8 +17,9 @@ The simulator runs the tile plan of the measured layer through the model of Flas
 persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
 
 - **gate phase**: the kernel's float64 gate (FP64 tensor cores) in work items of 32 tokens x 64 experts spread over
-  all blocks, then one block per expert scanning every (token, choice) for its slots, then two
-  grid barriers (`gate_item_ns_per_h`, `gate_slot_ns`, `gate_fixed_ns`, fitted over six
+  all blocks (an item's H split over up to 8 blocks when the items are fewer than the blocks),
+  then one block per expert scanning every (token, choice) for its slots, then two grid barriers
+  (`gate_item_ns_per_h`, `gate_slot_ns`, `gate_fixed_ns`, `gate_split_ns`, fitted over six
   (tokens, experts) points of the gate alone);
 - **dispatch**: each tile gathered by one processor block (`copy_*`), then put by the same
   block's threads (`put_local_*`, `put_nvlink_ns_per_byte`, `nvlink_gbps`): NVSHMEM's block put
@@ -46,9 +47,9 @@ task only marks a tile's arrival: its final combine weights the 2-byte rows in f
 FINDINGS = """\
 Right:
 
-- **32 of 36 H200 runs hold every bound** (kernel at 8a92d6b): every float32 run, and every bf16
-  run from 4K tokens per GPU. The GEMM phases (over 75% of the time) hold within 10% on every run
-  but the 1K- and 2K-token bf16 ones: the layer is a queue of equal tile tasks on 263 processors,
+- **32 of 36 H200 runs hold every bound** (kernel at 69d93a3): every float32 run, and every bf16
+  run but the 1K-token layers and the 16-expert gate. The GEMM phases (over 75% of the time) hold
+  within 10% on every run but the 1K-token bf16 ones: the layer is a queue of equal tile tasks on 263 processors,
   each task a fixed cost plus its FLOPs, with a ~8-10 us hand-off between tasks (the scheduler
   warp's round over 263 processors' flags).
 - **Overlap efficiency** T(2)/T(1) holds on every run, within 0.02: two GPUs each with the same
@@ -67,8 +68,10 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
   with every block starting at once, as a layer's GEMM phases start; the megakernel's own median
   full-tile task on a 12K-token layer agrees within 2% (anchoring the fixed cost on that task
   instead had priced 32-row bf16 tasks 14% low);
-- the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.11 to
-  0.29 ms, not the microseconds of the matrix roofline;
+- the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.05 to
+  0.3 ms, not the microseconds of the matrix roofline; with fewer items than blocks an item's H is
+  split over up to 8 blocks, which costs a third grid barrier and the partials' sum
+  (`gate_split_ns`, ~6 us): the 1K-token gate went from 111-131 us to 54-58 us;
 - a **dispatch put is done by the block's threads** (about 10 GB/s for one block, to its own GPU
   or over NVLink), so the dispatch costs a block about as much as packing and putting 1 MiB at
   2-4 GB/s when 128 blocks move 128 MiB at once: block copies and puts keep their speed alone up
@@ -83,13 +86,14 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **Small bf16 layers** (1K and 2K tokens per GPU, on 1 and 2 GPUs) run 12-17% longer than
-  predicted. Two mechanisms the microbenchmarks do not show: the layer's ~32-64-row bf16 tile tasks
-  take 41-48 us against 38-44 us isolated (their GEMM phases miss by 7-16%), and the layer's gate
-  phase takes 131 us at 1K tokens against the gate microbenchmark's 111 us (-11%). Not yet told
+- **The 1K-token bf16 layer** (1 and 2 GPUs) runs 15% longer than predicted: its ~32-row tile
+  tasks take 41-44 us in the layer against 38 us isolated (GEMM phases -9 to -13%). Not yet told
   apart: short tasks are bound by loading their weight slice, so the layer's mix of experts in
-  flight (HBM traffic) may differ from the benchmark's; the gate's extra time appeared with the
-  lined-up launches and is not explained yet.
+  flight (HBM traffic) may differ from the microbenchmark's.
+- **The 16-expert bf16 gate** is overpredicted by 21%: at 8K tokens the gate's time is not
+  monotonic in the experts (microbenchmark: 8 experts 180 us, 64 experts 161 us; the layer with
+  16 experts 140 us), and the fit's work items x H + slot scans + fixed cost has one value for
+  every count below 64.
 - The **H100 run** predates the gate rewrite and recorded no commit, so it is compared but not
   held to the bounds: its gate (1.5 ms) and slower combine belong to an older kernel than the one
   calibrated.

@@ -16,14 +16,18 @@ EVERY_RUN = compare.measured_runs(calibrated_only=False)
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
 # (run, quantity) misses of the calibration committed in measurements/calibration-h200.json, each with
 # its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list. Measured
-# at 8a92d6b (GEMM1 stores straight into the source's combox, relaxed-batch scheduler rounds,
-# launches lined up across ranks).
-SMALL_BF16_LAYER = ("at 1K-2K tokens per GPU the bf16 layer's ~32-64-row tile tasks take 41-48 us in the "
-                    "layer against 38-44 us in the isolated microbenchmark, and its gate phase 131 us against "
-                    "the gate microbenchmark's 111 us: both are underpredicted by 8-16%, the layer by 12-17%")
+# at 69d93a3 (gate split over H at few tokens, GEMM1 stores straight home, relaxed-batch scheduler
+# rounds, launches lined up across ranks).
+SMALL_BF16_LAYER = ("at 1K tokens per GPU the bf16 layer's ~32-row tile tasks take 41-44 us in the layer "
+                    "against 38 us in the isolated microbenchmark: its GEMM phases are underpredicted by "
+                    "9-13%, the layer by 15%")
+GATE_FEW_EXPERTS = ("the gate's time is not monotonic in the experts at 8K tokens (microbenchmark: 8 experts "
+                    "180 us, 64 experts 161 us; the layer with 16 experts 140 us), which the fit's work items "
+                    "x H + slot scans + fixed cost cannot follow: 16 experts are overpredicted by 21%")
 KNOWN_MISSES: dict[tuple[str, str], str] = {
-    (f"h200x2-trace-flashmoe-{p}", "layer"): SMALL_BF16_LAYER
-    for p in ("tokens-1k-bf16-p1", "tokens-1k-bf16-p2", "tokens-2k-bf16-p1", "tokens-2k-bf16-p2")}
+    **{(f"h200x2-trace-flashmoe-{p}", "layer"): SMALL_BF16_LAYER for p in ("tokens-1k-bf16-p1", "tokens-1k-bf16-p2")},
+    **{(f"h200x2-trace-flashmoe-{p}", "gate"): GATE_FEW_EXPERTS for p in ("experts-16-bf16-p1", "experts-16-bf16-p2")},
+}
 
 
 def test_there_are_measured_runs():

@@ -18,13 +18,14 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             copy_ns_per_byte=0.04, copy_extra_ns_per_byte=0.13, copy_half_bytes=float(HALVES[50]),
             put_local_ns_per_byte=0.08, put_local_extra_ns_per_byte=0.2, put_local_half_bytes=float(HALVES[25]),
             put_nvlink_ns_per_byte=0.1, nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0,
-            gate_slot_ns=2.0, gate_fixed_ns=20000.0, handoff_ns=5000.0, subscriber_ns=1500.0,
+            gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, handoff_ns=5000.0, subscriber_ns=1500.0,
             nvlink_latency_ns=1200.0)
 # the bf16 build's: its own GEMM (against the BF16 peak), copies of 2-byte rows, gate, combine and
 # scheduler; the knee, puts and link are the float32 job's byte moves, shared
 TRUE_BF16 = dict(TRUE, matrix_efficiency=0.2, gemm_fixed_ns=60000.0, copy_ns_per_byte=0.05,
                  copy_extra_ns_per_byte=0.09, copy_half_bytes=float(HALVES[40]), reduce_ns_per_byte=0.4,
-                 gate_item_ns_per_h=200.0, gate_slot_ns=3.0, gate_fixed_ns=30000.0, handoff_ns=4000.0,
+                 gate_item_ns_per_h=200.0, gate_slot_ns=3.0, gate_fixed_ns=30000.0, gate_split_ns=6000.0,
+                 handoff_ns=4000.0,
                  subscriber_ns=1000.0)
 
 
