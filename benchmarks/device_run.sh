@@ -3,7 +3,8 @@
 # table last (a call is capped at 10 minutes, so the whole set takes two calls):
 #   checks     ptxas report (registers, spills, shared memory) of the float32, bf16 and tf32 kernels
 #              at the bench's tiles, the GPU tests on every GPU count, `moelab gpu` as a user runs it
-#   calibrate  the calibration microbenchmarks of both builds on 2 GPUs (calibration-<gpu>.json)
+#   calibrate  the calibration microbenchmarks of both builds on the most GPUs given, 2 for NVLink's
+#              figures (calibration-<gpu>.json; on 1 GPU they stay the preset's)
 #   bench-D    the sweep of precision D (float32, bfloat16, tf32) on the GPU counts given, a
 #              telemetry trace per point, each beside the torch layer of its precision
 #   put-D      the same sweep with GEMM1's tiles put home by one block each (the kernel's other
@@ -38,11 +39,12 @@ EOF
       done
       timeout 240 python3 -m pytest -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
       for extra in "" "--set tf32=true"; do
-        timeout 90 python3 -m moelab gpu --config tiny $extra --set tile_m=64 --gpus 2 --check --bench \
+        timeout 90 python3 -m moelab gpu --config tiny $extra --set tile_m=64 --gpus "${GPUS##* }" --check --bench \
           --out /tmp/moelab-cli 2>&1 | tee -a "$R/cli.txt"
       done ;;
     calibrate)
-      timeout 300 python3 benchmarks/calibrate_gpu.py --gpus 2 --out "$R" --commit "$MOELAB_COMMIT" --timeout 280 \
+      timeout 300 python3 benchmarks/calibrate_gpu.py --gpus "${GPUS##* }" --out "$R" --commit "$MOELAB_COMMIT" \
+        --timeout 280 \
         2>&1 | tee "$R/calibrate.txt" ;;
     bench-*|put-*)
       path=store

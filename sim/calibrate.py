@@ -106,7 +106,7 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     f.set("blocks_per_sm", grid // sms, f"{origin}: the megakernel's occupancy, grid {grid} over {sms} SMs")
     blocks = grid // sms * sms
     _fit_gemm(f, raw, hw, blocks, origin, dtype)
-    _fit_moves(f, raw, origin)
+    _fit_moves(f, raw, hw, base, origin)
     _fit_gate(f, raw, blocks, origin)
     _fit_scheduler(f, raw, origin)
     _fit_link(f, raw, origin)
@@ -191,19 +191,22 @@ def _saturating(points: list[tuple[float, float]], knee: float) -> tuple[float, 
     return best
 
 
-def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
+def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
     """copy_rows and puts: time per byte against the bytes all blocks have in flight at once
     (blocks x bytes): flat while the L2 holds them, then slower, with one knee for copies and
     local puts alike (the same L2; the knee of least total relative error); puts over NVLink: a
     block alone, or the port's share. The dispatch microbenchmark (pack + put at the layer's
-    concurrency, on both sides of the knee) is the check, not fitted."""
+    concurrency, on both sides of the knee) is the check, not fitted. A one-GPU file (an H100 lent
+    alone) has no peer: its NVLink figures stay the base preset's, and say so."""
     copies = _need(raw, "copy", "copy_rows times")
     puts = _need(raw, "put", "put-with-signal times")
     big = max(p["bytes"] for p in puts)
     local = [p for p in puts if p["peer"] == "self" and p["bytes"] >= big // 4]
     remote = [p for p in puts if p["peer"] == "nvlink" and p["bytes"] == big]
-    if not local or not any(p["blocks"] == 1 for p in remote):
-        raise CalibrationError("put", sorted({p["peer"] for p in puts}), f"puts of {big} B to self and nvlink")
+    alone = raw.get("world") == 1
+    if not local or not (alone or any(p["blocks"] == 1 for p in remote)):
+        raise CalibrationError("put", sorted({p["peer"] for p in puts}), f"puts of {big} B to self and nvlink "
+                               "(to self only from a one-GPU run, world 1)")
     cpts = [(c["blocks"] * c["bytes"], c["ns_per_copy"]["median"] / c["bytes"]) for c in copies]
     ppts = [(p["blocks"] * p["bytes"], p["ns_per_put"]["median"] / p["bytes"]) for p in local]
     knee, (_, c1, cx, ch), (_, p1, px, ph) = min(
@@ -220,13 +223,17 @@ def _fit_moves(f: Fit, raw: dict, origin: str) -> None:
     f.set("put_local_ns_per_byte", p1, how)
     f.set("put_local_extra_ns_per_byte", px, how)
     f.set("put_local_half_bytes", ph, how)
-    one = next(p for p in remote if p["blocks"] == 1)
-    own = costs.contended_ns_per_byte(0.0, px, ph, big, knee)
-    f.set("put_nvlink_ns_per_byte", one["ns_per_put"]["median"] / big - own,
-          f"{origin}: put-with-signal of {big} B over NVLink by 1 block alone, less its own bytes' slowdown")
-    best = max(remote, key=lambda p: p["aggregate_gbps"])
-    f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth to "
-          f"the peer ({best['blocks']} blocks x {best['bytes']} B)")
+    if alone:
+        for name in ("put_nvlink_ns_per_byte", "nvlink_gbps"):
+            f.set(name, getattr(hw, name), f"{origin}: not measured (one GPU, no peer): the {base} preset's")
+    else:
+        one = next(p for p in remote if p["blocks"] == 1)
+        own = costs.contended_ns_per_byte(0.0, px, ph, big, knee)
+        f.set("put_nvlink_ns_per_byte", one["ns_per_put"]["median"] / big - own,
+              f"{origin}: put-with-signal of {big} B over NVLink by 1 block alone, less its own bytes' slowdown")
+        best = max(remote, key=lambda p: p["aggregate_gbps"])
+        f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth "
+              f"to the peer ({best['blocks']} blocks x {best['bytes']} B)")
     hw_moves = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
         "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
         "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte", "nvlink_gbps")})

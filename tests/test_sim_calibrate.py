@@ -95,6 +95,24 @@ def test_fit_recovers_the_figures_the_microbenchmarks_were_made_from(tmp_path):
     assert sim.simulate(cfg, hardware=hw).metrics["latency_ns"] > sim.simulate(cfg, "h200-sxm").metrics["latency_ns"]
 
 
+def test_a_one_gpu_file_keeps_the_base_presets_nvlink_figures(tmp_path):
+    """An H100 lent alone measures no peer: everything else is fitted, the NVLink figures stay
+    the base preset's and say so; a two-GPU file without its NVLink puts is still refused."""
+    raw = synthetic("NVIDIA H100 80GB HBM3")
+    raw.update(world=1, put=[p for p in raw["put"] if p["peer"] == "self"], pingpong=[])
+    src = tmp_path / "calibration-h100.json"
+    src.write_text(json.dumps(raw))
+    _, fits = calibrate.calibrate(src, out=tmp_path / "calibrated-h100.json")
+    fit, base = fits["float32"], hardware.PRESETS["h100-sxm"]
+    for name in ("put_nvlink_ns_per_byte", "nvlink_gbps"):
+        assert fit.values[name] == getattr(base, name) and "not measured (one GPU" in fit.sources[name]
+    assert "nvlink_latency_ns" not in fit.values
+    assert fit.values["matrix_efficiency"] == pytest.approx(TRUE["matrix_efficiency"], rel=1e-6)
+    raw["world"] = 2
+    with pytest.raises(calibrate.CalibrationError, match="'put'"):
+        calibrate.fit(raw, "h100-sxm", "x")
+
+
 def test_cli_prints_the_fit_and_its_residuals(tmp_path, capsys):
     src = tmp_path / "calibration-h200.json"
     src.write_text(json.dumps(synthetic()))
