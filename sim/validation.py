@@ -47,8 +47,10 @@ task only marks a tile's arrival: its final combine weights the 2-byte rows in f
 FINDINGS = """\
 Right:
 
-- **32 of 36 H200 runs hold every bound** (kernel at 69d93a3): every float32 run, and every bf16
-  run but the 1K-token layers and the 16-expert gate. The GEMM phases (over 75% of the time) hold
+- **32 of 36 H200 runs hold every bound** (kernel at 69d93a3, 2 H200s): every float32 run, and
+  every bf16 run but the 1K-token layers and the 16-expert gate. **14 of 18 H100 runs** (the same
+  kernel on one H100, predicted with the H100's own calibration, whose NVLink figures stay the
+  preset's: an H100 was lent alone) hold every bound too. The GEMM phases (over 75% of the time) hold
   within 10% on every run but the 1K-token bf16 ones: the layer is a queue of equal tile tasks on 263 processors,
   each task a fixed cost plus its FLOPs, with a ~8-10 us hand-off between tasks (the scheduler
   warp's round over 263 processors' flags).
@@ -94,9 +96,10 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   monotonic in the experts (microbenchmark: 8 experts 180 us, 64 experts 161 us; the layer with
   16 experts 140 us), and the fit's work items x H + slot scans + fixed cost has one value for
   every count below 64.
-- The **H100 run** predates the gate rewrite and recorded no commit, so it is compared but not
-  held to the bounds: its gate (1.5 ms) and slower combine belong to an older kernel than the one
-  calibrated.
+- **On the H100**, the same small-layer mechanism (the 1K-token layers in both dtypes and the
+  2K-token bf16 one, -12 to -18%), and the final ordered combine, calibrated at one size (8192
+  tokens): it costs less per byte at 1K-2K tokens (predicted 20-23% high) and more at 16K
+  (20% low) on that GPU.
 """
 
 

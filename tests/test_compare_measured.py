@@ -14,19 +14,25 @@ from sim import compare
 RUNS = compare.measured_runs()
 EVERY_RUN = compare.measured_runs(calibrated_only=False)
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
-# (run, quantity) misses of the calibration committed in measurements/calibration-h200.json, each with
-# its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list. Measured
-# at 69d93a3 (gate split over H at few tokens, GEMM1 stores straight home, relaxed-batch scheduler
-# rounds, launches lined up across ranks).
-SMALL_BF16_LAYER = ("at 1K tokens per GPU the bf16 layer's ~32-row tile tasks take 41-44 us in the layer "
-                    "against 38 us in the isolated microbenchmark: its GEMM phases are underpredicted by "
-                    "9-13%, the layer by 15%")
+# (run, quantity) misses of the calibrations committed in measurements/calibration-<gpu>.json, each
+# with its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list.
+# Measured at 69d93a3 on 2 H200s and at 9541ad5 (the same kernel) on 1 H100.
+SMALL_LAYER = ("at 1K-2K tokens per GPU the layer's ~32-64-row tile tasks take longer in the layer than in the "
+               "isolated microbenchmark (H200 bf16: 41-44 us against 38 us): the GEMM phases are underpredicted "
+               "by 9-15%, the layer by 12-18%")
 GATE_FEW_EXPERTS = ("the gate's time is not monotonic in the experts at 8K tokens (microbenchmark: 8 experts "
                     "180 us, 64 experts 161 us; the layer with 16 experts 140 us), which the fit's work items "
                     "x H + slot scans + fixed cost cannot follow: 16 experts are overpredicted by 21%")
+COMBINE_ONE_SIZE = ("the final ordered combine's cost per byte is calibrated at one size (8192 tokens); on the H100 "
+                    "it costs less per byte at 1K-2K tokens (combine overpredicted by 20-23%) and more at 16K "
+                    "(underpredicted by 20%)")
 KNOWN_MISSES: dict[tuple[str, str], str] = {
-    **{(f"h200x2-trace-flashmoe-{p}", "layer"): SMALL_BF16_LAYER for p in ("tokens-1k-bf16-p1", "tokens-1k-bf16-p2")},
+    **{(f"h200x2-trace-flashmoe-{p}", "layer"): SMALL_LAYER for p in ("tokens-1k-bf16-p1", "tokens-1k-bf16-p2")},
+    **{(f"h100x1-trace-flashmoe-{p}", "layer"): SMALL_LAYER
+       for p in ("tokens-1k-bf16-p1", "tokens-1k-p1", "tokens-2k-bf16-p1")},
     **{(f"h200x2-trace-flashmoe-{p}", "gate"): GATE_FEW_EXPERTS for p in ("experts-16-bf16-p1", "experts-16-bf16-p2")},
+    **{(f"h100x1-trace-flashmoe-{p}", "combine"): COMBINE_ONE_SIZE
+       for p in ("tokens-1k-bf16-p1", "tokens-2k-bf16-p1", "tokens-16k-p1")},
 }
 
 
