@@ -30,7 +30,7 @@ from reference import presets
 precision, nvh = sys.argv[1], sys.argv[2]
 cfg = cases.in_dtype(presets.get("flashmoe"), precision)
 flags = [f"-D{k}={v}" for k, v in sorted(layout.compile_options(cfg).items())]
-cmd = ["nvcc", f"-arch={build.ARCH}", "-rdc=true", "-O3", "-std=c++17", "-c", "gpu/kernels/moe.cu", f"-I{nvh}/include",
+cmd = ["nvcc", *build.arch_flags(build.ARCH), "-rdc=true", "-O3", "-std=c++17", "-c", "gpu/kernels/moe.cu", f"-I{nvh}/include",
        *flags, f"-DMIN_BLOCKS_PER_SM={layout.MIN_BLOCKS_PER_SM}", "-Xptxas", "-v", "-o", f"/tmp/ptxas-{precision}.o"]
 out = subprocess.run(cmd, capture_output=True, text=True).stderr.splitlines()
 at = next(i for i, line in enumerate(out) if f"for {layout.kernel_name(cfg)}" in line)

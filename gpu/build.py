@@ -1,7 +1,7 @@
 """Build the kernel with nvcc and cache the cubin.
 
-    nvcc -arch=sm_XX -rdc=true -c moe.cu -I<nvshmem>/include -DTILE_M=.. -o moe.o
-    nvcc -arch=sm_XX -dlink --cubin moe.o <nvshmem>/lib/libnvshmem_device.a -o moe.cubin
+    nvcc -gencode arch=compute_90a,code=sm_90a -rdc=true -c moe.cu -I<nvshmem>/include -DTILE_M=.. -o moe.o
+    nvcc -gencode arch=compute_90a,code=sm_90a -dlink --cubin moe.o <nvshmem>/lib/libnvshmem_device.a -o moe.cubin
 
 The device library must be the NVSHMEM version of the host library that will run it (the pip
 package `nvidia-nvshmem-cu13`, 3.4.5 on the GPU machines). Cubins are cached under
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .layout import KERNEL_DIR, MIN_BLOCKS_PER_SM
 
-ARCH = "sm_90"
+ARCH = "sm_90a"  # wgmma (the bf16 tile GEMM) exists on sm_90a only: H100, H200
 
 
 class BuildError(RuntimeError):
@@ -85,12 +85,19 @@ class Built:
     cached: bool
 
 
+def arch_flags(arch: str) -> list[str]:
+    """nvcc's flags for SASS of `arch` alone: nvcc 13's -arch=sm_90a also assembles compute_90 PTX,
+    which has no wgmma."""
+    return ["-gencode", f"arch=compute_{arch.removeprefix('sm_')},code={arch}"]
+
+
 def nvcc_commands(nvcc: str, arch: str, options: dict[str, int], nvshmem: Path, obj: Path,
                   cubin: Path, unit: str = "moe.cu") -> list[list[str]]:
     defines = [f"-D{k}={v}" for k, v in sorted(options.items())] + [f"-DMIN_BLOCKS_PER_SM={MIN_BLOCKS_PER_SM}"]
-    compile_cmd = [nvcc, f"-arch={arch}", "-rdc=true", "-O3", "-std=c++17", "-c", str(KERNEL_DIR / unit),
+    target = arch_flags(arch)
+    compile_cmd = [nvcc, *target, "-rdc=true", "-O3", "-std=c++17", "-c", str(KERNEL_DIR / unit),
                    f"-I{nvshmem / 'include'}", *defines, "-o", str(obj)]
-    link_cmd = [nvcc, f"-arch={arch}", "-dlink", "--cubin", str(obj), str(nvshmem / "lib" / "libnvshmem_device.a"),
+    link_cmd = [nvcc, *target, "-dlink", "--cubin", str(obj), str(nvshmem / "lib" / "libnvshmem_device.a"),
                 "-o", str(cubin)]
     return [compile_cmd, link_cmd]
 

@@ -34,12 +34,10 @@ SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per bloc
 # 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)
 SMEM_PER_SM = 228 * 1024
 SMEM_PER_BLOCK = SMEM_PER_SM // MIN_BLOCKS_PER_SM - 2 * 1024  # dynamic shared memory a block may take
-BF16_MAX_STAGES = 4  # cp.async stages of the tensor-core tile GEMM, at most (three slices in flight)
-# registers per thread the bf16 tile GEMM may hold: its tile_m x tile_n / 128 float32 accumulators
-# and two sets of (tile_m + tile_n) / 8 fragment registers (128 x 128 tiles: 192, and 255 in all
-# with the rest, no spills; 256 x 64 tiles, 208, spill)
-BF16_GEMM_REGS = 192
-BF16_TILE_N = (32, 64, 128, 256)
+BF16_MAX_STAGES = 8  # cp.async stages of the tensor-core tile GEMM, at most (six slices copied ahead)
+BF16_MIN_STAGES = 3  # a stage is refilled two slices after it was read (the wgmmas of one run behind)
+BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / 128: the whole tile in registers
+BF16_TILE_N = (32, 64, 128)  # wgmma.m64nNk16 shapes the kernel spells out (kernels/tile_gemm_bf16.cuh)
 TF32_STAGES = 3  # cp.async stages of the TF32 tile GEMM (Tf32TileGemm::STAGES)
 TF32_MAX_TILE_M = 128  # 2 mma row tiles per warp: at 256 rows the TF32 kernel spills registers (ptxas -v)
 TF32_MAX_ACC = 128  # accumulator floats per thread, tile_m x tile_n / 128 threads: more spill
@@ -78,40 +76,33 @@ def check_supported(cfg: Config) -> None:
 
 
 def _check_tensor_core_tiles(cfg: Config) -> None:
-    """The bf16 tile GEMM's shape (kernels/tile_gemm.cuh, TcTileGemm): 2 x 2 warps, each a
-    multiple of 16 rows (mma m16n8k16) and of 16 columns (ldmatrix pairs of 8-column tiles), the
-    accumulators in registers, slices of K copied by 128 threads in even shares and multiplied in
-    pairs of 16-deep steps, and at least two cp.async stages in a block's shared memory. (hidden and
-    ffn are multiples of tile_n, so every bf16 row and column block starts on 16 bytes, as the
-    16-byte copies need.)"""
-    if cfg.tile_m % 32 or cfg.tile_m > 256:
-        raise UnsupportedConfig("tile_m", cfg.tile_m, "a multiple of 32, at most 256, for bfloat16 "
-                                "(2 x 2 warps of 16-row mma tiles)")
+    """The bf16 tile GEMM's shape (kernels/tile_gemm_bf16.cuh, WgmmaTileGemm): one warpgroup's
+    wgmma.m64nNk16 per 64 rows, N = tile_n, the whole tile's accumulators in registers, slices of K
+    copied by 128 threads in even shares, and at least BF16_MIN_STAGES cp.async stages in a block's
+    shared memory. (hidden and ffn are multiples of tile_n, so every bf16 row and column block starts
+    on 16 bytes, as the 16-byte copies need.)"""
+    if cfg.tile_m % 64 or cfg.tile_m > 256:
+        raise UnsupportedConfig("tile_m", cfg.tile_m, "64, 128, 192 or 256 for bfloat16 (64-row wgmma blocks)")
     if cfg.tile_n not in BF16_TILE_N:
-        raise UnsupportedConfig("tile_n", cfg.tile_n, "32, 64, 128 or 256 for bfloat16 (2 x 2 warps of "
-                                "16-column mma pairs; 128 threads copy a slice's rows in even shares)")
-    if bf16_gemm_registers(cfg.tile_m, cfg.tile_n) > BF16_GEMM_REGS:
-        fits = [n for n in BF16_TILE_N if bf16_gemm_registers(cfg.tile_m, n) <= BF16_GEMM_REGS]
+        raise UnsupportedConfig("tile_n", cfg.tile_n, "32, 64 or 128 for bfloat16 (the wgmma widths the kernel has)")
+    if cfg.tile_m * cfg.tile_n > BF16_MAX_ACC * BLOCK_THREADS:
+        fits = [n for n in BF16_TILE_N if cfg.tile_m * n <= BF16_MAX_ACC * BLOCK_THREADS]
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
-                                f"(accumulators and fragments within {BF16_GEMM_REGS} registers per thread)")
+                                f"(at most {BF16_MAX_ACC} accumulators per thread)")
     if cfg.tile_k not in (32, 64, 128):
-        raise UnsupportedConfig("tile_k", cfg.tile_k, "32, 64 or 128 for bfloat16 (pairs of 16-deep mma steps; "
+        raise UnsupportedConfig("tile_k", cfg.tile_k, "32, 64 or 128 for bfloat16 (16-deep wgmma steps; "
                                 "128 threads copy a slice's rows in even shares)")
-    if bf16_stages(cfg) < 2:
-        raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that 2 cp.async stages of "
-                                f"{cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit {SMEM_PER_BLOCK} B of "
-                                f"shared memory per block (need {2 * bf16_stage_bytes(cfg)} B)")
-
-
-def bf16_gemm_registers(tile_m: int, tile_n: int) -> int:
-    """Registers per thread of the bf16 tile GEMM's accumulators and double-buffered fragments."""
-    return tile_m * tile_n // BLOCK_THREADS + 2 * (tile_m + tile_n) // 8
+    if bf16_stages(cfg) < BF16_MIN_STAGES:
+        raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} cp.async "
+                                f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit {SMEM_PER_BLOCK} B "
+                                f"of shared memory per block (need {BF16_MIN_STAGES * bf16_stage_bytes(cfg)} B)")
 
 
 def bf16_stage_bytes(cfg: Config) -> int:
-    """Shared memory of one cp.async stage of the bf16 tile GEMM (TcTileGemm::STAGE_BYTES): the A
-    slice (tile_m rows) and the B slice (tile_k rows), each row padded by 8 bf16."""
-    return 2 * (cfg.tile_m * (cfg.tile_k + 8) + cfg.tile_k * (cfg.tile_n + 8))
+    """Shared memory of one cp.async stage of the bf16 tile GEMM (WgmmaTileGemm::STAGE_BYTES): the
+    A slice (tile_m rows) and the B slice (tile_n rows of the K-major weights), tile_k deep, unpadded
+    (wgmma's core-matrix layout has no bank conflicts to pad away)."""
+    return 2 * (cfg.tile_m + cfg.tile_n) * cfg.tile_k
 
 
 def bf16_stages(cfg: Config) -> int:

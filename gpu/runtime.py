@@ -272,6 +272,11 @@ class Layer:
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}
         self._check_inputs(tensors)
+        if cfg.dtype == "bfloat16":
+            # the bf16 kernel reads its expert weights K-major (both wgmma operands from shared
+            # memory, kernels/tile_gemm_bf16.cuh): a transposed copy, taken once, held by the layer
+            self._weights_k_major = {k: tensors[k].transpose(1, 2).contiguous() for k in ("w1", "w2")}
+            tensors.update(self._weights_k_major)
         fields = layout.param_fields()
         block = np.zeros(len(fields), np.int64)
         for i, name in enumerate(fields):

@@ -26,19 +26,18 @@ def test_bf16_tile_shape_is_checked_field_by_field():
     flash = presets.get("flashmoe")
     bf = flash.replace(dtype="bfloat16", tile_m=128, tile_n=128, tile_k=64)
     layout.check_supported(bf)
-    for change, field in [(dict(tile_k=16), "tile_k"), (dict(tile_m=48), "tile_m"),
+    for change, field in [(dict(tile_k=16), "tile_k"), (dict(tile_m=32), "tile_m"), (dict(tile_m=96), "tile_m"),
                           (dict(tile_m=512, tile_n=32), "tile_m"), (dict(tile_n=16), "tile_n"),
-                          (dict(tile_n=512), "tile_n"),
-                          (dict(tile_n=256), "tile_n"),  # 256 accumulators per thread
-                          (dict(tile_m=256, tile_n=64), "tile_n"),  # 208 GEMM registers: spills
-                          (dict(tile_k=128), "tile_k")]:  # 2 stages of 128 x 128 x 128 exceed 112 KiB
+                          (dict(tile_n=256), "tile_n"),  # no m64n256 in the kernel
+                          (dict(tile_m=256, tile_n=128), "tile_n"),  # 256 accumulators per thread
+                          (dict(tile_k=128), "tile_k")]:  # 3 stages of 128 x 128 x 128 exceed 112 KiB
         with pytest.raises(layout.UnsupportedConfig) as e:
             layout.check_supported(bf.replace(**change))
         assert e.value.field == field and "bfloat16" in str(e.value)
     with pytest.raises(layout.UnsupportedConfig, match=r"tile_k.*32, 64 or 128"):
         layout.check_supported(flash.replace(dtype="bfloat16"))  # the fp32 default's tile_k = 8
-    with pytest.raises(layout.UnsupportedConfig, match=r"tile_n.*one of \[32, 64, 128\]"):
-        layout.check_supported(bf.replace(tile_n=256))
+    with pytest.raises(layout.UnsupportedConfig, match=r"tile_n.*one of \[32, 64\]"):
+        layout.check_supported(bf.replace(tile_m=256))
     assert layout.compile_options(bf) == {"TILE_M": 128, "TILE_N": 128, "TILE_K": 64, "MOE_BF16": 1, "GEMM_STAGES": 3}
     assert layout.kernel_name(bf) == "moelab_moe_bf16" and layout.kernel_name(flash) == "moelab_moe_fp32"
 
@@ -46,14 +45,14 @@ def test_bf16_tile_shape_is_checked_field_by_field():
 def test_bf16_stages_fill_a_block_of_two_per_sm():
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
     assert layout.SMEM_PER_BLOCK == 112 * 1024  # 228 KiB per SM: 2 blocks, 1 KiB reserved and 1 KiB static each
-    for (m, n, k), stages in [((128, 128, 64), 3), ((128, 128, 32), 4), ((128, 64, 64), 4), ((32, 256, 64), 2)]:
+    for (m, n, k), stages in [((128, 128, 64), 3), ((128, 128, 32), 7), ((128, 64, 64), 4), ((128, 64, 32), 8),
+                              ((256, 64, 32), 5), ((64, 32, 128), 4)]:
         cfg = flash.replace(tile_m=m, tile_n=n, tile_k=k)
         layout.check_supported(cfg)
-        stage = 2 * (m * (k + 8) + k * (n + 8))
+        stage = 2 * (m + n) * k
         assert layout.bf16_stage_bytes(cfg) == stage and layout.bf16_stages(cfg) == stages
         assert stages * stage <= layout.SMEM_PER_BLOCK
-        assert layout.bf16_gemm_registers(m, n) <= layout.BF16_GEMM_REGS
-    assert layout.bf16_gemm_registers(128, 128) == layout.BF16_GEMM_REGS == 192
+        assert m * n // layout.BLOCK_THREADS <= layout.BF16_MAX_ACC
 
 
 def test_bf16_tile_rows_stay_half_the_bytes():

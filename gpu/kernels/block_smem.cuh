@@ -14,7 +14,7 @@
 #endif
 
 #if MOE_BF16
-constexpr int GEMM_SMEM_BYTES = TcTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES>::SMEM_BYTES;
+constexpr int GEMM_SMEM_BYTES = WgmmaTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES>::SMEM_BYTES;
 #elif MOE_TF32
 constexpr int GEMM_SMEM_BYTES = Tf32TileGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES;
 #else

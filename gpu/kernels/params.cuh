@@ -19,9 +19,9 @@ struct Params {
   const float* wg;             // [H][E] gate weights
   const double* logit_offset;  // [E]    skew * ln(1 + e), subtracted from the float64 logits
   const double* gate_bias;     // [E]    selection-only bias of the sigmoid_bias gate
-  const elem_t* w1;            // [L][H][I] the local experts' weights
+  const elem_t* w1;            // [L][H][I] the local experts' weights (bf16: [L][I][H], K-major for wgmma)
   const float* b1;             // [L][I]
-  const elem_t* w2;            // [L][I][H]
+  const elem_t* w2;            // [L][I][H] (bf16: [L][H][I])
   const float* b2;             // [L][H]
   // outputs of this rank
   float* y;                    // [T][H]

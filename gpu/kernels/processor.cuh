@@ -6,6 +6,7 @@
 #include <nvshmemx.h>
 #include "os.cuh"
 #include "tile_gemm.cuh"
+#include "tile_gemm_bf16.cuh"
 #include "tile_gemm_tf32.cuh"
 
 __device__ __forceinline__ float activate(int kind, float h) {
@@ -16,7 +17,13 @@ __device__ __forceinline__ float activate(int kind, float h) {
       return 0.5f * h * (1.f + tanhf(c * (h + 0.044715f * h * h * h)));
     }
     case ACT_GELU: return 0.5f * h * (1.f + erff(h * 0.7071067811865476f));
+#if MOE_BF16
+    // ACT_SILU: an IEEE division's slow path is a subroutine call, and a call in the function of
+    // the wgmmas (gemm_task) makes ptxas serialize them; the fast division's 2 ulp vanish in bf16
+    default: return __fdividef(h, 1.f + expf(-h));
+#else
     default: return h / (1.f + expf(-h));  // ACT_SILU
+#endif
   }
 }
 
@@ -84,10 +91,24 @@ __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, i
 #if MOE_BF16
 // GEMM_STAGES (cp.async stages) comes with the tile shape from the build (gpu/layout.py)
 template <int BM, int BN, int BK>
-using TensorCoreGemm = TcTileGemm<BM, BN, BK, GEMM_STAGES>;
+using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES>;
+#define TENSOR_TASK __noinline__
+// the bf16 kernel's weights are K-major ([L][N][K], params.cuh): column block col0 of expert le
+// is N-rows col0.. of its transpose, K apart
+__device__ __forceinline__ const elem_t* weight_block(const elem_t* w, int le, long long K, long long N, int col0,
+                                                      long long& ld) {
+  ld = K;
+  return w + ((long long)le * N + col0) * K;
+}
 #else
 template <int BM, int BN, int BK>
 using TensorCoreGemm = Tf32TileGemm<BM, BN, BK>;
+#define TENSOR_TASK
+__device__ __forceinline__ const elem_t* weight_block(const elem_t* w, int le, long long K, long long N, int col0,
+                                                      long long& ld) {
+  ld = N;
+  return w + (long long)le * K * N + col0;
+}
 #endif
 // two adjacent outputs stored as elements: bf16 rounds to nearest even, float32 is kept
 __device__ __forceinline__ void store_pair(__nv_bfloat16* at, float v0, float v1) {
@@ -102,21 +123,26 @@ __device__ __forceinline__ void store_pair(float* at, float v0, float v1) {
 // rounded to bf16 (round to nearest even) into `hidden`, and the GEMM1 output rounded to bf16 too,
 // for the trip home (half the bytes; one more rounding than the reference, whose combine reads
 // float32 rows). tf32: float32 operands rounded to TF32 inside the tile GEMM, float32 stored.
+// (bf16: a function of its own, called: ptxas keeps wgmma asynchronous only in a function that
+// calls nothing it cannot see, and the kernel calls NVSHMEM's device library, linked in later)
 template <int BM, int BN, int BK, class Out1>
-__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
-                          void* smem) {
+__device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
+                                      void* smem) {
   using Gemm = TensorCoreGemm<BM, BN, BK>;
-  float acc[Gemm::MT][Gemm::NT][4];
+  typename Gemm::Acc acc;
   const int act = (int)p.act_kind;
+  long long ldw;
   if (kind == TASK_GEMM0) {
-    Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, smem, acc);
+    const elem_t* w = weight_block(p.w1, le, p.H, p.I, col0, ldw);
+    Gemm::run(p.inbox + s0 * p.H, p.H, rows, w, ldw, (int)p.H, smem, acc);
     const float* b = p.b1 + (long long)le * p.I + col0;
     elem_t* out = p.hidden + s0 * p.I + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
       store_pair(out + r * p.I + c, activate(act, v0 + b[c]), activate(act, v1 + b[c + 1]));
     });
   } else {
-    Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, smem, acc);
+    const elem_t* w = weight_block(p.w2, le, p.I, p.H, col0, ldw);
+    Gemm::run(p.hidden + s0 * p.I, p.I, rows, w, ldw, (int)p.I, smem, acc);
     const float* b = p.b2 + (long long)le * p.H + col0;
     elem_t* out = out1() + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
@@ -216,10 +242,17 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     auto direct = [&]() -> elem_t* {
       return tk.x == TASK_GEMM1 && p.direct_return ? static_cast<elem_t*>(nvshmem_ptr(home(), src)) : nullptr;
     };
-    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, [&] {
+    auto out1 = [&] {
       elem_t* there = direct();
       return there ? there : p.outbuf + s0 * p.H;
-    }, smem);
+    };
+#if MOE_BF16
+    // the bf16 task is a called function that must call nothing (gemm_task): handed its output
+    elem_t* const dst = tk.x == TASK_GEMM1 ? out1() : nullptr;
+    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, [dst] { return dst; }, smem);
+#else
+    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, out1, smem);
+#endif
     __syncthreads();
     const long long tile_id = (long long)block * p.TM + tile;
     if (tid == 0) {

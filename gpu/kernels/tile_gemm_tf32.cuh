@@ -4,7 +4,7 @@
 // away from zero; reference.numerics.round_tf32 emulates it bit for bit) as it is read into a
 // fragment, so the float32 data in memory stays as stored. 4 warps stacked along M, each owning
 // WM = BM/4 rows and all BN columns. K is walked in BK-deep float slices staged in shared memory
-// by cp.async (TcTileGemm's copy helpers), STAGES deep. Operand rows >= `rows` are zero-filled by
+// by cp.async (tile_gemm.cuh's copy helpers), STAGES deep. Operand rows >= `rows` are zero-filled by
 // the copy itself and warps whose rows are all past `rows` skip the arithmetic. Accumulator
 // element (mt, nt, q) is row mt*16 + lane/4 + 8*(q/2) of the warp's rows, column
 // nt*8 + 2*(lane%4) + q%2 (the m16n8k8 C fragment).
@@ -23,6 +23,7 @@ template <int BM, int BN, int BK>
 struct Tf32TileGemm {
   static constexpr int THREADS = 128, WARPS = 4, STAGES = 3;
   static constexpr int WM = BM / WARPS, MT = WM / 16, NT = BN / 8;
+  using Acc = float[MT][NT][4];
   // Padding in floats, so that a fragment read (lane reads row lane/4, column lane%4 of an 8 x 4
   // block) hits 32 distinct banks: A rows start A_LD = 4 (mod 8) banks apart, B rows an odd
   // multiple of 8 banks apart.
@@ -38,7 +39,7 @@ struct Tf32TileGemm {
   // A row-major (lda), written earlier in this launch by other blocks or peers: cp.async.cg reads
   // it from L2, never a stale L1 line. B row-major (ldb), the weights.
   __device__ static void run(const float* A, long long lda, int rows, const float* __restrict__ B, long long ldb,
-                             int K, void* smem_raw, float (&acc)[MT][NT][4]) {
+                             int K, void* smem_raw, Acc& acc) {
     float* smem = static_cast<float*>(smem_raw);
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;
 #pragma unroll

@@ -1,0 +1,184 @@
+// The bf16 tile GEMM of a processor task: acc (float32) = A[rows x K] . B^T, with A row-major
+// (K contiguous) and B given as its BN x K transpose (the bf16 kernel's expert weights are kept
+// K-major, params.cuh), on Hopper's warpgroup tensor cores: the block's 128 threads are one
+// warpgroup, and each 16-deep k step is one wgmma.m64nBNk16 per 64 rows of the tile, reading both
+// operands straight from shared memory (no fragment registers, and no per-warp operand copies).
+// K is walked in BK-deep slices that cp.async stages STAGES deep (gpu/layout.py picks STAGES from
+// the room two blocks per SM leave). A slice's wgmmas run while the next ones' copies land: slice
+// kt's are committed as one group and only slice kt - 1's are waited for, so a stage is refilled
+// two slices after it was read.
+// Operands sit in shared memory in wgmma's plain (unswizzled) K-major layout: 8-row x 16-byte core
+// matrices of 128 contiguous bytes, the K-neighbour of a core matrix 128 bytes on (the descriptor's
+// leading offset), the next 8 rows a slice row of core matrices on (its stride offset). Eight
+// threads copy the same 16-byte column of 8 consecutive rows, so their stores fall in 8 distinct
+// bank groups. A tile's rows past `rows` are not copied and their 64-row wgmmas are not issued
+// (short tiles cost less); rows past `rows` inside an issued 64-row block compute garbage that the
+// epilogue never stores (a row of the product depends on that row of A only).
+// Accumulator element q of 8-column group j of 64-row block mb is row mb*64 + 16*warp + lane/4 +
+// 8*(q/2), column 8j + 2*(lane%4) + q%2 (wgmma's D fragment).
+#pragma once
+#include <stdint.h>
+#include "tile_gemm.cuh"
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// shared-memory matrix descriptor, no swizzle: start, leading (K) and stride (M/N) byte offsets
+__device__ __forceinline__ uint64_t wgmma_desc(unsigned addr, unsigned lead, unsigned stride) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lead >> 4) << 16 | (uint64_t)(stride >> 4) << 32;
+}
+
+// D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands bf16 in shared memory (descriptors, K-major)
+template <int N>
+struct Wgmma;
+template <>
+struct Wgmma<32> {
+  __device__ static void mma(float (&d)[16], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b));
+  }
+};
+
+template <>
+struct Wgmma<64> {
+  __device__ static void mma(float (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b));
+  }
+};
+
+template <>
+struct Wgmma<128> {
+  __device__ static void mma(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b));
+  }
+};
+template <int BM, int BN, int BK, int STAGES>
+struct WgmmaTileGemm {
+  static constexpr int THREADS = 128, MB = BM / 64, NREG = BN / 2, KS = BK / 16;
+  static constexpr int CK = BK / 8;                  // 16-byte chunks of a row per slice
+  static constexpr int GROUP = CK * 128;             // bytes of 8 rows of a slice: the stride offset
+  static constexpr int ROWS_PER_PASS = THREADS / CK; // rows the 128 threads copy at once
+  static constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = A_BYTES + BN * BK * 2;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+  using Acc = float[MB][NREG];
+  static_assert(BM % 64 == 0 && (BN == 32 || BN == 64 || BN == 128) && BK % 16 == 0 && BK <= 128 && STAGES >= 3,
+                "bf16 tile shape: BM % 64 == 0, BN of 32, 64 or 128, BK % 16 == 0 and at most 128, 3 stages or more");
+  static_assert(BM % ROWS_PER_PASS == 0 && BN % ROWS_PER_PASS == 0, "bf16 tile shape: BM, BN multiples of 1024 / BK");
+
+  // A row-major (lda), written earlier in this launch by other blocks or peers: cp.async.cg reads
+  // it from L2, never a stale L1 line. Bt: the weights' BN rows of this column block, K each (ldb).
+  __device__ static void run(const __nv_bfloat16* A, long long lda, int rows, const __nv_bfloat16* __restrict__ Bt,
+                             long long ldb, int K, void* smem, Acc& acc) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+      for (int q = 0; q < NREG; ++q) acc[m][q] = 0.f;
+    blocks_of<MB>((rows + 63) / 64, A, lda, rows, Bt, ldb, K, smem, acc);
+  }
+
+  // the main loop for the NB 64-row blocks that have a row to compute, each NB compiled on its
+  // own: ptxas serializes wgmmas that sit behind a branch
+  template <int NB>
+  __device__ static void blocks_of(int nb, const __nv_bfloat16* A, long long lda, int rows,
+                                   const __nv_bfloat16* __restrict__ Bt, long long ldb, int K, void* smem, Acc& acc) {
+    if constexpr (NB > 1)
+      if (nb < NB) return blocks_of<NB - 1>(nb, A, lda, rows, Bt, ldb, K, smem, acc);
+    const int tid = thread_index();
+    const unsigned base = smem_addr(smem);
+    // thread tid copies chunk (tid / 8) % CK of rows r0 + i * ROWS_PER_PASS, r0 = 8 (tid / 8CK) + tid % 8
+    const int r0 = tid / (8 * CK) * 8 + tid % 8, c = tid / 8 % CK;
+    const unsigned dst = (r0 / 8) * GROUP + c * 128 + (r0 % 8) * 16, pass = ROWS_PER_PASS / 8 * GROUP;
+    const __nv_bfloat16* a_src = A + r0 * lda + c * 8;
+    const __nv_bfloat16* b_src = Bt + r0 * ldb + c * 8;
+    auto load = [&](int stage, int kt) {
+      const unsigned s = base + stage * STAGE_BYTES + dst;
+#pragma unroll
+      for (int i = 0; i < NB * 64 / ROWS_PER_PASS; ++i)
+        if (r0 + i * ROWS_PER_PASS < rows) cp_async16(s + i * pass, a_src + i * ROWS_PER_PASS * lda + kt * BK, true);
+#pragma unroll
+      for (int i = 0; i < BN / ROWS_PER_PASS; ++i)
+        cp_async16(s + A_BYTES + i * pass, b_src + i * ROWS_PER_PASS * ldb + kt * BK, true);
+    };
+    const int KT = K / BK;
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+      if (s < KT) load(s, s);
+      cp_async_commit();  // empty groups keep the count uniform, so wait_group<STAGES-3> is exact
+    }
+    for (int kt = 0, rd = 0; kt < KT; ++kt, rd = rd + 1 == STAGES ? 0 : rd + 1) {
+      cp_async_wait<STAGES - 3>();
+      fence_async_shared();
+      // slice kt has landed for all, and every thread is past the wait for slice kt - 2's wgmmas:
+      // its stage takes slice kt + STAGES - 2
+      __syncthreads();
+      const int next = kt + STAGES - 2;
+      if (next < KT) load(next % STAGES, next);
+      cp_async_commit();
+      const unsigned a = base + rd * STAGE_BYTES, b = a + A_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        const uint64_t db = wgmma_desc(b + ks * 256, 128, GROUP);
+#pragma unroll
+        for (int m = 0; m < NB; ++m) Wgmma<BN>::mma(acc[m], wgmma_desc(a + m * 8 * GROUP + ks * 256, 128, GROUP), db);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();
+    __syncthreads();  // the next task's first copies may overwrite any stage
+  }
+
+  // f(row, col, v0, v1) for each pair of adjacent output columns this thread holds (rows < `rows`)
+  template <class F>
+  __device__ static void epilogue(const Acc& acc, int rows, F f) {
+    const int tid = thread_index(), lane = tid % 32;
+    const int r0 = (tid / 32) * 16 + lane / 4, c0 = 2 * (lane % 4);
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = m * 64 + r0 + 8 * h;
+        if (r >= rows) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) f(r, c0 + j * 8, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+      }
+  }
+};
