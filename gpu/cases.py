@@ -53,28 +53,27 @@ def put_return_case(name: str, config: dict) -> dict:
 # the bench's bf16 tile: the fewest operand bytes from L2 per FLOP whose accumulators and fragments
 # fit the registers ((BM + BN) / (BM BN)), and the fewest barriers per task whose stages fit
 BF16_TILE = (128, 128, 64)
-# `tiles` points: the default at these shapes (the first also a `sweep` point; 128 x 64 x 32 was
-# the default of the 4-warps-along-M GEMM, measured in docs/gpu-measurements.md)
-BF16_TILE_VARIANTS = ((128, 128, 32), (128, 64, 64), (128, 64, 32))
+# `tiles` points: the default at these shapes (the first also a `sweep` point): narrower and shorter
+# tiles, more of them (slices are 64 deep: wgmma's 128-byte swizzled rows)
+BF16_TILE_VARIANTS = ((128, 64, 64), (64, 128, 64))
 
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
     base = dict(tokens=200, hidden=128, ffn=256, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
-                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=32, seed=seed, dtype="bfloat16")
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=64, seed=seed, dtype="bfloat16")
     cases = [
         ("fresh", {}),
         ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
-        # 64-deep slices: GEMM0's K = 128 is two slices, fewer than the three stages the copies run ahead
-        ("nodrop_silu_topk_softmax_k64", dict(capacity_factor=None, activation="silu", gate="topk_softmax",
-                                              tile_k=64)),
+        # GEMM0's K = 128 is two slices, fewer than the stages the copies run ahead
+        ("nodrop_silu_topk_softmax", dict(capacity_factor=None, activation="silu", gate="topk_softmax")),
         ("skewed_sigmoid_gelu", dict(skew=2.0, gate="sigmoid_bias", activation="gelu")),
         ("one_expert_dropping", dict(skew=1000.0, capacity_factor=1.0)),
         # the bench's tile (3 stages of 64) on short tiles: one band of warps idle, 16-row groups skipped
         ("t_not_multiple_tile128", dict(tokens=333, tile_m=128, tile_n=128, tile_k=64, hidden=256, ffn=512,
                                         experts=8 * p)),
-        # 4 stages of 32 over K = 256 and 512, full 128-row tiles and a short last one
-        ("full_tiles_128x128x32", dict(tokens=600, tile_m=128, tile_n=128, tile_k=32, hidden=256, ffn=512,
-                                       experts=4 * p, activation="gelu_tanh")),
+        # 4 stages over K = 256 and 512, full 128-row tiles and a short last one, 64-wide wgmmas
+        ("full_tiles_128x64", dict(tokens=600, tile_m=128, tile_n=64, hidden=256, ffn=512, experts=4 * p,
+                                   activation="gelu_tanh")),
     ]
     return [{"name": f"check-bf16-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
              "baseline_check": True} for n, ch in cases] + \

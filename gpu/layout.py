@@ -36,6 +36,7 @@ SMEM_PER_SM = 228 * 1024
 SMEM_PER_BLOCK = SMEM_PER_SM // MIN_BLOCKS_PER_SM - 2 * 1024  # dynamic shared memory a block may take
 BF16_MAX_STAGES = 8  # cp.async stages of the tensor-core tile GEMM, at most (six slices copied ahead)
 BF16_MIN_STAGES = 3  # a stage is refilled two slices after it was read (the wgmmas of one run behind)
+BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
 BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / 128: the whole tile in registers
 BF16_TILE_N = (32, 64, 128)  # wgmma.m64nNk16 shapes the kernel spells out (kernels/tile_gemm_bf16.cuh)
 TF32_STAGES = 3  # cp.async stages of the TF32 tile GEMM (Tf32TileGemm::STAGES)
@@ -78,8 +79,8 @@ def check_supported(cfg: Config) -> None:
 def _check_tensor_core_tiles(cfg: Config) -> None:
     """The bf16 tile GEMM's shape (kernels/tile_gemm_bf16.cuh, WgmmaTileGemm): one warpgroup's
     wgmma.m64nNk16 per 64 rows, N = tile_n, the whole tile's accumulators in registers, slices of K
-    copied by 128 threads in even shares, and at least BF16_MIN_STAGES cp.async stages in a block's
-    shared memory. (hidden and ffn are multiples of tile_n, so every bf16 row and column block starts
+    64 deep (one 128-byte swizzled line per row), and at least BF16_MIN_STAGES cp.async stages in a
+    block's shared memory (less the 1 KiB the stages' 1024-byte alignment may take). (hidden and ffn are multiples of tile_n, so every bf16 row and column block starts
     on 16 bytes, as the 16-byte copies need.)"""
     if cfg.tile_m % 64 or cfg.tile_m > 256:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "64, 128, 192 or 256 for bfloat16 (64-row wgmma blocks)")
@@ -89,26 +90,33 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
         fits = [n for n in BF16_TILE_N if cfg.tile_m * n <= BF16_MAX_ACC * BLOCK_THREADS]
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
                                 f"(at most {BF16_MAX_ACC} accumulators per thread)")
-    if cfg.tile_k not in (32, 64, 128):
-        raise UnsupportedConfig("tile_k", cfg.tile_k, "32, 64 or 128 for bfloat16 (16-deep wgmma steps; "
-                                "128 threads copy a slice's rows in even shares)")
+    if cfg.tile_k != 64:
+        raise UnsupportedConfig("tile_k", cfg.tile_k, "64 for bfloat16 (a slice row is the 128 bytes of wgmma's "
+                                "swizzled layout)")
     if bf16_stages(cfg) < BF16_MIN_STAGES:
         raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} cp.async "
                                 f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit {SMEM_PER_BLOCK} B "
-                                f"of shared memory per block (need {BF16_MIN_STAGES * bf16_stage_bytes(cfg)} B)")
+                                f"of shared memory per block (need {BF16_MIN_STAGES * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES} B)")
 
 
 def bf16_stage_bytes(cfg: Config) -> int:
     """Shared memory of one cp.async stage of the bf16 tile GEMM (WgmmaTileGemm::STAGE_BYTES): the
     A slice (tile_m rows) and the B slice (tile_n rows of the K-major weights), tile_k deep, unpadded
-    (wgmma's core-matrix layout has no bank conflicts to pad away)."""
+    (wgmma's swizzled layout has no bank conflicts to pad away)."""
     return 2 * (cfg.tile_m + cfg.tile_n) * cfg.tile_k
 
 
 def bf16_stages(cfg: Config) -> int:
-    """cp.async stages of the bf16 tile GEMM: as many as fit a block's shared memory, at most
-    BF16_MAX_STAGES (passed to the build as GEMM_STAGES)."""
-    return min(BF16_MAX_STAGES, SMEM_PER_BLOCK // bf16_stage_bytes(cfg))
+    """cp.async stages of the bf16 tile GEMM: as many as fit a block's shared memory less the
+    stages' alignment room (BF16_ALIGN_BYTES), at most BF16_MAX_STAGES (passed to the build as
+    GEMM_STAGES)."""
+    return min(BF16_MAX_STAGES, (SMEM_PER_BLOCK - BF16_ALIGN_BYTES) // bf16_stage_bytes(cfg))
+
+
+def bf16_smem_bytes(cfg: Config) -> int:
+    """The bf16 tile GEMM's shared memory (WgmmaTileGemm::SMEM_BYTES): its stages and the room to
+    start them on a 1024-byte boundary, where the swizzle pattern starts."""
+    return bf16_stages(cfg) * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
 
 
 def _power_of_two(n: int) -> bool:

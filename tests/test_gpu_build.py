@@ -20,22 +20,21 @@ def test_kernel_compiles_and_device_links(tmp_path):
 
 
 def test_bf16_kernel_compiles_and_device_links(tmp_path):
-    # the tensor-core tile GEMM at the bench's shape (3 stages of 64) and at the checks' narrow one
-    # (the most stages, 8 of 32): the cubin's shared memory per block is the GEMM's stages, as
-    # layout sizes them (more than the gate's 35 KiB)
+    # the tensor-core tile GEMM at the bench's shape (3 stages) and at the checks' narrow one (the
+    # most stages, 8): the cubin's shared memory per block is the GEMM's stages and their alignment
+    # room, as layout sizes them (more than the gate's 35 KiB)
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
     smem = {}
-    for tile in (cases.BF16_TILE, (64, 32, 32)):
+    for tile in (cases.BF16_TILE, (64, 32, 64)):
         cfg = flash.replace(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2])
         cubin = build.build(layout.compile_options(cfg), cache=tmp_path).cubin
         data = cubin.read_bytes()
         assert data[:4] == b"\x7fELF" and b"moelab_moe_bf16" in data and b"nvshmem" in data
-        smem[tile] = (build.cubin_constant(cubin, layout.SMEM_SYMBOL),
-                      layout.bf16_stages(cfg) * layout.bf16_stage_bytes(cfg))
+        smem[tile] = (build.cubin_constant(cubin, layout.SMEM_SYMBOL), layout.bf16_smem_bytes(cfg))
     got, gemm = smem[cases.BF16_TILE]
-    assert got == gemm == 3 * layout.bf16_stage_bytes(flash.replace(tile_m=128, tile_n=128, tile_k=64))
-    got, gemm = smem[(64, 32, 32)]
-    assert got == gemm == layout.BF16_MAX_STAGES * 2 * (64 + 32) * 32
+    assert got == gemm == 3 * 2 * (128 + 128) * 64 + 1024
+    got, gemm = smem[(64, 32, 64)]
+    assert got == gemm == layout.BF16_MAX_STAGES * 2 * (64 + 32) * 64 + 1024
 
 
 def test_cubin_constant_names_a_missing_symbol(tmp_path):

@@ -30,11 +30,12 @@ def test_bf16_tile_shape_is_checked_field_by_field():
                           (dict(tile_m=512, tile_n=32), "tile_m"), (dict(tile_n=16), "tile_n"),
                           (dict(tile_n=256), "tile_n"),  # no m64n256 in the kernel
                           (dict(tile_m=256, tile_n=128), "tile_n"),  # 256 accumulators per thread
-                          (dict(tile_k=128), "tile_k")]:  # 3 stages of 128 x 128 x 128 exceed 112 KiB
+                          (dict(tile_k=32), "tile_k"), (dict(tile_k=128), "tile_k"),  # 64: one swizzled line
+                          (dict(tile_m=256, tile_n=64), "tile_k")]:  # 3 stages of 40 KiB exceed 112 KiB
         with pytest.raises(layout.UnsupportedConfig) as e:
             layout.check_supported(bf.replace(**change))
         assert e.value.field == field and "bfloat16" in str(e.value)
-    with pytest.raises(layout.UnsupportedConfig, match=r"tile_k.*32, 64 or 128"):
+    with pytest.raises(layout.UnsupportedConfig, match=r"tile_k.*64 for bfloat16"):
         layout.check_supported(flash.replace(dtype="bfloat16"))  # the fp32 default's tile_k = 8
     with pytest.raises(layout.UnsupportedConfig, match=r"tile_n.*one of \[32, 64\]"):
         layout.check_supported(bf.replace(tile_m=256))
@@ -45,13 +46,12 @@ def test_bf16_tile_shape_is_checked_field_by_field():
 def test_bf16_stages_fill_a_block_of_two_per_sm():
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
     assert layout.SMEM_PER_BLOCK == 112 * 1024  # 228 KiB per SM: 2 blocks, 1 KiB reserved and 1 KiB static each
-    for (m, n, k), stages in [((128, 128, 64), 3), ((128, 128, 32), 7), ((128, 64, 64), 4), ((128, 64, 32), 8),
-                              ((256, 64, 32), 5), ((64, 32, 128), 4)]:
-        cfg = flash.replace(tile_m=m, tile_n=n, tile_k=k)
+    for (m, n), stages in [((128, 128), 3), ((128, 64), 4), ((64, 128), 4), ((64, 32), 8), ((192, 64), 3)]:
+        cfg = flash.replace(tile_m=m, tile_n=n, tile_k=64)
         layout.check_supported(cfg)
-        stage = 2 * (m + n) * k
+        stage = 2 * (m + n) * 64
         assert layout.bf16_stage_bytes(cfg) == stage and layout.bf16_stages(cfg) == stages
-        assert stages * stage <= layout.SMEM_PER_BLOCK
+        assert layout.bf16_smem_bytes(cfg) == stages * stage + 1024 <= layout.SMEM_PER_BLOCK
         assert m * n // layout.BLOCK_THREADS <= layout.BF16_MAX_ACC
 
 

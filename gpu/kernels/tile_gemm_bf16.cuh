@@ -3,16 +3,16 @@
 // K-major, params.cuh), on Hopper's warpgroup tensor cores: the block's 128 threads are one
 // warpgroup, and each 16-deep k step is one wgmma.m64nBNk16 per 64 rows of the tile, reading both
 // operands straight from shared memory (no fragment registers, and no per-warp operand copies).
-// K is walked in BK-deep slices that cp.async stages STAGES deep (gpu/layout.py picks STAGES from
-// the room two blocks per SM leave). A slice's wgmmas run while the next ones' copies land: slice
-// kt's are committed as one group and only slice kt - 1's are waited for, so a stage is refilled
-// two slices after it was read.
-// Operands sit in shared memory in wgmma's plain (unswizzled) K-major layout: 8-row x 16-byte core
-// matrices of 128 contiguous bytes, the K-neighbour of a core matrix 128 bytes on (the descriptor's
-// leading offset), the next 8 rows a slice row of core matrices on (its stride offset). Eight
-// threads copy the same 16-byte column of 8 consecutive rows, so their stores fall in 8 distinct
-// bank groups. A tile's rows past `rows` are not copied and their 64-row wgmmas are not issued
-// (short tiles cost less); rows past `rows` inside an issued 64-row block compute garbage that the
+// K is walked in 64-deep slices (one 128-byte row per operand row) that cp.async stages STAGES deep
+// (gpu/layout.py picks STAGES from the room two blocks per SM leave). A slice's wgmmas run while
+// the next ones' copies land: slice kt's are committed as one group and only slice kt - 1's are
+// waited for, so a stage is refilled two slices after it was read.
+// Operands sit in shared memory in wgmma's 128-byte-swizzled K-major layout: 8-row groups of
+// 1024 bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
+// tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
+// one chunk 128 bytes apart, measured 2-2.6x slower per task). Eight threads copy one row's 128
+// bytes. A tile's rows past `rows` are not copied and their 64-row wgmmas are not issued (short
+// tiles cost less); rows past `rows` inside an issued 64-row block compute garbage that the
 // epilogue never stores (a row of the product depends on that row of A only).
 // Accumulator element q of 8-column group j of 64-row block mb is row mb*64 + 16*warp + lane/4 +
 // 8*(q/2), column 8j + 2*(lane%4) + q%2 (wgmma's D fragment).
@@ -27,9 +27,10 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// shared-memory matrix descriptor, no swizzle: start, leading (K) and stride (M/N) byte offsets
-__device__ __forceinline__ uint64_t wgmma_desc(unsigned addr, unsigned lead, unsigned stride) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lead >> 4) << 16 | (uint64_t)(stride >> 4) << 32;
+// shared-memory matrix descriptor, 128-byte swizzle, K-major: 8-row groups 1024 bytes apart (the
+// stride offset; the leading one is unused when a k step stays inside the 128-byte line)
+__device__ __forceinline__ uint64_t wgmma_desc(unsigned addr) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | 1ull << 16 | (uint64_t)(1024 >> 4) << 32 | 1ull << 62;
 }
 
 // D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands bf16 in shared memory (descriptors, K-major)
@@ -91,11 +92,11 @@ struct Wgmma<128> {
 template <int BM, int BN, int BK, int STAGES>
 struct WgmmaTileGemm {
   static constexpr int THREADS = 128, MB = BM / 64, NREG = BN / 2, KS = BK / 16;
-  static constexpr int CK = BK / 8;                  // 16-byte chunks of a row per slice
-  static constexpr int GROUP = CK * 128;             // bytes of 8 rows of a slice: the stride offset
-  static constexpr int ROWS_PER_PASS = THREADS / CK; // rows the 128 threads copy at once
+  static constexpr int ROWS_PER_PASS = THREADS / 8;  // rows the 128 threads copy at once, 8 per row
   static constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = A_BYTES + BN * BK * 2;
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to start the stages on 1024 bytes
+  static_assert(BM % 64 == 0 && (BN == 32 || BN == 64 || BN == 128) && BK == 64 && STAGES >= 3,
+                "bf16 tile shape: BM % 64 == 0, BN of 32, 64 or 128, BK = 64, 3 stages or more");
   using Acc = float[MB][NREG];
   static_assert(BM % 64 == 0 && (BN == 32 || BN == 64 || BN == 128) && BK % 16 == 0 && BK <= 128 && STAGES >= 3,
                 "bf16 tile shape: BM % 64 == 0, BN of 32, 64 or 128, BK % 16 == 0 and at most 128, 3 stages or more");
@@ -120,10 +121,11 @@ struct WgmmaTileGemm {
     if constexpr (NB > 1)
       if (nb < NB) return blocks_of<NB - 1>(nb, A, lda, rows, Bt, ldb, K, smem, acc);
     const int tid = thread_index();
-    const unsigned base = smem_addr(smem);
-    // thread tid copies chunk (tid / 8) % CK of rows r0 + i * ROWS_PER_PASS, r0 = 8 (tid / 8CK) + tid % 8
-    const int r0 = tid / (8 * CK) * 8 + tid % 8, c = tid / 8 % CK;
-    const unsigned dst = (r0 / 8) * GROUP + c * 128 + (r0 % 8) * 16, pass = ROWS_PER_PASS / 8 * GROUP;
+    // the swizzle is of address bits: its 1024-byte pattern starts on a 1024-byte boundary
+    const unsigned base = (smem_addr(smem) + 1023) & ~1023u;
+    // thread tid copies 16-byte chunk tid % 8 of rows r0 + i * ROWS_PER_PASS
+    const int r0 = tid / 8, c = tid % 8;
+    const unsigned dst = (r0 / 8) * 1024 + (r0 % 8) * 128 + ((c ^ (r0 % 8)) * 16), pass = ROWS_PER_PASS * 128;
     const __nv_bfloat16* a_src = A + r0 * lda + c * 8;
     const __nv_bfloat16* b_src = Bt + r0 * ldb + c * 8;
     auto load = [&](int stage, int kt) {
@@ -154,9 +156,9 @@ struct WgmmaTileGemm {
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
-        const uint64_t db = wgmma_desc(b + ks * 256, 128, GROUP);
+        const uint64_t db = wgmma_desc(b + ks * 32);
 #pragma unroll
-        for (int m = 0; m < NB; ++m) Wgmma<BN>::mma(acc[m], wgmma_desc(a + m * 8 * GROUP + ks * 256, 128, GROUP), db);
+        for (int m = 0; m < NB; ++m) Wgmma<BN>::mma(acc[m], wgmma_desc(a + m * 8 * 1024 + ks * 32), db);
       }
       wgmma_commit();
       wgmma_wait<1>();
