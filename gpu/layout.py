@@ -34,8 +34,8 @@ SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per bloc
 # 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)
 SMEM_PER_SM = 228 * 1024
 SMEM_PER_BLOCK = SMEM_PER_SM // MIN_BLOCKS_PER_SM - 2 * 1024  # dynamic shared memory a block may take
-BF16_MAX_STAGES = 8  # cp.async stages of the tensor-core tile GEMM, at most (six slices copied ahead)
-BF16_MIN_STAGES = 3  # a stage is refilled two slices after it was read (the wgmmas of one run behind)
+BF16_MAX_STAGES = 8  # cp.async stages of the tensor-core tile GEMM, at most (seven slices copied ahead)
+BF16_MIN_STAGES = 3  # two slices of copies in flight while the wgmmas of one finish and the next run
 BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
 BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / 128: the whole tile in registers
 BF16_TILE_N = (32, 64, 128)  # wgmma.m64nNk16 shapes the kernel spells out (kernels/tile_gemm_bf16.cuh)

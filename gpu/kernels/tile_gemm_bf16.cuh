@@ -4,9 +4,11 @@
 // warpgroup, and each 16-deep k step is one wgmma.m64nBNk16 per 64 rows of the tile, reading both
 // operands straight from shared memory (no fragment registers, and no per-warp operand copies).
 // K is walked in 64-deep slices (one 128-byte row per operand row) that cp.async stages STAGES deep
-// (gpu/layout.py picks STAGES from the room two blocks per SM leave). A slice's wgmmas run while
-// the next ones' copies land: slice kt's are committed as one group and only slice kt - 1's are
-// waited for, so a stage is refilled two slices after it was read.
+// (gpu/layout.py picks STAGES from the room two blocks per SM leave), STAGES - 1 slices ahead of
+// the wgmmas. Slice kt's wgmmas are committed as one group and run on while slice kt - 1's are
+// waited for, whose stage then takes the next copy. (Refilling only the stage of slice kt - 2,
+// with one barrier a slice, left one slice of copies in flight: at 3 stages of 128 x 128 x 64,
+// GEMM0 tasks took 100 us, reading the inbox from HBM.)
 // Operands sit in shared memory in wgmma's 128-byte-swizzled K-major layout: 8-row groups of
 // 1024 bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
 // tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
@@ -98,9 +100,6 @@ struct WgmmaTileGemm {
   static_assert(BM % 64 == 0 && (BN == 32 || BN == 64 || BN == 128) && BK == 64 && STAGES >= 3,
                 "bf16 tile shape: BM % 64 == 0, BN of 32, 64 or 128, BK = 64, 3 stages or more");
   using Acc = float[MB][NREG];
-  static_assert(BM % 64 == 0 && (BN == 32 || BN == 64 || BN == 128) && BK % 16 == 0 && BK <= 128 && STAGES >= 3,
-                "bf16 tile shape: BM % 64 == 0, BN of 32, 64 or 128, BK % 16 == 0 and at most 128, 3 stages or more");
-  static_assert(BM % ROWS_PER_PASS == 0 && BN % ROWS_PER_PASS == 0, "bf16 tile shape: BM, BN multiples of 1024 / BK");
 
   // A row-major (lda), written earlier in this launch by other blocks or peers: cp.async.cg reads
   // it from L2, never a stale L1 line. Bt: the weights' BN rows of this column block, K each (ldb).
@@ -139,19 +138,14 @@ struct WgmmaTileGemm {
     };
     const int KT = K / BK;
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
       if (s < KT) load(s, s);
-      cp_async_commit();  // empty groups keep the count uniform, so wait_group<STAGES-3> is exact
+      cp_async_commit();  // empty groups keep the count uniform, so wait_group<STAGES-2> is exact
     }
     for (int kt = 0, rd = 0; kt < KT; ++kt, rd = rd + 1 == STAGES ? 0 : rd + 1) {
-      cp_async_wait<STAGES - 3>();
+      cp_async_wait<STAGES - 2>();
       fence_async_shared();
-      // slice kt has landed for all, and every thread is past the wait for slice kt - 2's wgmmas:
-      // its stage takes slice kt + STAGES - 2
-      __syncthreads();
-      const int next = kt + STAGES - 2;
-      if (next < KT) load(next % STAGES, next);
-      cp_async_commit();
+      __syncthreads();  // slice kt has landed for all
       const unsigned a = base + rd * STAGE_BYTES, b = a + A_BYTES;
       wgmma_fence();
 #pragma unroll
@@ -162,6 +156,12 @@ struct WgmmaTileGemm {
       }
       wgmma_commit();
       wgmma_wait<1>();
+      // every warp is past slice kt - 1's wgmmas (slice kt's run on): its stage takes slice
+      // kt + STAGES - 1, so the copies run STAGES - 1 slices ahead, as L2 and HBM latency need
+      __syncthreads();
+      const int next = kt + STAGES - 1;
+      if (next < KT) load(next % STAGES, next);
+      cp_async_commit();
     }
     wgmma_wait<0>();
     cp_async_wait<0>();
