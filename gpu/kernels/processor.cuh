@@ -131,19 +131,19 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   using Gemm = TensorCoreGemm<BM, BN, BK>;
   typename Gemm::Acc acc;
   const int act = (int)p.act_kind;
+  // one GEMM for both kinds (one copy of the main loop in the code), two epilogues
+  const bool first = kind == TASK_GEMM0;
+  const long long K = first ? p.H : p.I, N = first ? p.I : p.H;
   long long ldw;
-  if (kind == TASK_GEMM0) {
-    const elem_t* w = weight_block(p.w1, le, p.H, p.I, col0, ldw);
-    Gemm::run(p.inbox + s0 * p.H, p.H, rows, w, ldw, (int)p.H, smem, acc);
-    const float* b = p.b1 + (long long)le * p.I + col0;
+  const elem_t* w = weight_block(first ? p.w1 : p.w2, le, K, N, col0, ldw);
+  Gemm::run((first ? p.inbox : p.hidden) + s0 * K, K, rows, w, ldw, (int)K, smem, acc);
+  const float* b = (first ? p.b1 : p.b2) + (long long)le * N + col0;
+  if (first) {
     elem_t* out = p.hidden + s0 * p.I + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
       store_pair(out + r * p.I + c, activate(act, v0 + b[c]), activate(act, v1 + b[c + 1]));
     });
   } else {
-    const elem_t* w = weight_block(p.w2, le, p.I, p.H, col0, ldw);
-    Gemm::run(p.hidden + s0 * p.I, p.I, rows, w, ldw, (int)p.I, smem, acc);
-    const float* b = p.b2 + (long long)le * p.H + col0;
     elem_t* out = out1() + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
       store_pair(out + r * p.H + c, v0 + b[c], v1 + b[c + 1]);
