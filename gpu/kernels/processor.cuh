@@ -9,21 +9,45 @@
 #include "tile_gemm_bf16.cuh"
 #include "tile_gemm_tf32.cuh"
 
-__device__ __forceinline__ float activate(int kind, float h) {
-  switch (kind) {
-    case ACT_RELU: return fmaxf(h, 0.f);
-    case ACT_GELU_TANH: {
-      const float c = 0.7978845608028654f;  // sqrt(2 / pi)
-      return 0.5f * h * (1.f + tanhf(c * (h + 0.044715f * h * h * h)));
-    }
-    case ACT_GELU: return 0.5f * h * (1.f + erff(h * 0.7071067811865476f));
+// The activations, a type each, so that an epilogue is compiled for the one its task applies: a
+// switch per element inlines all four at every element (the bf16 128 x 128 epilogue grew to ~17k
+// instructions, fetched anew by every task: GEMM0 tasks took 49 us alone against GEMM1's 25).
+template <int KIND>
+struct Activation;
+template <>
+struct Activation<ACT_RELU> {
+  __device__ float operator()(float h) const { return fmaxf(h, 0.f); }
+};
+template <>
+struct Activation<ACT_GELU_TANH> {
+  __device__ float operator()(float h) const {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * h * (1.f + tanhf(c * (h + 0.044715f * h * h * h)));
+  }
+};
+template <>
+struct Activation<ACT_GELU> {
+  __device__ float operator()(float h) const { return 0.5f * h * (1.f + erff(h * 0.7071067811865476f)); }
+};
+template <>
+struct Activation<ACT_SILU> {
 #if MOE_BF16
-    // ACT_SILU: an IEEE division's slow path is a subroutine call, and a call in the function of
-    // the wgmmas (gemm_task) makes ptxas serialize them; the fast division's 2 ulp vanish in bf16
-    default: return __fdividef(h, 1.f + expf(-h));
+  // an IEEE division's slow path is a subroutine call, and a call in the function of the wgmmas
+  // (gemm_task) makes ptxas serialize them; the fast division's 2 ulp vanish in bf16
+  __device__ float operator()(float h) const { return __fdividef(h, 1.f + expf(-h)); }
 #else
-    default: return h / (1.f + expf(-h));  // ACT_SILU
+  __device__ float operator()(float h) const { return h / (1.f + expf(-h)); }
 #endif
+};
+
+// f(Activation<kind>{}) for the run-time `kind`
+template <class F>
+__device__ __forceinline__ void with_activation(int kind, F f) {
+  switch (kind) {
+    case ACT_RELU: f(Activation<ACT_RELU>{}); break;
+    case ACT_GELU_TANH: f(Activation<ACT_GELU_TANH>{}); break;
+    case ACT_GELU: f(Activation<ACT_GELU>{}); break;
+    default: f(Activation<ACT_SILU>{});
   }
 }
 
@@ -140,8 +164,10 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   const float* b = (first ? p.b1 : p.b2) + (long long)le * N + col0;
   if (first) {
     elem_t* out = p.hidden + s0 * p.I + col0;
-    Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-      store_pair(out + r * p.I + c, activate(act, v0 + b[c]), activate(act, v1 + b[c + 1]));
+    with_activation(act, [&](auto activate) {
+      Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
+        store_pair(out + r * p.I + c, activate(v0 + b[c]), activate(v1 + b[c + 1]));
+      });
     });
   } else {
     elem_t* out = out1() + col0;
@@ -160,16 +186,18 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
   float* sm = reinterpret_cast<float*>(smem);
   if (kind == TASK_GEMM0) {
     Gemm::run(p.inbox + s0 * p.H, p.H, rows, p.w1 + (long long)le * p.H * p.I + col0, p.I, (int)p.H, sm, acc);
+    with_activation((int)p.act_kind, [&](auto activate) {
 #pragma unroll
-    for (int i = 0; i < Gemm::TM; ++i) {
-      int r = Gemm::row_of(i);
-      if (r >= rows) continue;
+      for (int i = 0; i < Gemm::TM; ++i) {
+        int r = Gemm::row_of(i);
+        if (r >= rows) continue;
 #pragma unroll
-      for (int j = 0; j < Gemm::TN; ++j) {
-        int c = col0 + Gemm::col_of(j);
-        p.hidden[(s0 + r) * p.I + c] = activate((int)p.act_kind, acc[i][j] + p.b1[(long long)le * p.I + c]);
+        for (int j = 0; j < Gemm::TN; ++j) {
+          int c = col0 + Gemm::col_of(j);
+          p.hidden[(s0 + r) * p.I + c] = activate(acc[i][j] + p.b1[(long long)le * p.I + c]);
+        }
       }
-    }
+    });
   } else {
     Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, sm, acc);
     elem_t* out = out1();
