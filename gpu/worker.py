@@ -30,6 +30,8 @@ from . import errors, telemetry
 from .baseline import TorchLayer
 from .runtime import Inputs, Layer, Session
 
+CLOCK_SYNCS = 3  # clock-sync launches per trace: the median offset rejects one that read off
+
 
 def _gather(session: Session, obj):
     import torch.distributed as dist
@@ -136,9 +138,14 @@ def profile_table(session: Session, fn) -> str:
 def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndarray, res: dict):
     """The trace of the layer's last telemetry launch, all ranks on one time axis, rank 0's clock
     (rank 0; None elsewhere); its processor utilization, size and span go into res. Collective.
-    The GPUs' %globaltimer clocks differ by a constant offset, measured by a clock-sync launch."""
-    clocks = _gather(session, layer.clock_sync())
-    offsets = [c - clocks[0] for c in clocks]  # rank r's clock minus rank 0's
+    The GPUs' %globaltimer clocks differ by an offset that drifts slowly (~4 us over a sweep),
+    measured by CLOCK_SYNCS clock-sync launches, the median kept per rank: the first clock sync of a
+    process has read ~104 us off on an H200 pair, which placed rank 1's whole trace that late."""
+    samples = []
+    for _ in range(CLOCK_SYNCS):
+        clocks = _gather(session, layer.clock_sync())
+        samples.append([c - clocks[0] for c in clocks])  # rank r's clock minus rank 0's
+    offsets = [int(np.median(per_rank)) for per_rank in zip(*samples)]
     starts = _gather(session, layer.kernel_start_ns())
     origin = min(s - d for s, d in zip(starts, offsets))  # on rank 0's clock
     tb, dropped = layer.trace_builder(origin + offsets[session.rank], send_counts)
@@ -152,7 +159,7 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
         "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
         "dropped_events": sum(p[1] for p in parts),
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
-        "clock_offsets_ns": offsets})
+        "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
     res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)
     # GEMM task time per processor block: the layer's GEMM FLOPs over it give the rate of the
     # GEMM phase as if it had all processors to itself (the bar of "GEMM phases at x% of ceiling")
