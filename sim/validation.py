@@ -47,18 +47,20 @@ task only marks a tile's arrival: its final combine weights the 2-byte rows in f
 FINDINGS = """\
 Right:
 
-- **32 of 36 H200 runs hold every bound** (kernel at 7b622f8, 2 H200s, the bf16 GEMM on wgmma):
-  every run but the 1K-token bf16 layers, the 2K-token bf16 layer on 2 GPUs and the 1K-token float32
-  layer on 2 GPUs (two of them a clock-offset error of the trace, below). **14 of 18 H100 runs**
+- **32 of 36 H200 runs hold every bound** (kernel at 7b622f8, the bf16 GEMM on wgmma, measured at
+  6f8dbf6 on 2 H200s): every run but the 1K- and 2K-token bf16 layers. **14 of 18 H100 runs**
   (the mma.sync kernel at 9541ad5 on one H100, predicted with the H100's own calibration, whose
   NVLink figures stay the preset's: an H100 was lent alone) hold every bound too. The GEMM phases
   (over 75% of the time) hold within 20% on every run: the layer is a queue of equal tile tasks on 263 processors,
   each task a fixed cost plus its FLOPs, with a ~8-10 us hand-off between tasks (the scheduler
   warp's round over 263 processors' flags).
-- **Overlap efficiency** T(2)/T(1) holds on every run but one (a clock-offset error), within 0.05: two GPUs each with the same
+- **Overlap efficiency** T(2)/T(1) holds on every run, within 0.05: two GPUs each with the same
   tokens take as long as one, because NVLink transfers hide under the GEMMs. (Before the bench
   lined the ranks' launches up, the 2-GPU runs carried the hosts' enqueue skew, 8-155 us, and small
-  layers looked 10-18% slower on 2 GPUs than on 1; that was the measurement, not the kernel.)
+  layers looked 10-18% slower on 2 GPUs than on 1; that was the measurement, not the kernel. And
+  once, at 7b622f8, the first trace of each 2-GPU sweep put rank 1 104 us late though both ranks'
+  gate events, which contain the kernel's start wait, were the usual length: that clock sync had
+  read off. A trace now keeps the median of three clock syncs.)
 
 What the datasheet preset ignored (each now a measured mechanism, none fitted to a layer run):
 
@@ -90,16 +92,12 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **The 1K-token bf16 layer** (1 GPU) and the 2K-token one (2 GPUs) run 11-15% longer than
-  predicted: their ~32-64-row tile tasks take longer in the layer than isolated (at 69d93a3: 41-44
-  us against 38 us). Not yet told apart: short tasks are bound by loading their weight slice, so
-  the layer's mix of experts in flight (HBM traffic) may differ from the microbenchmark's.
-- **Two 2-GPU traces at 1K tokens** (bf16 and float32) put rank 1's start 104 us after rank 0's
-  though each rank ran the kernel's length: the kernel's start wait makes a late rank hold the
-  other, so the clock-sync offset (measured by a launch right after the traced one) is what is off,
-  by ~100 us; their latency and the 1K bf16 overlap efficiency read 10-30% long. The 16-expert
-  gate miss of 69d93a3 holds now (the gate code is unchanged; its layer and microbenchmark moved
-  closer).
+- **The 1K- and 2K-token bf16 layers** (1 and 2 GPUs) run 11-19% longer than predicted: their
+  ~32-64-row tile tasks take longer in the layer than isolated (1K tokens: 38-40 us against 34 us;
+  at 69d93a3 with mma.sync: 41-44 against 38). Not yet told apart: short tasks are bound by loading
+  their weight slice, so the layer's mix of experts in flight (HBM traffic) may differ from the
+  microbenchmark's. (The 16-expert gate miss of 69d93a3 holds now: the gate code is unchanged, its
+  layer and microbenchmark times moved closer.)
 - **On the H100**, the same small-layer mechanism (the 1K-token layers in both dtypes and the
   2K-token bf16 one, -12 to -18%), and the final ordered combine, calibrated at one size (8192
   tokens): it costs less per byte at 1K-2K tokens (predicted 20-23% high) and more at 16K

@@ -7,8 +7,8 @@
 // (gpu/layout.py picks STAGES from the room two blocks per SM leave), STAGES - 1 slices ahead of
 // the wgmmas. Slice kt's wgmmas are committed as one group and run on while slice kt - 1's are
 // waited for, whose stage then takes the next copy. (Refilling only the stage of slice kt - 2,
-// with one barrier a slice, left one slice of copies in flight: at 3 stages of 128 x 128 x 64,
-// GEMM0 tasks took 100 us, reading the inbox from HBM.)
+// with one barrier a slice, left one slice of copies in flight: at 3 stages of 128 x 128 x 64 a
+// GEMM1 task took 56 us in the layer, against 46 us now.)
 // Operands sit in shared memory in wgmma's 128-byte-swizzled K-major layout: 8-row groups of
 // 1024 bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
 // tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
