@@ -80,8 +80,9 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
     """The bf16 tile GEMM's shape (kernels/tile_gemm_bf16.cuh, WgmmaTileGemm): one warpgroup's
     wgmma.m64nNk16 per 64 rows, N = tile_n, the whole tile's accumulators in registers, slices of K
     64 deep (one 128-byte swizzled line per row), and at least BF16_MIN_STAGES cp.async stages in a
-    block's shared memory (less the 1 KiB the stages' 1024-byte alignment may take). (hidden and ffn are multiples of tile_n, so every bf16 row and column block starts
-    on 16 bytes, as the 16-byte copies need.)"""
+    block's shared memory (less the 1 KiB the stages' 1024-byte alignment may take). (hidden and
+    ffn are multiples of tile_n, so every bf16 row and column block starts on 16 bytes, as the
+    16-byte copies need.)"""
     if cfg.tile_m % 64 or cfg.tile_m > 256:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "64, 128, 192 or 256 for bfloat16 (64-row wgmma blocks)")
     if cfg.tile_n not in BF16_TILE_N:
@@ -94,9 +95,10 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
         raise UnsupportedConfig("tile_k", cfg.tile_k, "64 for bfloat16 (a slice row is the 128 bytes of wgmma's "
                                 "swizzled layout)")
     if bf16_stages(cfg) < BF16_MIN_STAGES:
+        need = BF16_MIN_STAGES * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
         raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} cp.async "
                                 f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit {SMEM_PER_BLOCK} B "
-                                f"of shared memory per block (need {BF16_MIN_STAGES * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES} B)")
+                                f"of shared memory per block (need {need} B)")
 
 
 def bf16_stage_bytes(cfg: Config) -> int:
