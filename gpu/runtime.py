@@ -254,7 +254,7 @@ class Layer:
                      sig_comb=self._sym_sig[s.E + s.E * s.TM: s.E + 2 * s.E * s.TM],
                      sig_start=self._sym_sig[s.E + 2 * s.E * s.TM:])
             # working state zeroed before every launch: 64-bit words, then 32-bit words
-            self._work64 = torch.zeros(errors.ERROR_WORDS + self.n_proc, dtype=i64, device=dev)
+            self._work64 = torch.zeros(errors.ERROR_WORDS + layout.MAILBOX_SLOTS * self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
             n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=s.E * s.TM, tile_done1=s.E * s.TM, in_count=s.E,
                        seen=2 * s.E * s.TM, mailbox_done=self.n_proc, tlog_count=self.logs)

@@ -145,10 +145,12 @@ def test_param_fields_match_the_struct():
 
 
 def test_scheduler_capacity_is_the_kernels():
-    """The host refuses grids past what the scheduler warp keeps in registers (os.cuh)."""
+    """The host refuses grids past what the scheduler warp keeps in registers, and sizes the
+    mailboxes by the tasks a processor may hold (os.cuh)."""
     text = (layout.KERNEL_DIR / "os.cuh").read_text()
     groups = int(re.search(r"constexpr int SCHED_GROUPS = (\d+);", text)[1])
     assert 32 * groups == layout.MAX_PROCESSORS
+    assert int(re.search(r"constexpr int MAILBOX_SLOTS = (\d+);", text)[1]) == layout.MAILBOX_SLOTS == 2
 
 
 def test_simulated_gate_item_is_the_kernels():

@@ -14,6 +14,9 @@ constexpr int SUBSCRIBER_LANES = 96;
 constexpr int SCHED_GROUPS = 12;  // the scheduler warp serves at most 32 x 12 processors (the host caps the grid;
                                   // 16 made ptxas spill the bf16 kernel at its 255 registers)
 constexpr int READY_BATCH = 8;    // queue flags a scheduler lane reads at once
+constexpr int MAILBOX_SLOTS = 2;  // tasks a processor may hold: the one it runs and the next
+// the mailbox slot of processor q's command number seq (seq, seq + 1 alternate)
+__device__ __forceinline__ int mailbox_slot(int q, int seq) { return MAILBOX_SLOTS * q + seq % MAILBOX_SLOTS; }
 
 // Reserve n queue slots, write the tasks, then publish them (scheduler reads them in order).
 __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, int col_step) {
@@ -149,22 +152,29 @@ __device__ void scheduler(const Params& p, volatile int* s_total) {
     }
     fence_acq_rel_gpu();  // the tasks published and the processors' finished work, as seen above
     bool all_idle = true, progress = false;
+    // idle processors first, then, with tasks left over, a second task to each busy one: it finds
+    // that task in its other mailbox slot as it finishes, without waiting for this warp's round
+    // (the round was a ~10 us gap between a processor's tasks)
 #pragma unroll
-    for (int g = 0; g < SCHED_GROUPS; ++g) {
-      int q = 32 * g + lane;
-      bool exists = q < np;
-      bool idle = exists && done[g] == sent[g];
-      unsigned b = __ballot_sync(0xffffffffu, idle);
-      all_idle &= b == __ballot_sync(0xffffffffu, exists);
-      int avail = published - head;
-      if (avail > 0 && b) {
-        int r = __popc(b & ((1u << lane) - 1u));
-        if (idle && r < avail) {
-          sent[g] += 1;
-          st_release_gpu(p.mailbox + q, ((unsigned long long)sent[g] << 32) | (unsigned)(head + r));
+    for (int ahead = 0; ahead < MAILBOX_SLOTS; ++ahead) {
+#pragma unroll
+      for (int g = 0; g < SCHED_GROUPS; ++g) {
+        int q = 32 * g + lane;
+        bool exists = q < np;
+        bool ready = exists && sent[g] - done[g] == ahead;
+        unsigned b = __ballot_sync(0xffffffffu, ready);
+        if (ahead == 0) all_idle &= b == __ballot_sync(0xffffffffu, exists);
+        int avail = published - head;
+        if (avail > 0 && b) {
+          int r = __popc(b & ((1u << lane) - 1u));
+          if (ready && r < avail) {
+            sent[g] += 1;
+            st_release_gpu(p.mailbox + mailbox_slot(q, sent[g]),
+                           ((unsigned long long)sent[g] << 32) | (unsigned)(head + r));
+          }
+          head += min(__popc(b), avail);
+          progress = true;
         }
-        head += min(__popc(b), avail);
-        progress = true;
       }
     }
     if (all_assigned && all_idle) break;
@@ -180,6 +190,6 @@ __device__ void scheduler(const Params& p, volatile int* s_total) {
 #pragma unroll
   for (int g = 0; g < SCHED_GROUPS; ++g) {
     int q = 32 * g + lane;
-    if (q < np) st_release_gpu(p.mailbox + q, ((unsigned long long)(sent[g] + 1) << 32) | STOP_INDEX);
+    if (q < np) st_release_gpu(p.mailbox + mailbox_slot(q, sent[g] + 1), ((unsigned long long)(sent[g] + 1) << 32) | STOP_INDEX);
   }
 }

@@ -53,7 +53,8 @@ struct Params {
   int* tile_done1;             // [P][L][TM] GEMM1 tasks finished per tile
   int* in_count;               // [P][L] rows arriving from each source, from sig_count
   int* seen;                   // [P*L*TM + E*TM] 1 once the subscriber has seen a tile land
-  unsigned long long* mailbox; // [NP] (sequence << 32) | task index, written by the scheduler
+  unsigned long long* mailbox; // [NP][2] (sequence << 32) | task index, written by the scheduler
+                               //         (slot sequence % 2: the running task's and the next one's)
   int* mailbox_done;           // [NP] last sequence number a processor finished
   long long* error;            // ERROR_WORDS: the first failed wait
   unsigned long long* tlog;    // [logs][tlog_cap][4] telemetry events

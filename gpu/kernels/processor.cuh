@@ -227,7 +227,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       Waiter w(3);
       unsigned long long cmd;
       task = make_int4(TASK_STOP, 0, 0, 0);
-      while ((int)((cmd = ld_acquire_gpu(p.mailbox + me)) >> 32) <= seq) {
+      while ((int)((cmd = ld_acquire_gpu(p.mailbox + mailbox_slot(me, seq + 1))) >> 32) <= seq) {
         if (w.expired(p, WAIT_COMMAND, me, seq + 1, 0, (long long)(cmd >> 32), seq + 1)) break;
       }
       if ((int)(cmd >> 32) > seq) {
