@@ -18,15 +18,14 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             copy_ns_per_byte=0.04, copy_extra_ns_per_byte=0.13, copy_half_bytes=float(HALVES[50]),
             put_local_ns_per_byte=0.08, put_local_extra_ns_per_byte=0.2, put_local_half_bytes=float(HALVES[25]),
             put_nvlink_ns_per_byte=0.1, nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0,
-            gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, handoff_ns=5000.0, subscriber_ns=1500.0,
+            gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, handoff_ns=5000.0,
             nvlink_latency_ns=1200.0)
 # the bf16 build's: its own GEMM (against the BF16 peak), copies of 2-byte rows, gate, combine and
 # scheduler; the knee, puts and link are the float32 job's byte moves, shared
 TRUE_BF16 = dict(TRUE, matrix_efficiency=0.2, gemm_fixed_ns=60000.0, copy_ns_per_byte=0.05,
                  copy_extra_ns_per_byte=0.09, copy_half_bytes=float(HALVES[40]), reduce_ns_per_byte=0.4,
                  gate_item_ns_per_h=200.0, gate_slot_ns=3.0, gate_fixed_ns=30000.0, gate_split_ns=6000.0,
-                 handoff_ns=4000.0,
-                 subscriber_ns=1000.0)
+                 handoff_ns=4000.0)
 
 
 def _stat(v):
@@ -73,7 +72,7 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
             "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263, "bytes_per_value": nb,
                          "ns_per_block": _stat(per_block * t["reduce_ns_per_byte"])}],
             "scheduler": {"tasks": 4096, "gap_ns": _stat(t["handoff_ns"]), "task_ns": _stat(task(128)),
-                          "arrival_to_first_task_ns": _stat(t["subscriber_ns"] + t["handoff_ns"])},
+                          "arrival_to_first_task_ns": _stat(t["handoff_ns"] + 1500.0)},
             "pingpong": [{"bytes": 0, "iters": 200, "round_trip_ns": 2 * t["nvlink_latency_ns"], "failed": False}],
             "failed": {}}
 
@@ -90,6 +89,9 @@ def test_fit_recovers_the_figures_the_microbenchmarks_were_made_from(tmp_path):
                if "not fitted" not in p and "dispatch" not in p)
     hw = hardware.get(str(out))
     assert hw.name.startswith("h200-sxm+calibrated") and hw.processors == 263
+    # the arrival-to-first-task delay waits for a processor too: printed, the preset's subscriber kept
+    assert "subscriber_ns" not in fit.values and hw.subscriber_ns == hardware.get("h200-sxm").subscriber_ns
+    assert any(p.startswith("a tile's arrival to its first task") for p, _, _ in fit.residuals)
     assert "calibration-h200.json" in hw.source("matrix_efficiency")
     cfg = presets.get("tiny").replace(ranks=1)
     assert sim.simulate(cfg, hardware=hw).metrics["latency_ns"] > sim.simulate(cfg, "h200-sxm").metrics["latency_ns"]
