@@ -25,14 +25,17 @@ for part in "$@"; do
       for precision in float32 bfloat16 tf32; do
         python3 - "$precision" "$NVH" <<'EOF' 2>&1 | tee -a "$R/ptxas.txt"
 import subprocess, sys
+from pathlib import Path
 from gpu import build, cases, layout
 from reference import presets
 precision, nvh = sys.argv[1], sys.argv[2]
 cfg = cases.in_dtype(presets.get("flashmoe"), precision)
-flags = [f"-D{k}={v}" for k, v in sorted(layout.compile_options(cfg).items())]
-cmd = ["nvcc", *build.arch_flags(build.ARCH), "-rdc=true", "-O3", "-std=c++17", "-c", "gpu/kernels/moe.cu", f"-I{nvh}/include",
-       *flags, f"-DMIN_BLOCKS_PER_SM={layout.MIN_BLOCKS_PER_SM}", "-Xptxas", "-v", "-o", f"/tmp/ptxas-{precision}.o"]
-out = subprocess.run(cmd, capture_output=True, text=True).stderr.splitlines()
+options = layout.compile_options(cfg)
+flags = [f"-D{k}={v}" for k, v in sorted(options.items())]
+# the build's own compile command (gpu/build.py), with ptxas's report
+compile_cmd = build.nvcc_commands("nvcc", build.ARCH, options, Path(nvh), Path(f"/tmp/ptxas-{precision}.o"),
+                                  Path(f"/tmp/ptxas-{precision}.cubin"))[0]
+out = subprocess.run([*compile_cmd, "-Xptxas", "-v"], capture_output=True, text=True).stderr.splitlines()
 at = next(i for i, line in enumerate(out) if f"for {layout.kernel_name(cfg)}" in line)
 print(precision, " ".join(flags), *out[at + 1: at + 3], sep="\n  ")
 EOF

@@ -190,6 +190,7 @@ __device__ void scheduler(const Params& p, volatile int* s_total) {
 #pragma unroll
   for (int g = 0; g < SCHED_GROUPS; ++g) {
     int q = 32 * g + lane;
-    if (q < np) st_release_gpu(p.mailbox + mailbox_slot(q, sent[g] + 1), ((unsigned long long)(sent[g] + 1) << 32) | STOP_INDEX);
+    if (q < np)
+      st_release_gpu(p.mailbox + mailbox_slot(q, sent[g] + 1), ((unsigned long long)(sent[g] + 1) << 32) | STOP_INDEX);
   }
 }
