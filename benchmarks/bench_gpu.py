@@ -158,9 +158,10 @@ def main() -> int:
                     help="kernels to bench (and, with bfloat16 or tf32, to check)")
     ap.add_argument("--untraced", nargs="*", default=[], choices=list(PRECISIONS),
                     help="dtypes whose bench points keep no telemetry trace")
-    ap.add_argument("--return-path", default="store", choices=["store", "put"],
-                    help="how GEMM1 sends finished tiles home: stores into the peer's memory (the kernel's "
-                         "default) or one put per tile by its last task; put points end in -put, untraced")
+    ap.add_argument("--transfers", default="store", choices=["store", "put"],
+                    help="how tiles move between GPUs: stores into the peer's memory where it is load/store "
+                         "reachable (the kernel's default) or one put per tile (dispatched by one block, returned "
+                         "by GEMM1's last task); put points end in -put, untraced")
     args = ap.parse_args()
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
@@ -182,7 +183,7 @@ def main() -> int:
         if "bench" in args.suite:
             for dt in args.dtypes:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced,
-                                     direct_return=args.return_path == "store")
+                                     direct_stores=args.transfers == "store")
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
         for c in cases:

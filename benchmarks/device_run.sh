@@ -7,8 +7,9 @@
 #              figures (calibration-<gpu>.json; on 1 GPU they stay the preset's)
 #   bench-D    the sweep of precision D (float32, bfloat16, tf32) on the GPU counts given, a
 #              telemetry trace per point, each beside the torch layer of its precision
-#   put-D      the same sweep with GEMM1's tiles put home by one block each (the kernel's other
-#              return path), untraced: the direct stores measured against it
+#   put-D      the same sweep with every tile put by one block (dispatched by one block, returned by
+#              GEMM1's last task: the kernel's path where a peer is not load/store reachable),
+#              untraced: the direct stores measured against it
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
 # Repo root on the GPU machine (its copy has no .git: the commit comes from here). Carry .whl
 # (nvshmem4py-cu13 0.4.1, simpy) and .cache (benchmarks/prebuild_cubins.py). $OUT/results.tar.gz
@@ -54,7 +55,7 @@ EOF
       [[ $part == put-* ]] && path=put
       # shellcheck disable=SC2086  # GPUS is a list of counts
       timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
-        --return-path $path --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
+        --transfers $path --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
     *) echo "unknown part $part: checks, calibrate, bench-D or put-D (D: float32, bfloat16, tf32)"; exit 2 ;;
   esac
 done

@@ -45,9 +45,10 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
 
 
 def put_return_case(name: str, config: dict) -> dict:
-    """The kernel's other return path, where GEMM1's last task puts the whole tile home."""
+    """The kernel's put path: one block packs each dispatched tile and puts it, GEMM1's last task puts
+    the whole tile home (its path where a peer is not load/store reachable)."""
     return {"name": name, "config": config, "inputs": "reference", "golden": True, "baseline_check": True,
-            "direct_return": False}
+            "direct_stores": False}
 
 
 # the bench's bf16 tile: the fewest operand bytes from L2 per FLOP whose accumulators fit the
@@ -124,17 +125,17 @@ def in_dtype(cfg: Config, dtype: str) -> Config:
 
 
 def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True,
-                direct_return: bool = True) -> list[dict]:
+                direct_stores: bool = True) -> list[dict]:
     """Every point is timed beside the torch layer of the same precision `dtype` (float32, bfloat16
     or tf32; float32 points also beside torch bf16, tf32 points beside torch float32) and, with
     `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16|-tf32]-pP.npz); the default
     point also profiles the torch layer. `points`: default, sweep (tokens and experts; bf16 and tf32
     also the default at their first tile variant), tiles (the default at each tile variant).
-    Without `direct_return` the kernel puts each finished tile home from one block (its path where
-    a peer is not load/store reachable): names end in -put and keep no trace (the simulator models
-    the direct stores)."""
+    Without `direct_stores` the kernel puts each dispatched tile from one block and each finished
+    tile home from one block (its path where a peer is not load/store reachable): names end in -put
+    and keep no trace (the simulator models the direct stores' return path)."""
     _, tag, baselines, variants = PRECISIONS[dtype]
-    if not direct_return:
+    if not direct_stores:
         tag, trace = f"{tag}-put", False
     chosen = []
     for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]:
@@ -157,5 +158,5 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
         cases.append({"name": f"bench-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
                       "bench": True, "baselines": list(baselines), "warmup": 3,
                       "iters": 10, "trace": f"{prefix}trace-{c.name}{tag}-p{p}.npz" if trace else None,
-                      "profile": c.name == "flashmoe" and direct_return, "direct_return": direct_return})
+                      "profile": c.name == "flashmoe" and direct_stores, "direct_stores": direct_stores})
     return cases

@@ -299,7 +299,8 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                                    ("nvlink", [e for e in ev if e[2] != s.rank])):
                     if sel:
                         results["dispatch"].append({
-                            "tokens": tokens, "peer": where, "tiles": len(sel),
+                            "tokens": tokens, "peer": where, "path": "store" if layer.direct_stores else "put",
+                            "shares": len(sel),
                             "concurrent_blocks": min(len(ev), layer.n_proc),
                             "rows": stats([e[3] for e in sel]), "bytes_per_row": H * b.elem_bytes,
                             "ns_per_tile": stats([e[1] for e in sel]),

@@ -208,7 +208,7 @@ class Layer:
     """cfg's MoE layer on this rank: buffers, the argument block and the launch."""
 
     def __init__(self, session: Session, cfg: Config, inputs: Inputs, *, timeout_ms: float = 5000.0,
-                 telemetry_cap: int = TLOG_CAP, direct_return: bool = True):
+                 telemetry_cap: int = TLOG_CAP, direct_stores: bool = True):
         import nvshmem.core.interop.torch as symmetric
         import torch
 
@@ -229,7 +229,7 @@ class Layer:
         # or more blocks per SM; a grid of fewer blocks is still co-resident)
         self.grid = min(per_sm * session.sms, MAX_PROCESSORS + 1)
         self.n_proc = self.grid - 1
-        self.direct_return = bool(direct_return)
+        self.direct_stores = bool(direct_stores)
         self.logs = self.n_proc + OS_WARPS
         dev = torch.device("cuda", session.local_rank)
         f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
@@ -256,7 +256,8 @@ class Layer:
             # working state zeroed before every launch: 64-bit words, then 32-bit words
             self._work64 = torch.zeros(errors.ERROR_WORDS + layout.MAILBOX_SLOTS * self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
-            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=s.E * s.TM, tile_done1=s.E * s.TM, in_count=s.E,
+            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=s.E * s.TM, tile_done1=s.E * s.TM,
+                       dispatch_done=s.E * s.TM, in_count=s.E,
                        seen=2 * s.E * s.TM, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
             at = 0
@@ -267,7 +268,7 @@ class Layer:
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, TM=s.TM, rank=session.rank,
                      gate_kind=layout.GATES.index(cfg.gate), act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
-                     timeout_ns=int(timeout_ms * 1e6), direct_return=int(self.direct_return),
+                     timeout_ns=int(timeout_ms * 1e6), direct_stores=int(self.direct_stores),
                      gate_splits=splits)
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}

@@ -157,7 +157,7 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
     trace = concat([p[0] for p in parts], meta={
         "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
         "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
-        "dropped_events": sum(p[1] for p in parts),
+        "dropped_events": sum(p[1] for p in parts), "dispatch": "store" if layer.direct_stores else "put",
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
     res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)
@@ -178,14 +178,14 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch.distributed as dist
 
     cfg = Config.from_dict(case["config"])
-    direct_return = case.get("direct_return", True)
+    direct_stores = case.get("direct_stores", True)
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
-                 "direct_return": direct_return}
+                 "direct_stores": direct_stores}
     t0 = time.perf_counter()
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
     layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
-                  direct_return=direct_return)
+                  direct_stores=direct_stores)
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
     try:
         if case.get("sit_out") is not None:

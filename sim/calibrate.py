@@ -12,8 +12,8 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   1 to all blocks at once: time per byte = alone while the bytes all blocks move at once fit in
   the L2 (up to the knee), + extra x beyond / (beyond + half) for the bytes beyond it;
 - put_nvlink_ns_per_byte, nvlink_gbps: a put over NVLink by one block alone, and the largest
-  aggregate to the peer; the dispatch microbenchmark (pack + put at the layer's concurrency) is
-  checked against all these, not fitted;
+  aggregate to the peer; the dispatch microbenchmark (the kernel's dispatch at the layer's
+  concurrency) is checked against all these, not fitted;
 - reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
@@ -196,8 +196,8 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
     """copy_rows and puts: time per byte against the bytes all blocks have in flight at once
     (blocks x bytes): flat while the L2 holds them, then slower, with one knee for copies and
     local puts alike (the same L2; the knee of least total relative error); puts over NVLink: a
-    block alone, or the port's share. The dispatch microbenchmark (pack + put at the layer's
-    concurrency, on both sides of the knee) is the check, not fitted. A one-GPU file (an H100 lent
+    block alone, or the port's share. The dispatch microbenchmark (the kernel's dispatch at the
+    layer's concurrency, on both sides of the knee) is the check, not fitted. A one-GPU file (an H100 lent
     alone) has no peer: its NVLink figures stay the base preset's, and say so."""
     copies = _need(raw, "copy", "copy_rows times")
     puts = _need(raw, "put", "put-with-signal times")
@@ -247,12 +247,14 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
                 costs.put_ns(hw_moves, LOCAL if p["peer"] == "self" else NVLINK, p["bytes"],
                              p["blocks"] * p["bytes"], p["blocks"]))
     for d in raw.get("dispatch", []):
-        n, link = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK
+        # files before the kernel stored dispatched rows timed packed and put tiles, one a block
+        n, link, path = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK, d.get("path", "put")
         nbytes = d["rows"]["median"] * d["bytes_per_row"]
-        model = costs.pack_ns(hw_moves, nbytes, link, n * nbytes, d["tiles"]) - hw_moves.task_overhead_ns
+        model = costs.dispatch_ns(hw_moves, nbytes, link, path, n * nbytes, d.get("shares", d.get("tiles"))) \
+            - hw_moves.task_overhead_ns
         layer = f"T={d['tokens']}, " if "tokens" in d else ""
-        f.check(f"dispatch tile of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{n} blocks (ns; not fitted)",
-                d["ns_per_tile"]["median"], model)
+        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{n} blocks "
+                "(ns; not fitted)", d["ns_per_tile"]["median"], model)
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
     moved = costs.reduce_bytes(math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS, comb["top_k"], comb["hidden"],

@@ -9,6 +9,7 @@ import sys
 
 from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending
 
+from .costs import DISPATCH_PATHS
 from .hardware import DEFAULT, PRESETS, HardwareError
 from .network import TRANSPORTS
 
@@ -42,14 +43,16 @@ def _one(args) -> int:
     cfg = config_from_args(args)
     if args.nodes is not None:
         cfg = engine.with_nodes(cfg, args.nodes)
-    result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress)
+    result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress, dispatch=args.dispatch)
     m = result.metrics
     if cfg.ranks > 2 and cfg.experts % 2 == 0:
         progress("2-GPU run of the same layer for overlap efficiency T(2)/T(N)")
-        two = engine.simulate(cfg.replace(ranks=2, gpus_per_node=2), args.hardware, args.transport, args.baseline)
+        two = engine.simulate(cfg.replace(ranks=2, gpus_per_node=2), args.hardware, args.transport, args.baseline,
+                              dispatch=args.dispatch)
         m = metrics.compute(result.trace, cfg, latency_2gpu_ns=two.metrics["latency_ns"])
     summary = {"config": cfg.name, "gpus": cfg.ranks, "nodes": cfg.nodes, "hardware": result.trace.meta["hardware"],
-               "transport": args.transport, "kernel": "baseline" if args.baseline else "fused",
+               "transport": args.transport, "dispatch": args.dispatch,
+               "kernel": "baseline" if args.baseline else "fused",
                **flatten(m), "sim_events": result.events, "sim_wall_s": result.wall_s}
     if args.trace:
         progress(f"writing {args.trace}")
@@ -105,6 +108,10 @@ def register(sub) -> None:
                    help=f"a hardware preset ({', '.join(PRESETS)}) or a calibration .json (default: {DEFAULT})")
     p.add_argument("--transport", default="ibgda", choices=TRANSPORTS,
                    help="how tiles cross nodes (default: ibgda)")
+    p.add_argument("--dispatch", default="store", choices=DISPATCH_PATHS,
+                   help="how the fused kernel moves dispatched rows: stored straight into the owner's memory by "
+                        "up to 4 blocks a tile where a block can reach it (the kernel's default), or packed and put "
+                        "by one block a tile (the kernel's put path)")
     p.add_argument("--baseline", action="store_true", help="simulate the bulk-synchronous baseline instead")
     p.add_argument("--trace", metavar="FILE", type=path_ending(".json", ".npz"),
                    help="write the trace: .json (Perfetto) or .npz")

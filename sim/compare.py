@@ -2,8 +2,9 @@
 
 A measured run is a kernel telemetry trace (`.npz` of the trace schema, meta "source": "gpu"
 with the run's "config", "gpu" and "n_proc") under measurements/gpu/, or a benchmark summary
-JSON naming such a trace. Its prediction is `sim.simulate` of the same config with the preset
-calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, from
+JSON naming such a trace. Its prediction is `sim.simulate` of the same config and dispatch path
+(the trace's meta "dispatch"; "put" in traces from before the kernel stored dispatched rows) with
+the preset calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, from
 `moelab calibrate`; never fitted to layer runs). Both traces go through one definition:
 
 - layer latency: first start to last end of the trace;
@@ -11,8 +12,8 @@ calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, fr
   per processor block (ms), so runs with different block counts compare;
 - SM utilization: `sim.metrics` (busy processor time over processors x latency);
 - overlap efficiency: `sim.metrics.overlap_efficiency`, T(2) / T(N) of the same layer on 2 and
-  N GPUs; reported where the measured run on 2 GPUs of the same layer is committed too (on
-  2 GPUs it is 1 by definition).
+  N GPUs; reported where the measured run on 2 GPUs of the same layer by the same kernel commit
+  is committed too (on 2 GPUs it is 1 by definition).
 
 Bounds (issue 4): latency within 10%, every phase's busy time within 20%, overlap efficiency
 within 0.1 absolute. A run that recorded no commit cannot be matched to the kernel the
@@ -67,6 +68,12 @@ class MeasuredRun:
         """The commit whose kernel was measured, where the run recorded one."""
         c = str(self.trace.meta.get("commit", ""))
         return c if len(c) == 40 and all(ch in "0123456789abcdef" for ch in c) else None
+
+    @property
+    def dispatch(self) -> str:
+        """How the measured kernel moved dispatched rows (costs.DISPATCH_PATHS): traces record it
+        since the kernel stores them; the ones before put every tile."""
+        return str(self.trace.meta.get("dispatch", "put"))
 
     @property
     def name(self) -> str:
@@ -190,24 +197,25 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str], object] = {}
+        self.cache: dict[tuple[str, str, str], object] = {}
 
-    def __call__(self, cfg: Config, hw: Hardware):
+    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "store"):
         figures = hw.for_dtype(cfg.dtype).to_dict()  # what simulate runs with
-        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True))
+        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch)
         if key not in self.cache:
-            self.cache[key] = simulate(cfg, hardware=hw)
+            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch)
         return self.cache[key]
 
 
 def partner(run: MeasuredRun, runs: list[MeasuredRun]) -> MeasuredRun | None:
-    """The measured run of the same layer on 2 GPUs of the same kind, if committed."""
+    """The measured run of the same layer on 2 GPUs of the same kind by the same kernel (commit),
+    if committed."""
     want = run.config.replace(ranks=2, gpus_per_node=run.config.gpus_per_node).to_dict()
     want.pop("name")
     for r in runs:
         d = r.config.to_dict()
         d.pop("name")
-        if d == want and r.gpu_tag == run.gpu_tag:
+        if d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit:
             return r
     return None
 
@@ -225,7 +233,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_dtype(run.config.dtype)
-    result = predict(run.config, hw)
+    result = predict(run.config, hw, run.dispatch)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta.get("processors") or hw.processors)
     ranks = run.config.ranks
@@ -238,7 +246,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     c.rows.append(_row("SM utilization", model["sm_utilization"], meas["sm_utilization"], None))
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
-        pred_two = predict(two.config, hw).metrics["latency_ns"] / 1e6
+        pred_two = predict(two.config, hw, two.dispatch).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])
@@ -247,7 +255,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     elif run.config.ranks == 2:
         c.rows.append(("overlap efficiency T(2)/T(N)", 1.0, 1.0, 0.0, "1 on 2 GPUs", None))
     else:
-        c.rows.append(("overlap efficiency T(2)/T(N)", None, None, None, "no 2-GPU run of this layer", None))
+        c.rows.append(("overlap efficiency T(2)/T(N)", None, None, None, "no 2-GPU run of this layer and kernel", None))
     return c
 
 

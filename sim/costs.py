@@ -11,9 +11,11 @@ calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP6
 (an item's H split over up to 8 blocks when the items are fewer than the blocks), then
 one block per expert scans all (token, choice) pairs for its slots; a tile GEMM task costs
 `gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole); a block copies token rows
-at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatch put
-is done by the issuing block's threads after packing, slowed the same way by the bytes in flight,
-and over NVLink also bound by the port's share; a GEMM1 task stores its output straight into the
+at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched
+tile's rows are gathered straight into the owner's inbox (its GPU, or an NVLink peer at the block's
+put rate and the port's share), shared by up to 4 processors when the tiles are fewer than they
+(the "store" path), or, across nodes and on the kernel's "put" path, packed by one block and put
+by its threads, slowed the same way by the bytes in flight; a GEMM1 task stores its output straight into the
 source GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts
 it through the NIC); after its last task every processor sums its share of tokens in choice
 order. The float32 kernel weights a tile's returned rows in its combine task (a copy); the bf16
@@ -35,6 +37,8 @@ from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
 GATE_DEPTH, GATE_MAX_SPLITS = 32, 8  # its slice of H, and the most blocks one item's H is split over
+DISPATCH_PATHS = ("store", "put")  # how dispatched rows move (processor.cuh dispatch_tile; gpu Layer direct_stores)
+DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (processor.cuh DISPATCH_MAX_PARTS)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
 WEIGHTED_IN_TASK = {"float32": True, "bfloat16": False}  # processor.cuh: TASK_COMBINE weights rows (fp32 only)
@@ -145,16 +149,55 @@ def port_ns_per_byte(alone: float, concurrent: int, gbps: float) -> float:
     return max(alone, concurrent / gbps)
 
 
+def gather_ns(hw: Hardware, nbytes: float, inflight: float) -> float:
+    """One block gathers `nbytes` of token rows (reads and writes them) while all blocks copy
+    `inflight` bytes at once."""
+    if hw.copy_ns_per_byte:  # a measured copy rate replaces the even HBM share
+        return nbytes * contended_ns_per_byte(hw.copy_ns_per_byte, hw.copy_extra_ns_per_byte, hw.copy_half_bytes,
+                                              inflight, hw.l2_knee_bytes)
+    return 2.0 * nbytes / block_bytes_per_ns(hw)
+
+
 def pack_ns(hw: Hardware, nbytes: float, link: int, inflight: float | None = None, over_link: int = 1) -> float:
     """One block gathers a tile's token rows into the send buffer (reads and writes its bytes),
     then puts it; all blocks pack and put `inflight` bytes at once, `over_link` tiles over this link."""
     inflight = nbytes if inflight is None else inflight
-    if hw.copy_ns_per_byte:  # a measured copy rate replaces the even HBM share
-        copy = nbytes * contended_ns_per_byte(hw.copy_ns_per_byte, hw.copy_extra_ns_per_byte, hw.copy_half_bytes,
-                                              inflight, hw.l2_knee_bytes)
-    else:
-        copy = 2.0 * nbytes / block_bytes_per_ns(hw)
-    return copy + put_ns(hw, link, nbytes, inflight, over_link) + hw.task_overhead_ns
+    return gather_ns(hw, nbytes, inflight) + put_ns(hw, link, nbytes, inflight, over_link) + hw.task_overhead_ns
+
+
+def stores_dispatch(path: str, link: int) -> bool:
+    """Whether the kernel stores a dispatched tile's rows straight into the owner's inbox (path
+    "store", to this GPU or an NVLink peer: nvshmem_ptr reaches it) rather than packing and putting it."""
+    return path == "store" and link in (LOCAL, NVLINK)
+
+
+def dispatch_parts(cfg: Config, processors: int, path: str) -> int:
+    """Processors sharing each stored tile (processor.cuh dispatch_parts): as many as leave every
+    processor a share when the tile slots (experts x ceil(C / tile_m)) are fewer, at most
+    DISPATCH_MAX_PARTS; 1 on the put path."""
+    if path != "store":
+        return 1
+    return max(1, min(processors // dispatch_slots(cfg), DISPATCH_MAX_PARTS))
+
+
+def dispatch_slots(cfg: Config) -> int:
+    """Dispatch tile slots per (source, expert) block times the experts: the kernel's E x TM, TM =
+    ceil(C / tile_m) with C the capacity (T when nothing is dropped, and never more)."""
+    c = cfg.tokens if cfg.capacity is None else min(cfg.capacity, cfg.tokens)
+    return (cfg.experts + cfg.shared_experts) * math.ceil(c / cfg.tile_m)
+
+
+def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: float | None = None,
+                over_link: int = 1) -> float:
+    """A processor's time on its `nbytes` share of a dispatched tile while all dispatching blocks
+    move `inflight` bytes at once, `over_link` shares over this link: stored into this GPU's inbox
+    it is a gather; into an NVLink peer's, the block's loads and remote stores (a put's rate and
+    the port's share); otherwise packed and put (pack_ns)."""
+    inflight = nbytes if inflight is None else inflight
+    if not stores_dispatch(path, link):
+        return pack_ns(hw, nbytes, link, inflight, over_link)
+    moved = gather_ns(hw, nbytes, inflight) if link == LOCAL else put_ns(hw, link, nbytes, inflight, over_link)
+    return moved + hw.task_overhead_ns
 
 
 def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:

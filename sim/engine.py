@@ -68,10 +68,14 @@ class _CountingEnvironment(simpy.Environment):
 
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
              baseline: bool = False, progress: Callable[[str], None] | None = None,
-             plan: TilePlan | None = None) -> Result:
-    """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known."""
+             plan: TilePlan | None = None, dispatch: str = "store") -> Result:
+    """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known;
+    `dispatch` is how the fused kernel moves dispatched rows (costs.DISPATCH_PATHS: "store" into
+    the owner's memory where a block can reach it, the kernel's default, or "put" every tile)."""
     if transport not in TRANSPORTS:
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
+    if dispatch not in costs.DISPATCH_PATHS:
+        raise SimError("dispatch", dispatch, "one of " + ", ".join(costs.DISPATCH_PATHS))
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
     hw = get_hardware(hardware).for_dtype(cfg.dtype)  # the figures of the cfg's kernel build
@@ -88,20 +92,21 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         Baseline(env, cfg, plan, hw, rec).start()
         processors, left = hw.sms, [0]
     else:
-        left = _run_fused(env, cfg, plan, hw, transport, rec)
+        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch)
         processors = hw.processors
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} tiles not combined")
     say(f"{env.events:,} events; building the trace")
     meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
-            "transport": transport, "baseline": baseline, "processors": processors}
+            "transport": transport, "dispatch": dispatch, "baseline": baseline, "processors": processors}
     trace = rec.build(meta).sorted()
     m = metrics.compute(trace, cfg)
     return Result(trace, m, env.events, time.perf_counter() - t0)
 
 
-def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder) -> list[int]:
+def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
+               dispatch: str) -> list[int]:
     """Set up every GPU's kernel on the fabric; returns [tiles not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
@@ -113,7 +118,7 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
 
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
-    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, tile_done)
+    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, tile_done, dispatch)
                    for r in range(cfg.ranks))
     for k in kernels:
         k.start()

@@ -1,7 +1,10 @@
 """FlashMoE's persistent kernel on one GPU: gate, dispatch, then processors fed by the OS block.
 
-Every block runs the gate, then the processor blocks pack this GPU's outgoing token tiles (tile
-i by block i mod processors) and put each with its signal. Then the OS block's subscriber warps
+Every block runs the gate, then the processor blocks move this GPU's outgoing token tiles: on the
+kernel's "store" path each tile for this GPU or an NVLink peer is gathered straight into the
+owner's inbox by up to 4 blocks (all processors busy when the tiles are fewer) and the last one
+signals; a tile across nodes, or every tile on the "put" path, is packed by one block and put
+with its signal. Then the OS block's subscriber warps
 watch the arrival flags and turn each arrived tile into tasks for the scheduler warp, which
 hands them to processor blocks in arrival order:
 
@@ -82,8 +85,9 @@ class FusedKernel:
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
-                 send: Callable[..., None], on_tile_done: Callable[[int], None]):
+                 send: Callable[..., None], on_tile_done: Callable[[int], None], dispatch: str = "store"):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
+        self.dispatch = dispatch  # costs.DISPATCH_PATHS
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec
         self.send, self.on_tile_done = send, on_tile_done
@@ -97,29 +101,56 @@ class FusedKernel:
             sum(COMBINE in phases.tasks[t] for t in np.flatnonzero(plan.tile_src == rank))
 
     def start(self) -> None:
-        """Gate on every block, then each processor block packs and puts its share of the tiles."""
+        """Gate on every block, then the processor blocks move this GPU's outgoing tiles, each
+        block its shares in the kernel's order."""
         gate = costs.gate_ns(self.hw, self.cfg) + self.hw.task_overhead_ns
         for lane in range(self.processors):
             self.rec.add(self.rank, self.node, lane, "processor", "gate", 0.0, gate)
         self.rec.add(self.rank, self.node, 0, "scheduler", "gate", 0.0, gate)
-        p = self.plan
-        outgoing = np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank))
+        shares = self.dispatch_shares()
         free_at = [gate] * self.processors
-        # bytes the first round of dispatching blocks has in flight, tiles over each link at once
-        first = outgoing[: self.processors]
-        inflight = float(p.transfer_bytes[first].sum())
-        links = p.transfer_link[first]
-        over = {int(k): int((links == k).sum()) for k in np.unique(links)}
-        for i, x in enumerate(outgoing):
-            lane, t, link = i % self.processors, int(p.transfer_tile[x]), int(p.transfer_link[x])
-            end = free_at[lane] + costs.pack_ns(self.hw, int(p.transfer_bytes[x]), link, inflight, over.get(link, 1))
+        # bytes the first round of dispatching blocks has in flight, shares over each link at once
+        first = shares[: self.processors]
+        inflight = float(sum(nbytes for _, _, _, nbytes in first))
+        over: dict[int, int] = {}
+        for _, _, x, _ in first:
+            link = int(self.plan.transfer_link[x])
+            over[link] = over.get(link, 0) + 1
+        ready: dict[int, float] = {}
+        for _, lane, x, nbytes in shares:
+            t, link = int(self.plan.transfer_tile[x]), int(self.plan.transfer_link[x])
+            end = free_at[lane] + costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight, over.get(link, 1))
             self.rec.add(self.rank, self.node, lane, "processor", "dispatch", free_at[lane], end,
-                         int(p.tile_expert[t]), t, int(p.transfer_dst[x]), int(p.transfer_bytes[x]))
+                         int(self.plan.tile_expert[t]), t, int(self.plan.transfer_dst[x]), nbytes)
             free_at[lane] = end
-            self.env.timeout(end).callbacks.append(lambda _, x=int(x): self.send(x))
+            ready[x] = max(ready.get(x, 0.0), end)
+        for x, end in ready.items():
+            stored = costs.stores_dispatch(self.dispatch, int(self.plan.transfer_link[x]))
+            self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
         self.scheduler = Scheduler(free_at, self.hw.handoff_ns)
         if not self.phases_left:
             self.final_combine(max(free_at))
+
+    def dispatch_shares(self) -> list[tuple[int, int, int, int]]:
+        """(share index u, processor, transfer, bytes) of this GPU's dispatch shares in u order: the
+        kernel numbers the shares of tile slot (expert, chunk) slot x parts + part and gives share u
+        to processor u mod processors; a tile it packs and puts is one block's."""
+        p, cfg = self.plan, self.cfg
+        parts = costs.dispatch_parts(cfg, self.processors, self.dispatch)
+        per_expert = costs.dispatch_slots(cfg) // (cfg.experts + cfg.shared_experts)
+        out = []
+        for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):
+            t = int(p.transfer_tile[x])
+            e, rows = int(p.tile_expert[t]), int(p.tile_rows[t])
+            chunk = (int(p.tile_row0[t]) - int(p.block_offsets[self.rank * p.n_experts + e])) // cfg.tile_m
+            n = parts if costs.stores_dispatch(self.dispatch, int(p.transfer_link[x])) else 1
+            share = -(-rows // n)
+            for part in range(n):
+                r0 = min(rows, part * share)
+                u = (e * per_expert + chunk) * parts + part
+                nbytes = (min(rows, r0 + share) - r0) * int(p.transfer_bytes[x]) // rows
+                out.append((u, u % self.processors, int(x), nbytes))
+        return sorted(out)
 
     def arrive(self, x: int) -> None:
         """Transfer `x`'s signal has landed here: a subscriber warp turns its tile into tasks."""

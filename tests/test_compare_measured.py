@@ -4,12 +4,14 @@ each phase's busy time within 20%, overlap efficiency within 0.1 absolute. A mis
 about the model: improve the model, never these bounds. Float32 and bf16 runs alike: a run whose
 dtype or tile shape the committed calibration has not measured is skipped, saying which."""
 
+import dataclasses
 import json
 
 import pytest
 
 from moelab.cli import main
 from sim import compare
+from sim.trace import Trace
 
 RUNS = compare.measured_runs()
 EVERY_RUN = compare.measured_runs(calibrated_only=False)
@@ -48,6 +50,15 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
 
 def test_there_are_measured_runs():
     assert RUNS, "no measured run under measurements/gpu/"
+
+
+def test_each_run_is_predicted_on_its_kernels_dispatch_path():
+    """Traces say how their kernel dispatched since it stores rows; the ones before put every tile."""
+    old = next(r for r in RUNS if "dispatch" not in r.trace.meta)
+    new = dataclasses.replace(old, trace=Trace(old.trace.columns, {**old.trace.meta, "dispatch": "store"}))
+    assert (old.dispatch, new.dispatch) == ("put", "store")
+    for run in (old, new):
+        assert compare.compare(run, predict=PREDICT).predicted.meta["dispatch"] == run.dispatch
 
 
 @pytest.mark.parametrize("run", EVERY_RUN, ids=[r.name for r in EVERY_RUN])

@@ -140,7 +140,7 @@ def test_param_fields_match_the_struct():
     assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "TM", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
-             "tlog_cap", "timeout_ns", "direct_return", "gate_splits"}
+             "tlog_cap", "timeout_ns", "direct_stores", "gate_splits"}
     assert sizes <= set(fields)
 
 
@@ -160,6 +160,19 @@ def test_simulated_gate_item_is_the_kernels():
     assert (const["GATE_TOKENS"], const["GATE_EXPERTS"]) == (costs.GATE_TOKENS, costs.GATE_EXPERTS)
     assert (const["GATE_DEPTH"], const["GATE_MAX_SPLITS"]) == (costs.GATE_DEPTH, costs.GATE_MAX_SPLITS)
     assert (const["GATE_TOKENS"], const["GATE_MAX_SPLITS"]) == (layout.GATE_TOKENS, layout.GATE_MAX_SPLITS)
+
+
+def test_simulated_dispatch_shares_are_the_kernels():
+    """sim.costs splits a stored tile over processors as processor.cuh does: the same most shares,
+    and the kernel's tile slots E x TM (layout.Sizes) in its split."""
+    text = (layout.KERNEL_DIR / "processor.cuh").read_text()
+    assert int(re.search(r"constexpr int DISPATCH_MAX_PARTS = (\d+);", text)[1]) == costs.DISPATCH_MAX_PARTS
+    for cfg in (presets.get("flashmoe"), presets.get("tiny"), presets.get("tiny-nodrop"),
+                presets.get("flashmoe").replace(tokens=1024, experts=128)):
+        s = layout.Sizes.of(cfg)
+        assert costs.dispatch_slots(cfg) == s.E * s.TM
+        assert costs.dispatch_parts(cfg, 263, "store") == max(1, min(263 // (s.E * s.TM), costs.DISPATCH_MAX_PARTS))
+        assert costs.dispatch_parts(cfg, 263, "put") == 1
 
 
 @pytest.mark.parametrize("tokens,hidden,grid", [(1024, 2048, 264), (4096, 2048, 264), (8192, 2048, 264),

@@ -37,7 +37,6 @@ def test_one_gpu_one_expert_compute_only():
     cfg = Config(tokens=128, hidden=64, ffn=64 * 600, experts=1, top_k=1, capacity_factor=None,
                  bias=False, ranks=1, tile_m=128, tile_n=64, tile_k=8)
     plan = reference.plan_of(cfg)
-    r = sim.simulate(cfg, plan=plan)
     P = HW.processors
     t = {k: block_time(plan.task_flops[plan.task_kind == k][0], plan.task_bytes[plan.task_kind == k][0], k != 2)
          for k in range(3)}
@@ -45,11 +44,16 @@ def test_one_gpu_one_expert_compute_only():
     blocks = HW.sms * HW.blocks_per_sm
     gate = max(2.0 * 128 * 64 * 1 / (HW.tflops_float32 * 1e3 * HW.matrix_efficiency),
                4 * (128 * 64 + 64) / HW.hbm_gbps) + HW.task_overhead_ns
-    pack = 2.0 * plan.transfer_bytes[0] / (HW.hbm_gbps / blocks) + HW.task_overhead_ns
-    expected = (gate + pack + 2 * HW.subscriber_ns + math.ceil(n0 / P) * t[0] + math.ceil(n1 / P) * t[1] + t[2])
-    assert close(r.metrics["latency_ns"], expected)
-    gemm0 = r.trace.where("processor", "gemm0")
-    assert len(gemm0) == n0 and np.unique(gemm0["start"]).size == 2  # two rounds
+    # the tile's rows gathered by one block (put path; the preset's local put costs nothing more),
+    # or straight into its own inbox by 4 blocks, the most that share a tile (1 tile slot, 527 processors)
+    for dispatch, shares in (("put", 1), ("store", 4)):
+        r = sim.simulate(cfg, plan=plan, dispatch=dispatch)
+        pack = 2.0 * plan.transfer_bytes[0] / shares / (HW.hbm_gbps / blocks) + HW.task_overhead_ns
+        expected = (gate + pack + 2 * HW.subscriber_ns + math.ceil(n0 / P) * t[0] + math.ceil(n1 / P) * t[1] + t[2])
+        assert close(r.metrics["latency_ns"], expected)
+        assert len(r.trace.where("processor", "dispatch")) == shares
+        gemm0 = r.trace.where("processor", "gemm0")
+        assert len(gemm0) == n0 and np.unique(gemm0["start"]).size == 2  # two rounds
 
 
 def test_tf32_gemm_tasks_run_at_the_tf32_matrix_rate():

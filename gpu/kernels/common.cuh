@@ -88,6 +88,7 @@ struct Waiter {
 
 // Telemetry: one log per processor block and per OS warp; 4 words per event.
 // w2 = kind | (expert & 0xffff) << 8 | (peer & 0xffff) << 24 | rows << 40; w3 = tile | col << 32
+// (col: a GEMM task's first column, a dispatch's share of its tile)
 __device__ __forceinline__ void log_event(const Params& p, int enabled, int log, int kind,
                                           uint64_t t0, uint64_t t1, int expert, int peer, int rows,
                                           int tile, int col) {

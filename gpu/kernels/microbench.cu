@@ -9,7 +9,7 @@
 //   mb_put       put-with-signal of `bytes` by each of `gridDim` blocks to one PE
 //   mb_pingpong  put-with-signal (or a bare signal) round trips between two PEs
 //   mb_gate      the gate phase exactly as moe.cu runs it: gate items, barrier, slots, barrier
-//   mb_dispatch  dispatch_tile over this rank's routed tiles (telemetry logs per tile)
+//   mb_dispatch  dispatch_tiles over this rank's routed tiles (telemetry logs per share)
 //   mb_combine   the per-token ordered combine of the processors (telemetry logs per block)
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -157,15 +157,13 @@ MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
   }
 }
 
-// Blocks 0..n-1 dispatch this rank's routed tiles as the megakernel's processors do (tile f by
-// block f mod n); each tile's interval goes to the block's telemetry log (tlog counts zeroed).
+// Blocks 0..n-1 dispatch this rank's routed tiles as the megakernel's processors do (n = n_proc:
+// the same shares); each share's interval goes to the block's telemetry log (tlog counts and
+// dispatch_done zeroed).
 MB_KERNEL mb_dispatch(const Params* __restrict__ params, uint64_t epoch, int n) {
   const Params& p = *params;
   if (blockIdx.x >= n) return;
-  for (long long f = blockIdx.x; f < p.E * p.TM; f += n) {
-    const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
-    if (tile < ceil_div(__ldcg(p.counts + e), TILE_M)) dispatch_tile<TILE_M>(p, epoch, 1, e, tile);
-  }
+  dispatch_tiles<TILE_M>(p, epoch, 1, n);
   if (threadIdx.x == 0) nvshmem_quiet();
 }
 

@@ -4,7 +4,7 @@
 // with -DMOE_TF32=1, moelab_moe_tf32 (float32 data, tensor-core tile GEMM on TF32 operands).
 // Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
 // Phases: gate (all blocks; split over H with a barrier when the tokens are few) | barrier | slots
-// (all blocks) | barrier | dispatch + count signals,
+// (all blocks) | barrier | dispatch (a tile's rows shared by processors) + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 storing home -> combine) | final ordered combine.
 // Tile shape (TILE_M, TILE_N, TILE_K, and the bf16 GEMM's GEMM_STAGES) is fixed at compile time
 // (-D); everything else is a run-time size in Params, so one cubin serves every config with that
@@ -76,10 +76,7 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   }
 
   // processors: dispatch this rank's tiles, then tasks, then the ordered combine
-  for (long long f = blockIdx.x; f < p.E * p.TM; f += p.n_proc) {
-    const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
-    if (tile < ceil_div(__ldcg(p.counts + e), TILE_M)) dispatch_tile<TILE_M>(p, epoch, telemetry, e, tile);
-  }
+  dispatch_tiles<TILE_M>(p, epoch, telemetry, (int)p.n_proc);
   processor<TILE_M, TILE_N, TILE_K>(p, telemetry, smem_raw);
   if (!aborted(p)) combine_tokens(p, telemetry);
   if (threadIdx.x == 0) nvshmem_quiet();

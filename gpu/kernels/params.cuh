@@ -36,6 +36,7 @@ struct Params {
   // symmetric (NVSHMEM) buffers
   elem_t* inbox;               // [P][L][C][H] dispatched rows arriving from each source rank
   elem_t* staging;             // [E][C][H]    this rank's rows packed per expert, put from here
+                               //              (where the owner's inbox is not load/store reachable)
   elem_t* outbuf;              // [P][L][C][H] GEMM1 output per source, put back from here
                                //              (where the source's combox is not load/store reachable)
   elem_t* combox;              // [E][C][H]    returned rows of this rank's tokens
@@ -51,6 +52,7 @@ struct Params {
   int* queue_ready;            // [Q] 1 once the descriptor is written
   int* tile_done0;             // [P][L][TM] GEMM0 tasks finished per tile
   int* tile_done1;             // [P][L][TM] GEMM1 tasks finished per tile
+  int* dispatch_done;          // [E][TM]    blocks done storing their share of a dispatched tile
   int* in_count;               // [P][L] rows arriving from each source, from sig_count
   int* seen;                   // [P*L*TM + E*TM] 1 once the subscriber has seen a tile land
   unsigned long long* mailbox; // [NP][2] (sequence << 32) | task index, written by the scheduler
@@ -62,7 +64,8 @@ struct Params {
   // sizes
   long long T, H, I, E, K, P, L, C, TM;
   long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
-  long long direct_return;     // 1: GEMM1 tasks store into the source's combox (nvshmem_ptr)
+  long long direct_stores;     // 1: rows are stored straight into peers' memory where nvshmem_ptr reaches it
+                               //    (dispatch into the owner's inbox, GEMM1 into the source's combox); 0: puts
   long long gate_splits;       // most blocks one gate item's H may be split over (gate_partial's size)
 };
 

@@ -1,4 +1,5 @@
-// Processor blocks: dispatch this rank's routed rows (pack per expert, put-with-signal per tile),
+// Processor blocks: dispatch this rank's routed rows (stored into the owner's inbox, or packed and
+// put where it is not load/store reachable), with a signal per tile,
 // then run the tasks the scheduler hands them (GEMM0, GEMM1, combine), then sum each token's
 // returned rows in choice order (the fixed combine order that makes results deterministic).
 #pragma once
@@ -89,24 +90,59 @@ __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const
   }
 }
 
-// Dispatch tile `tile` of expert e: gather its rows into staging, put them to the owner's inbox.
+// How many processors share each dispatched tile: with direct stores, enough that every processor
+// has a share when the tile slots (E x TM) are fewer than the processors (a block alone copies a
+// 128-row bf16 tile in ~100 us: its loads' latency, not the memory, bounds it), at most
+// DISPATCH_MAX_PARTS; a packed tile is put by one block. sim/costs.py dispatch_parts mirrors it.
+constexpr int DISPATCH_MAX_PARTS = 4;
+__device__ __forceinline__ int dispatch_parts(const Params& p) {
+  return p.direct_stores ? (int)max(1LL, min(p.n_proc / (p.E * p.TM), (long long)DISPATCH_MAX_PARTS)) : 1;
+}
+
+// Share `part` of `parts` of dispatch tile `tile` of expert e. Where the owner's inbox is load/store
+// reachable (this GPU or an NVLink peer) the rows are gathered straight into it, and the block
+// finishing the tile's last share sets its signal; else one block gathers the tile into staging
+// and puts it with its signal.
 template <int BM>
-__device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, int tile) {
+__device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, int tile, int part, int parts) {
   const int rows_all = __ldcg(p.counts + e), rows = min(BM, rows_all - tile * BM);
   const uint64_t t0 = now_ns();
   const long long H = p.H, s0 = (long long)tile * BM;
-  elem_t* dst = p.staging + ((long long)e * p.C + s0) * H;
-  copy_rows(p, dst, rows, [&](int r) {
-    return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + (long long)e * p.C + s0 + r) * H);
-  }, nullptr);
-  __syncthreads();
-  __threadfence();
   const int owner = (int)(e / p.L), le = (int)(e % p.L);
   const long long block = p.rank * p.L + le;  // (source = this rank, local expert) at the owner
-  nvshmemx_putmem_signal_nbi_block(p.inbox + (block * p.C + s0) * H, dst, (size_t)rows * H * sizeof(elem_t),
-                                   p.sig_tile + block * p.TM + tile, epoch, NVSHMEM_SIGNAL_SET, owner);
-  if (threadIdx.x == 0)
-    log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, rows, tile, 0);
+  elem_t* const inbox = p.inbox + (block * p.C + s0) * H;
+  elem_t* const there = p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(inbox, owner)) : nullptr;
+  if (!there && part > 0) return;
+  const int share = there ? ceil_div(rows, parts) : rows, r0 = min(rows, part * share), r1 = min(rows, r0 + share);
+  elem_t* dst = (there ? there : p.staging + ((long long)e * p.C + s0) * H) + r0 * H;
+  copy_rows(p, dst, r1 - r0, [&](int r) {
+    return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + (long long)e * p.C + s0 + r0 + r) * H);
+  }, nullptr);
+  __syncthreads();
+  const long long slot = block * p.TM + tile;
+  if (there && threadIdx.x == 0) {
+    __threadfence_system();  // this share's stores, before its count
+    if (parts == 1 || atomicAdd(p.dispatch_done + (long long)e * p.TM + tile, 1) == parts - 1) {
+      __threadfence_system();  // every counted share's stores, before the tile's signal
+      nvshmemx_signal_op(p.sig_tile + slot, epoch, NVSHMEM_SIGNAL_SET, owner);
+    }
+  } else if (!there) {
+    __threadfence();
+    nvshmemx_putmem_signal_nbi_block(inbox, dst, (size_t)rows * H * sizeof(elem_t), p.sig_tile + slot, epoch,
+                                     NVSHMEM_SIGNAL_SET, owner);
+  }
+  if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, r1 - r0, tile, part);
+}
+
+// This block's dispatch shares: share u of the tile slots' (E x TM x parts) by block u mod n.
+template <int BM>
+__device__ void dispatch_tiles(const Params& p, uint64_t epoch, int tel, int n) {
+  const int parts = dispatch_parts(p);
+  for (long long u = blockIdx.x; u < p.E * p.TM * parts; u += n) {
+    const long long f = u / parts;
+    const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
+    if (tile < ceil_div(__ldcg(p.counts + e), BM)) dispatch_tile<BM>(p, epoch, tel, e, tile, (int)(u % parts), parts);
+  }
 }
 
 #if MOE_BF16 && MOE_TF32
@@ -268,7 +304,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     // it goes is worked out after the GEMM, so that it holds no registers through it.
     auto home = [&] { return p.combox + ((p.rank * p.L + le) * p.C + (long long)tile * BM) * p.H; };
     auto direct = [&]() -> elem_t* {
-      return tk.x == TASK_GEMM1 && p.direct_return ? static_cast<elem_t*>(nvshmem_ptr(home(), src)) : nullptr;
+      return tk.x == TASK_GEMM1 && p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(home(), src)) : nullptr;
     };
     auto out1 = [&] {
       elem_t* there = direct();

@@ -1,0 +1,67 @@
+"""The simulated dispatch follows the kernel's two paths: "store" gathers a tile's rows straight
+into the owner's inbox, shared by up to 4 processors when the tile slots are fewer than the
+processors (this GPU and NVLink peers only), "put" packs and puts each tile from one block."""
+
+import numpy as np
+import pytest
+
+import reference
+import sim
+from moelab.cli import main
+from reference import presets
+from reference.plan import DISPATCH, NETWORK
+from sim import costs, hardware
+
+HW = hardware.get("h200-sxm")
+
+
+def shares_of(trace, rank):
+    d = trace.where("processor", "dispatch")
+    return d.columns if rank is None else {k: v[d["rank"] == rank] for k, v in d.columns.items()}
+
+
+@pytest.mark.parametrize("ranks,nodes", [(1, 1), (2, 1), (4, 2)])
+def test_every_tile_is_moved_whole_by_its_shares(ranks, nodes):
+    cfg = sim.with_nodes(presets.get("flashmoe").replace(ranks=ranks, tokens=2048, seed=int(np.random.randint(1e6))),
+                         nodes)
+    plan = reference.plan_of(cfg)
+    parts = costs.dispatch_parts(cfg, HW.processors, "store")
+    assert parts == min(HW.processors // costs.dispatch_slots(cfg), costs.DISPATCH_MAX_PARTS) > 1
+    for path in costs.DISPATCH_PATHS:
+        d = shares_of(sim.simulate(cfg, HW, dispatch=path, plan=plan).trace, None)
+        for x in np.flatnonzero(plan.transfer_kind == DISPATCH):
+            t = plan.transfer_tile[x]
+            mine = (d["tile"] == t) & (d["rank"] == plan.transfer_src[x])
+            n = parts if path == "store" and plan.transfer_link[x] != NETWORK else 1
+            assert mine.sum() == n and d["bytes"][mine].sum() == plan.transfer_bytes[x]
+            assert np.unique(d["lane"][mine]).size == n  # each share on its own processor
+            assert (d["peer"][mine] == plan.transfer_dst[x]).all()
+
+
+def test_stored_shares_end_the_dispatch_sooner():
+    cfg = presets.get("flashmoe").replace(ranks=2)
+    plan = reference.plan_of(cfg)
+    ends = {path: shares_of(sim.simulate(cfg, HW, dispatch=path, plan=plan).trace, 0)["end"].max()
+            for path in costs.DISPATCH_PATHS}
+    assert ends["store"] < ends["put"]
+
+
+def test_shares_go_to_processors_in_the_kernels_order():
+    # share u of tile slot (expert, chunk) = slot x parts + part, processor u mod processors
+    cfg = presets.get("flashmoe").replace(tokens=1024)
+    d = shares_of(sim.simulate(cfg, HW).trace, 0)
+    plan = reference.plan_of(cfg)
+    parts, per_expert = costs.dispatch_parts(cfg, HW.processors, "store"), costs.dispatch_slots(cfg) // cfg.experts
+    for t in np.unique(d["tile"]):
+        e = plan.tile_expert[t]
+        chunk = (plan.tile_row0[t] - plan.block_offsets[e]) // cfg.tile_m
+        want = [((e * per_expert + chunk) * parts + part) % HW.processors for part in range(parts)]
+        assert sorted(d["lane"][d["tile"] == t]) == sorted(want)
+
+
+def test_unknown_dispatch_path(capsys):
+    with pytest.raises(sim.SimError, match=r"'dispatch' = 'copy' is not allowed: one of store, put"):
+        sim.simulate(presets.get("tiny"), dispatch="copy")
+    with pytest.raises(SystemExit):
+        main(["sim", "--dispatch", "copy"])
+    assert "invalid choice: 'copy'" in capsys.readouterr().err
