@@ -60,7 +60,10 @@ def table(raw: dict, label: str = "") -> str:
     for g in raw.get("gate", []):
         rows.append((f"gate phase T={g['tokens']} E={g['experts']}", "µs", g["ns"] / 1e3))
     for d in raw.get("dispatch", []):
-        rows.append((f"dispatch tile to {d['peer']} ({d['tiles']} tiles)", "µs/tile", d["ns_per_tile"]["median"] / 1e3))
+        # files before the kernel stored dispatched rows timed whole tiles, packed and put
+        n, what = d.get("shares", d.get("tiles")), "shares" if "shares" in d else "tiles"
+        rows.append((f"dispatch ({d.get('path', 'put')}) to {d['peer']} ({n} {what})", f"µs/{what[:-1]}",
+                     d["ns_per_tile"]["median"] / 1e3))
     for c in raw.get("combine", []):
         rows.append((f"ordered combine T={c['tokens']}", "µs/block", c["ns_per_block"]["median"] / 1e3))
     s = raw.get("scheduler") or {}

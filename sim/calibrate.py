@@ -13,7 +13,10 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   the L2 (up to the knee), + extra x beyond / (beyond + half) for the bytes beyond it;
 - put_nvlink_ns_per_byte, nvlink_gbps: a put over NVLink by one block alone, and the largest
   aggregate to the peer; the dispatch microbenchmark (the kernel's dispatch at the layer's
-  concurrency) is checked against all these, not fitted;
+  concurrency) is checked against all these;
+- dispatch_store_fixed_ns, dispatch_store_ns_per_byte: that microbenchmark's shares stored into
+  this GPU's inbox, least squares over share sizes (its stores drain before the tile's signal:
+  slower per byte than copy_rows);
 - reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
@@ -246,21 +249,45 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
         f.check(f"put {p['bytes']} B to {p['peer']}, {p['blocks']} blocks (ns)", p["ns_per_put"]["median"],
                 costs.put_ns(hw_moves, LOCAL if p["peer"] == "self" else NVLINK, p["bytes"],
                              p["blocks"] * p["bytes"], p["blocks"]))
-    for d in raw.get("dispatch", []):
+    dispatches = raw.get("dispatch", [])
+    _fit_store_dispatch(f, [d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"], hw, origin)
+    hw_moves = hw_moves.replace(dispatch_store_fixed_ns=f.values["dispatch_store_fixed_ns"],
+                                dispatch_store_ns_per_byte=f.values["dispatch_store_ns_per_byte"])
+    for d in dispatches:
         # files before the kernel stored dispatched rows timed packed and put tiles, one a block
         n, link, path = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK, d.get("path", "put")
         nbytes = d["rows"]["median"] * d["bytes_per_row"]
         model = costs.dispatch_ns(hw_moves, nbytes, link, path, n * nbytes, d.get("shares", d.get("tiles"))) \
             - hw_moves.task_overhead_ns
         layer = f"T={d['tokens']}, " if "tokens" in d else ""
+        fitted = path == "store" and link == LOCAL and f.values["dispatch_store_ns_per_byte"]
         f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{n} blocks "
-                "(ns; not fitted)", d["ns_per_tile"]["median"], model)
+                f"(ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
     moved = costs.reduce_bytes(math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS, comb["top_k"], comb["hidden"],
                                comb.get("bytes_per_value", 4))  # files before bf16 measured float32 rows only
     f.set("reduce_ns_per_byte", comb["ns_per_block"]["median"] / moved,
           f"{origin}: the ordered combine of {comb['tokens']} tokens over {comb['n_proc']} processors, per byte")
+
+
+def _fit_store_dispatch(f: Fit, pts: list[dict], hw, origin: str) -> None:
+    """A share of a tile stored into this GPU's inbox, timed at the layer's concurrency over share
+    sizes: least squares of time = fixed + bytes x per byte. Files from before the store path keep
+    the base preset's figures (a gather at the copy rate)."""
+    names = ("dispatch_store_fixed_ns", "dispatch_store_ns_per_byte")
+    if len(pts) < 2:
+        for name in names:
+            f.set(name, getattr(hw, name), f"{origin}: no store-path dispatch timed (a file from before it): "
+                  "the base preset's")
+        return
+    a = np.array([(1.0, d["rows"]["median"] * d["bytes_per_row"]) for d in pts])
+    coef, *_ = np.linalg.lstsq(a, np.array([d["ns_per_tile"]["median"] for d in pts]), rcond=None)
+    coef = np.maximum(coef, 0.0)
+    for name, c in zip(names, coef):
+        f.set(name, float(c), f"{origin}: a share of a stored dispatch tile at {len(pts)} layer sizes "
+              f"({', '.join(str(d['tokens']) for d in pts)} tokens, all processors at once), least squares of "
+              "time = fixed + bytes x per byte")
 
 
 def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:

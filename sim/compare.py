@@ -5,7 +5,9 @@ with the run's "config", "gpu" and "n_proc") under measurements/gpu/, or a bench
 JSON naming such a trace. Its prediction is `sim.simulate` of the same config and dispatch path
 (the trace's meta "dispatch"; "put" in traces from before the kernel stored dispatched rows) with
 the preset calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, from
-`moelab calibrate`; never fitted to layer runs). Both traces go through one definition:
+`moelab calibrate`; never fitted to layer runs), or, for a run of an earlier kernel whose
+microbenchmarks are kept, on those (calibrated-<gpu>-<commit[:7]>.json). Both traces go through
+one definition:
 
 - layer latency: first start to last end of the trace;
 - per-phase busy time: processor time in gate, dispatch, gemm0, gemm1 and combine intervals,
@@ -143,6 +145,12 @@ def measured_runs(folder: Path | None = None, calibrated_only: bool = True) -> l
 
 
 def calibrated_for(run: MeasuredRun) -> Path:
+    """The preset calibrated on the run's GPU: the one of the run's own kernel commit where the
+    microbenchmarks of an earlier kernel are kept (calibrated-<gpu>-<commit[:7]>.json), else the
+    GPU's current one."""
+    own = MEASUREMENTS / f"calibrated-{run.gpu_tag}-{(run.commit or '')[:7]}.json"
+    if run.commit and own.is_file():
+        return own
     path = MEASUREMENTS / f"calibrated-{run.gpu_tag}.json"
     if not path.is_file():
         raise CompareError("hardware", str(path), f"a calibrated preset for {run.gpu!r}: run `moelab calibrate`")

@@ -190,14 +190,18 @@ def dispatch_slots(cfg: Config) -> int:
 def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: float | None = None,
                 over_link: int = 1) -> float:
     """A processor's time on its `nbytes` share of a dispatched tile while all dispatching blocks
-    move `inflight` bytes at once, `over_link` shares over this link: stored into this GPU's inbox
-    it is a gather; into an NVLink peer's, the block's loads and remote stores (a put's rate and
-    the port's share); otherwise packed and put (pack_ns)."""
+    move `inflight` bytes at once, `over_link` shares over this link: stored into this GPU's inbox,
+    the measured store dispatch (a gather where the preset has none); into an NVLink peer's, the
+    block's loads and remote stores (a put's rate and the port's share); otherwise packed and put
+    (pack_ns)."""
     inflight = nbytes if inflight is None else inflight
     if not stores_dispatch(path, link):
         return pack_ns(hw, nbytes, link, inflight, over_link)
-    moved = gather_ns(hw, nbytes, inflight) if link == LOCAL else put_ns(hw, link, nbytes, inflight, over_link)
-    return moved + hw.task_overhead_ns
+    if link == NVLINK:
+        return put_ns(hw, link, nbytes, inflight, over_link) + hw.task_overhead_ns
+    if hw.dispatch_store_ns_per_byte:  # measured at the layer's concurrency
+        return hw.dispatch_store_fixed_ns + nbytes * hw.dispatch_store_ns_per_byte + hw.task_overhead_ns
+    return gather_ns(hw, nbytes, inflight) + hw.task_overhead_ns
 
 
 def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:

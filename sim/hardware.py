@@ -80,6 +80,11 @@ class Hardware:
     put_local_extra_ns_per_byte: float  # the same extra for puts (their stores load the GPU's memory the same way)
     put_local_half_bytes: float  # and its half point
     put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
+    # a processor's share of a dispatched tile gathered straight into its own GPU's inbox (the store
+    # path), all processors at once as in the layer: fixed + bytes x per byte (its stores drain before
+    # the tile's count and signal: slower per byte than copy_rows, which does not wait for them)
+    dispatch_store_fixed_ns: float
+    dispatch_store_ns_per_byte: float
     reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written
     handoff_ns: float  # a processor idle between two tasks: scheduler sees it idle, mails the next one
     kernel_launch_ns: float  # gap between dependent kernels of the bulk-synchronous baseline
@@ -226,7 +231,8 @@ _H100 = {
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
-                                         "put_nvlink_ns_per_byte",
+                                         "put_nvlink_ns_per_byte", "dispatch_store_fixed_ns",
+                                         "dispatch_store_ns_per_byte",
                                          "reduce_ns_per_byte", "handoff_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),

@@ -21,13 +21,19 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   then one block per expert scanning every (token, choice) for its slots, then two grid barriers
   (`gate_item_ns_per_h`, `gate_slot_ns`, `gate_fixed_ns`, `gate_split_ns`, fitted over six
   (tokens, experts) points of the gate alone);
-- **dispatch**: each tile gathered by one processor block (`copy_*`), then put by the same
-  block's threads (`put_local_*`, `put_nvlink_ns_per_byte`, `nvlink_gbps`): NVSHMEM's block put
-  moves the bytes with the block, so a put costs the issuing block its duration, not only link
-  time. Both run at their speed alone while the bytes all blocks move at once fit in the L2 and
-  slow down beyond it (time per byte = alone + extra x beyond / (beyond + half), beyond the
-  bytes in flight past `l2_knee_bytes`; one knee for copies and puts, fitted on 1 to 264 blocks
-  of 256 KiB to 1 MiB; the dispatch microbenchmark at 1K to 16K tokens checks it);
+- **dispatch**, the path the measured kernel took (the trace's meta `dispatch`): since 432d279
+  each tile's rows are stored straight into the owner's inbox, shared by up to 4 processors when
+  the tile slots are fewer than the processors, a share costing a fixed time + its bytes at the
+  rate the dispatch microbenchmark measures with every processor at once
+  (`dispatch_store_fixed_ns`, `dispatch_store_ns_per_byte`: its stores drain before the tile's
+  signal, so it moves ~8 GB/s per block on the H200, not copy_rows' 20-45); before, each tile
+  was gathered by one processor block (`copy_*`), then put by the same block's threads
+  (`put_local_*`, `put_nvlink_ns_per_byte`, `nvlink_gbps`): NVSHMEM's block put moves the bytes
+  with the block, so a put costs the issuing block its duration, not only link time. Copies and
+  puts run at their speed alone while the bytes all blocks move at once fit in the L2 and slow
+  down beyond it (time per byte = alone + extra x beyond / (beyond + half), beyond the bytes in
+  flight past `l2_knee_bytes`; one knee for copies and puts, fitted on 1 to 264 blocks of 256 KiB
+  to 1 MiB);
 - **GEMM0/GEMM1 tasks**: fixed cost + FLOPs over the block's rate at the megakernel's occupancy
   of 2 blocks per SM (`gemm_fixed_ns`, `matrix_efficiency`); each GEMM1 task also stores its
   output into the source GPU's memory (over NVLink at a block's put rate);
@@ -49,20 +55,26 @@ task only marks a tile's arrival: its final combine weights the 2-byte rows in f
 FINDINGS = """\
 Right:
 
-- **28 of 36 H200 runs hold every bound** (kernel at 3e55a17, the bf16 GEMM on wgmma and a
-  two-slot mailbox, 2 H200s): every run from 4K tokens on but two just past the bound (-10.4%,
-  -10.6%). **9 of 18 H100 runs** (the kernel of 1c965a1, before the two-slot mailbox, on one H100,
-  predicted with the H100's own calibration, whose NVLink figures stay the preset's: an H100 was
-  lent alone) hold every bound. The GEMM phases (over 75% of the time) hold within 20% on every
-  H200 run but the 1K-token bf16 GEMM0: the layer is a queue of equal tile tasks on 263
-  processors, each task a fixed cost plus its FLOPs, with a hand-off between tasks.
-- **Overlap efficiency** T(2)/T(1) holds on every run, within 0.05: two GPUs each with the same
-  tokens take as long as one, because NVLink transfers hide under the GEMMs. (Before the bench
-  lined the ranks' launches up, the 2-GPU runs carried the hosts' enqueue skew, 8-155 us, and small
-  layers looked 10-18% slower on 2 GPUs than on 1; that was the measurement, not the kernel. And
-  once, at 7b622f8, the first trace of each 2-GPU sweep put rank 1 104 us late though both ranks'
-  gate events, which contain the kernel's start wait, were the usual length: that clock sync had
-  read off. A trace now keeps the median of three clock syncs.)
+- **42 of 54 H200 runs hold every bound**: 14 of 18 on one H200 with the kernel of 432d279 (bf16
+  GEMM on wgmma, two-slot mailbox, dispatch stored into the owner's inbox), 28 of 36 on 2 H200s
+  with that of 3e55a17 (dispatch packed and put), each predicted with its own kernel's
+  microbenchmarks. **8 of 18 H100 runs** (432d279, one H100, predicted with the H100's own
+  calibration, whose NVLink figures stay the preset's: an H100 is lent alone) hold every bound.
+  The layer is a queue of equal tile tasks on 263 processors, each task a fixed cost plus its
+  FLOPs, with a hand-off between tasks; at the bf16 default (2 tiles per expert, as the
+  microbenchmark runs) the layer holds within 6.2% and its GEMM phases within 7% on both GPUs.
+- **Overlap efficiency** T(2)/T(1) holds on every run that has a 2-GPU partner of the same kernel,
+  within 0.05: two GPUs each with the same tokens take as long as one, because NVLink transfers
+  hide under the GEMMs. (Before the bench lined the ranks' launches up, the 2-GPU runs carried the
+  hosts' enqueue skew, 8-155 us, and small layers looked 10-18% slower on 2 GPUs than on 1; that
+  was the measurement, not the kernel. And once, at 7b622f8, the first trace of each 2-GPU sweep
+  put rank 1 104 us late though both ranks' gate events, which contain the kernel's start wait,
+  were the usual length: that clock sync had read off. A trace now keeps the median of three
+  clock syncs.)
+- **The stored dispatch**: a share's time is linear in its bytes at the layer's concurrency
+  (H200 bf16: 0.12 ns per byte, 5-65 us for 8-128 rows), 2.5-5x the per-byte time of copy_rows
+  timed alone, because its stores must drain before the tile's count and signal; predicted within
+  4% at 4K-16K tokens.
 
 What the datasheet preset ignored (each now a measured mechanism, none fitted to a layer run):
 
@@ -94,27 +106,25 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **The 1K- and 2K-token layers** (bf16, and the 1K float32 ones; 1 and 2 GPUs) run 11-25%
-  longer than predicted: their ~32-64-row tile tasks take longer in the layer than isolated (1K
-  bf16: GEMM0 busy time 23-25% over the prediction; at 69d93a3 with mma.sync: 41-44 us against
-  38). Not yet told apart: short tasks are bound by loading
-  their weight slice, so the layer's mix of experts in flight (HBM traffic) may differ from the
-  microbenchmark's. (The 16-expert gate miss of 69d93a3 holds now: the gate code is unchanged, its
-  layer and microbenchmark times moved closer.)
-- **The 4K-token bf16 layer (1 GPU) and the 128-expert one (2 GPUs)**, -10.6% and -10.4%: not yet
-  told apart. One candidate: the two-slot mailbox gives a busy processor its next task in
-  processor order while the model gives every task to the earliest free processor, so a phase's
-  last tasks can wait behind a running one while another processor idles. (Fitting the subscriber's
-  turn from the shortest arrival-to-first-task delay, as before, instead priced every large layer
-  12-18% long once the hand-off shrank to 2.4 us: that delay is mostly a wait for a processor.)
-- **On the H100**, the bf16 GEMM tasks of the large layers (8-32 experts, 16K tokens) are
-  overpredicted by 23-34%: the microbenchmark starts 264 tasks at once and times a 128-row task at
-  50-56 us, while the layer's staggered tasks take 39-48 us. The H100's HBM (3.35 TB/s against the
-  H200's 4.8) makes the all-at-once load the worst case, and the faster wgmma task makes it matter
-  (the mma.sync kernel held these runs). The same small-layer mechanism as on the H200 (the 1K-
-  and 2K-token layers in both dtypes, -11 to -16%), and the final ordered combine, calibrated at
-  one size (8192 tokens): it costs less per byte at 2K bf16 (predicted 22% high) and more at 16K
-  float32 (predicted 20% low) on that GPU.
+- **Weight reuse across an expert's tiles**, one cause behind what earlier notes called the small
+  layers, the 4K/128-expert tail and the H100's contention: a bf16 GEMM task's time depends on how
+  many of its expert's tiles share its weight slice, which the model's fixed L2 hit fraction
+  ignores (the microbenchmark runs 2 tiles per expert, the default's). The median 128-row GEMM0
+  task takes, on the H200 / H100: 50-54 / 62-66 us at 1 tile per expert (4K tokens; 128 experts),
+  44-45 / 50 us at 2 (the default), 41 / 42-43 us at 4 (16K tokens; 32 experts), 39-40 / 40-41 us
+  at 8-16 (8 and 16 experts). At 1K-2K tokens the tiles have 32-64 rows and each task still loads
+  a whole 2048 x 128 weight slice: 44-47 / 54-60 us against the microbenchmark's 34-36 / 40-48.
+  Layers with fewer tiles per expert are underpredicted (-10 to -28%), with more overpredicted
+  (H100 GEMM phases +22 to +30%). The store dispatch made it show more: with the first GEMMs
+  starting ~100 us sooner, the GEMM phases are a larger share of each layer. Next: charge each
+  task its weight slice's HBM bytes over the tiles that share it, and time the microbenchmark at
+  1, 2 and 8 tiles per expert.
+- **The store dispatch's small shares**: it is fitted linear in a share's bytes over four layer
+  sizes, dominated by the 64-128-row shares; the 8-16-row shares of the 1K-2K-token layers fall
+  off the line (fit residuals at 8 rows -20% to +43%): dispatch busy time -33 to -42% at 1K bf16,
+  +20% at 2K float32 on the H100.
+- **The final ordered combine** is calibrated at one size (8192 tokens): on the H100 it costs less
+  per byte at 1K-2K tokens (predicted 21-24% high).
 """
 
 
