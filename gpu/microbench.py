@@ -46,6 +46,7 @@ DTYPES = ("float32", "bfloat16")
 BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
+SHARING = (1, 2, 8)  # tiles per expert that share each weight slice, in the GEMM microbenchmark
 GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
 PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
 # blocks x bytes in flight from 16 KiB to the full grid's 264 MiB, densest around the L2 (50 MiB)
@@ -134,24 +135,30 @@ def stats(x: np.ndarray) -> dict:
 
 def sec_gemm(b: Bench, grid: int) -> list[dict]:
     """Tile GEMM tasks at 1 block and at the megakernel's grid; ns per task per block. Operands
-    and output in the build's element type, biases float32 (as the megakernel takes them)."""
-    experts, a_tiles, tm, tn = 8, 64, b.tile["TILE_M"], b.tile["TILE_N"]
+    and output in the build's element type, biases float32 (as the megakernel takes them). Full
+    tiles also at 1 and 8 tiles per expert (SHARING): the tiles of an expert share its weight
+    slices, so the fewer there are, the more weight bytes each task loads from HBM."""
+    experts, a_tiles, tm, tn = 64, 64, b.tile["TILE_M"], b.tile["TILE_N"]
     A = b.randn(a_tiles, tm, H, dtype=b.elem)
     W = b.randn(experts, H, I, scale=H ** -0.5, dtype=b.elem)
     bias = b.randn(experts, I, scale=0.1)
     out = b.zeros(a_tiles, tm, I, dtype=b.elem)
     ns = b.zeros(grid)
     rows_ = []
-    points = [(1, tm, 16), (1, 32, 16)] + [(grid, r, 4) for r in GEMM_ROWS]
+    points = [(1, tm, 2, 16), (1, 32, 2, 16)] + [(grid, r, 2, 4) for r in GEMM_ROWS] + \
+        [(grid, tm, n, 4) for n in SHARING if n != 2]
     for kind in (0, 1):
         b.launch("mb_gemm", grid, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(tm), ptr(W),
-                 ptr(bias), np.int32(experts), np.int32(H), np.int32(I), ptr(out), np.int32(1), ptr(ns))  # warm-up
-        for blocks, rows, reps in points:
+                 ptr(bias), np.int32(experts), np.int32(2), np.int32(H), np.int32(I), ptr(out), np.int32(1),
+                 ptr(ns))  # warm-up
+        for blocks, rows, sharing, reps in points:
             b.launch("mb_gemm", blocks, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(rows),
-                     ptr(W), ptr(bias), np.int32(experts), np.int32(H), np.int32(I), ptr(out), np.int32(reps), ptr(ns))
+                     ptr(W), ptr(bias), np.int32(experts), np.int32(sharing), np.int32(H), np.int32(I), ptr(out),
+                     np.int32(reps), ptr(ns))
             per_task = b.clocks(ns)[:blocks] / reps
             rows_.append({"task": ("gemm0", "gemm1")[kind], "blocks": blocks, "rows": rows, "k": H, "n": tn,
-                          "flops": 2 * rows * H * tn, "ns_per_task": stats(per_task)})
+                          "flops": 2 * rows * H * tn, "tiles_per_expert": sharing,
+                          "weight_bytes": H * tn * b.elem_bytes, "ns_per_task": stats(per_task)})
     return rows_
 
 

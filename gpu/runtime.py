@@ -246,6 +246,7 @@ class Layer:
             b = dict(y=empty(s.T, s.H, dtype=f32), logits=empty(s.T, s.E, dtype=f64), expert=empty(s.T, s.K, dtype=i32),
                      gate_partial=empty(splits if splits > 1 else 0, s.T, s.E, dtype=f64),
                      weight=empty(s.T, s.K, dtype=f64), slot=empty(s.T, s.K, dtype=i32), counts=empty(s.E, dtype=i32),
+                     slot_base=empty(s.E, s.K, -(-s.T // layout.GATE_TOKENS), dtype=i32),
                      row_token=empty(rows, dtype=i32), row_choice=empty(rows, dtype=i32),
                      row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=elem),
                      queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))

@@ -5,7 +5,8 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 `moelab compare` predicts):
 
 - blocks_per_sm: the megakernel's resident blocks per SM (its grid over the SMs);
-- matrix_efficiency, gemm_fixed_ns: the tile GEMM task as fixed cost + flops / block rate, least
+- matrix_efficiency, gemm_fixed_ns, weight_load_ns_per_byte: the tile GEMM task as fixed cost +
+  flops / block rate + its weight slice's bytes over the tiles sharing it x per byte, least
   squares over tile heights at the megakernel's grid (full and short tiles, GEMM0 and GEMM1);
   task_overhead_ns is 0 (each microbenchmark times a whole task body);
 - l2_knee_bytes, copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by
@@ -139,35 +140,58 @@ def tile_of(raw: dict, where: str) -> list[int]:
 
 
 def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> None:
-    """time = fixed + flops / block rate, least squares over the tile heights at the megakernel's
-    grid (the rate at most the dtype's peak). Every block starting its tasks at once, as the
-    isolated microbenchmark's do, is how a layer's GEMM phases start; the megakernel's own median
-    task on the scheduler layer (full tiles, blocks out of step) is printed beside the fit, not
-    fitted: anchoring the fixed cost there priced short tiles below what they cost."""
+    """time = fixed + flops / block rate + weight bytes alone x per byte, least squares over the
+    tile heights and the tiles per expert sharing each weight slice at the megakernel's grid (the
+    rate at most the dtype's peak; weight bytes alone: the task's slice over the tiles sharing
+    it). Every block starting its tasks at once, as the isolated microbenchmark's do, is how a
+    layer's GEMM phases start; the megakernel's own median task on the scheduler layer (full
+    tiles, blocks out of step) is printed beside the fit, not fitted: anchoring the fixed cost
+    there priced short tiles below what they cost. Files from before the sharing points (2 tiles
+    per expert throughout) fit no weight term: their fixed cost holds it."""
     pts = sorted((g for g in _need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks),
                  key=lambda g: g["flops"])
     if len({g["flops"] for g in pts}) < 2:
         raise CalibrationError("gemm", len(pts), "tasks of two tile heights at the megakernel's grid")
+
+    def alone(g):
+        return g.get("weight_bytes", 0) / g.get("tiles_per_expert", 2)
+
     x = np.array([g["flops"] for g in pts], np.float64)
+    w = np.array([alone(g) for g in pts], np.float64)
     y = np.array([g["ns_per_task"]["median"] for g in pts])
-    slope, _ = np.polyfit(x, y, 1)
+    shared = len(set(w.tolist())) > 1
+    cols = [np.ones_like(x), x] + ([w] if shared else [])
+    coef, *_ = np.linalg.lstsq(np.column_stack(cols), y, rcond=None)
     peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
-    rate = min(1.0 / slope, peak)
-    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights "
-          f"{sorted({g['rows'] for g in pts})} at the megakernel's grid: {1 / slope:.0f} FLOP/ns per block "
-          f"(capped at the {dtype} peak, {peak:.0f})")
-    f.set("gemm_fixed_ns", max(float(np.mean(y - x / rate)), 0.0),
-          f"{origin}: the same tasks' mean time beyond their FLOPs at that rate")
+    rate = min(1.0 / coef[1], peak) if coef[1] > 0 else peak
+    if shared:  # the weight term again with the rate as capped
+        (fixed, per_byte), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), w]), y - x / rate, rcond=None)
+    else:
+        fixed, per_byte = float(np.mean(y - x / rate)), 0.0
+    heights = sorted({g["rows"] for g in pts})
+    sharing = sorted({g.get("tiles_per_expert", 2) for g in pts})
+    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {heights} "
+          f"at the megakernel's grid: {rate:.0f} FLOP/ns per block (capped at the {dtype} peak, {peak:.0f})")
+    f.set("gemm_fixed_ns", max(float(fixed), 0.0), f"{origin}: the same tasks' time beyond their FLOPs at that rate"
+          + (" and their weight loads" if shared else ""))
+    f.set("weight_load_ns_per_byte", max(float(per_byte), 0.0),
+          f"{origin}: the same least squares over {sharing} tiles per expert sharing each weight slice"
+          if shared else f"{origin}: not measured (every task at 2 tiles per expert): in gemm_fixed_ns")
     f.set("task_overhead_ns", 0.0, f"{origin}: 0, every microbenchmark times a whole task body (its overhead "
           "included); the gap between tasks is handoff_ns")
+
+    def model(g):
+        return f.values["gemm_fixed_ns"] + g["flops"] / rate + f.values["weight_load_ns_per_byte"] * alone(g)
+
     for g in raw["gemm"]:
         note = "" if g["blocks"] >= blocks else ", alone; not fitted"
-        f.check(f"{g['task']} {g['rows']} rows, {g['blocks']} blocks (ns{note})", g["ns_per_task"]["median"],
-                f.values["gemm_fixed_ns"] + g["flops"] / rate)
+        share = f", {g['tiles_per_expert']} tiles per expert" if g.get("tiles_per_expert", 2) != 2 else ""
+        f.check(f"{g['task']} {g['rows']} rows{share}, {g['blocks']} blocks (ns{note})", g["ns_per_task"]["median"],
+                model(g))
     layer = (raw.get("scheduler") or {}).get("task_ns")
     if layer:
-        f.check("megakernel task on the scheduler layer, median (ns; not fitted)", layer["median"],
-                f.values["gemm_fixed_ns"] + max(x) / rate)
+        full = max(pts, key=lambda g: (g["flops"], g.get("tiles_per_expert", 2) == 2))
+        f.check("megakernel task on the scheduler layer, median (ns; not fitted)", layer["median"], model(full))
 
 
 # grids of the moves' fit: the knee (0: slower from the first byte) and the half point, in bytes
@@ -297,7 +321,7 @@ def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:
     rows = []
     for g in pts:
         grid = g.get("grid", blocks)
-        slots = math.ceil(g["experts"] / grid) * g["tokens"] * g["top_k"]
+        slots = costs.slot_scan(g["tokens"], g["top_k"], g["experts"], grid)
         split = float(costs.gate_splits(g["tokens"], g["hidden"], grid) > 1)
         rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0, split))
     a = np.array(rows, np.float64)
@@ -307,7 +331,8 @@ def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:
     names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns")
     for name, c in zip(names, coef):
         f.set(name, float(c), f"{origin}: gate phase over {len(pts)} (tokens, experts) points, least squares of "
-              "time = H spanned per block x a + slot scans x b + c + (H split over blocks) x d (costs.gate_work)")
+              "time = H spanned per block x a + slot scan x b + c + (H split over blocks) x d (costs.gate_work, "
+              "costs.slot_scan)")
     for g, row in zip(pts, a):
         f.check(f"gate T={g['tokens']} E={g['experts']} (ns)", g["ns"], float(row @ coef))
 

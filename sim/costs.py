@@ -9,8 +9,10 @@ many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a co
 Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measured and set by
 calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on every block
 (an item's H split over up to 8 blocks when the items are fewer than the blocks), then
-one block per expert scans all (token, choice) pairs for its slots; a tile GEMM task costs
-`gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole); a block copies token rows
+one block per expert scans its row counts per (choice, item) for its slots; a tile GEMM task costs
+`gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole), and
+`weight_load_ns_per_byte` per byte of its weight slice over the tiles of its expert that share the
+slice at once (a slice one tile uses alone comes from HBM); a block copies token rows
 at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched
 tile's rows are gathered straight into the owner's inbox (its GPU, or an NVLink peer at the block's
 put rate and the port's share), shared by up to 4 processors when the tiles are fewer than they
@@ -31,7 +33,7 @@ import math
 import numpy as np
 
 from reference import Config
-from reference.plan import COMBINE, LOCAL, NVLINK
+from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK
 
 from .hardware import Hardware
 
@@ -60,8 +62,23 @@ def block_bytes_per_ns(hw: Hardware) -> float:
     return hw.hbm_gbps / blocks(hw)
 
 
-def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-    """Duration of each task (arrays of the tile plan's task_kind, task_flops, task_bytes)."""
+def weight_bytes_alone(cfg: Config, plan, processors: int) -> np.ndarray:
+    """Per task: its weight slice's bytes over the tiles of its expert on its GPU that share the
+    slice at once (a GEMM0 task's slice is H x its columns, a GEMM1 task's I x its columns; at
+    most processors / the tile's tasks of that kind run at once); 0 for a combine task."""
+    kind, tile = plan.task_kind, plan.task_tile
+    key = plan.tile_owner.astype(np.int64) * (cfg.experts + cfg.shared_experts) + plan.tile_expert
+    tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
+    tasks_per_tile = np.where(kind == GEMM0, cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n)
+    sharing = np.minimum(tiles_of, np.maximum(processors // tasks_per_tile, 1))
+    depth = np.where(kind == GEMM0, cfg.hidden, cfg.ffn)
+    return np.where(kind == COMBINE, 0.0, depth * plan.task_cols * cfg.dtype_bytes / sharing)
+
+
+def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray,
+            weight_alone: np.ndarray | float = 0.0) -> np.ndarray:
+    """Duration of each task (arrays of the tile plan's task_kind, task_flops, task_bytes, and
+    `weight_alone` from weight_bytes_alone where the preset measures the weights' loads)."""
     combine = kind == COMBINE
     if hw.copy_ns_per_byte and not WEIGHTED_IN_TASK[cfg.dtype]:
         # moelab's measured bf16 kernel: the combine task only marks the arrival (the roofline
@@ -75,7 +92,7 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
         # a measured copy rate replaces the even HBM share for the combine (it weights its rows in
         # place: rows x H values of the plan's (nb + 4) bytes each)
         memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * hw.copy_ns_per_byte, memory)
-    fixed = np.where(combine, 0.0, hw.gemm_fixed_ns)
+    fixed = np.where(combine, 0.0, hw.gemm_fixed_ns + hw.weight_load_ns_per_byte * weight_alone)
     return np.maximum(compute, memory) + fixed + hw.task_overhead_ns
 
 
@@ -103,11 +120,17 @@ def gate_work(tokens: int, hidden: int, experts: int, grid: int) -> int:
     return math.ceil(units / grid) * math.ceil(experts / GATE_EXPERTS) * min(depth, hidden)
 
 
+def slot_scan(tokens: int, top_k: int, experts: int, grid: int) -> int:
+    """The capacity phase's scan on one block (gate.cuh capacity_phase): its experts' row counts,
+    one per (choice, gate item)."""
+    return math.ceil(experts / grid) * top_k * math.ceil(tokens / GATE_TOKENS)
+
+
 def gate_ns(hw: Hardware, cfg: Config) -> float:
     """The megakernel's gate phase: the roofline or the kernel's work items and slot scans,
     whichever is longer, and the phase's fixed cost."""
     roofline = gate_roofline_ns(hw, cfg)
-    slots = math.ceil(cfg.experts / blocks(hw)) * cfg.tokens * cfg.top_k
+    slots = slot_scan(cfg.tokens, cfg.top_k, cfg.experts, blocks(hw))
     kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, blocks(hw)) * hw.gate_item_ns_per_h
               + slots * hw.gate_slot_ns)
     split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, blocks(hw)) > 1 else 0.0

@@ -66,10 +66,13 @@ class Hardware:
     # mechanisms of moelab's megakernel that the datasheet figures miss; 0 in the presets (not
     # modeled), measured by gpu/microbench.py and set by `moelab calibrate`
     gate_item_ns_per_h: float  # one block: one gate item (32 tokens x 64 experts) per element of H
-    gate_slot_ns: float  # one block: scan one (token, choice) while assigning an expert's slots
-    gate_fixed_ns: float  # the gate phase's fixed cost (two grid barriers, launch skew)
+    gate_slot_ns: float  # one block: scan one (choice, gate item) row count of an expert for its slots
+    gate_fixed_ns: float  # the gate phase's fixed cost (its grid barriers, launch skew)
     gate_split_ns: float  # with an item's H split over blocks: the third barrier and the partials' sum
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
+    # per byte of the task's weight slice over the tiles of its expert that share it at once (a
+    # slice one tile uses alone comes from HBM; shared, from L2 for all but the first)
+    weight_load_ns_per_byte: float
     # block copies and puts slow down once the bytes all blocks have in flight at once outgrow the
     # L2: time per byte = alone + extra x beyond / (beyond + half), beyond = max(inflight - knee, 0)
     l2_knee_bytes: float  # the bytes in flight that copies and puts can have before they slow (the L2 holds them)
@@ -227,7 +230,7 @@ _H100 = {
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
-                                         "gemm_fixed_ns",
+                                         "gemm_fixed_ns", "weight_load_ns_per_byte",
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",

@@ -4,12 +4,14 @@ the written preset loads and changes the prediction, and bad files give one clea
 import json
 import math
 
+import numpy as np
 import pytest
 
+import reference
 import sim
 from moelab.cli import main
 from reference import presets
-from reference.plan import LOCAL, NVLINK
+from reference.plan import COMBINE, LOCAL, NVLINK
 from sim import calibrate, costs, hardware
 
 HALVES, KNEES = calibrate.HALVES, calibrate.KNEES  # the fit's grids
@@ -19,7 +21,8 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             put_local_ns_per_byte=0.08, put_local_extra_ns_per_byte=0.2, put_local_half_bytes=float(HALVES[25]),
             put_nvlink_ns_per_byte=0.1, nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0,
             gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, handoff_ns=5000.0,
-            nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12)
+            nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
+            weight_load_ns_per_byte=0.03)
 # the bf16 build's: its own GEMM (against the BF16 peak), copies of 2-byte rows, gate, combine and
 # scheduler; the knee, puts and link are the float32 job's byte moves, shared
 TRUE_BF16 = dict(TRUE, matrix_efficiency=0.2, gemm_fixed_ns=60000.0, copy_ns_per_byte=0.05,
@@ -39,12 +42,15 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
     rate = hw.tflops(dtype) * 1e3 * t["matrix_efficiency"] / blocks
     nb = 2 if dtype == "bfloat16" else 4
 
-    def task(r):
-        return t["gemm_fixed_ns"] + 2 * r * 2048 * 64 / rate
+    def task(r, n=2):  # r rows, n tiles per expert sharing the 2048 x 64 weight slice
+        return t["gemm_fixed_ns"] + 2 * r * 2048 * 64 / rate + t["weight_load_ns_per_byte"] * 2048 * 64 * nb / n
 
-    gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64,
-             "ns_per_task": _stat(task(r) * (1.2 if b == 1 else 1.0))}  # alone: not fitted
-            for k in ("gemm0", "gemm1") for b, r in ((1, 128), (blocks, 128), (blocks, 96), (blocks, 64), (blocks, 32))]
+    gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64, "tiles_per_expert": n,
+             "weight_bytes": 2048 * 64 * nb,
+             "ns_per_task": _stat(task(r, n) * (1.2 if b == 1 else 1.0))}  # alone: not fitted
+            for k in ("gemm0", "gemm1")
+            for b, r, n in ((1, 128, 2), (blocks, 128, 2), (blocks, 96, 2), (blocks, 64, 2), (blocks, 32, 2),
+                            (blocks, 128, 1), (blocks, 128, 8))]
     tile = 128 * 2048 * nb
     copy_blocks = (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, blocks)
     per_byte = [costs.contended_ns_per_byte(t["copy_ns_per_byte"], t["copy_extra_ns_per_byte"], t["copy_half_bytes"],
@@ -105,6 +111,34 @@ def test_fit_recovers_the_figures_the_microbenchmarks_were_made_from(tmp_path):
     assert "calibration-h200.json" in hw.source("matrix_efficiency")
     cfg = presets.get("tiny").replace(ranks=1)
     assert sim.simulate(cfg, hardware=hw).metrics["latency_ns"] > sim.simulate(cfg, "h200-sxm").metrics["latency_ns"]
+
+
+def test_a_file_from_before_the_sharing_points_holds_the_weight_loads_in_the_fixed_cost(tmp_path):
+    raw = synthetic()
+    raw["gemm"] = [{k: v for k, v in g.items() if k not in ("tiles_per_expert", "weight_bytes")}
+                   for g in raw["gemm"] if g.get("tiles_per_expert") == 2]
+    _, fits = calibrate.calibrate(_write(tmp_path, raw), out=tmp_path / "calibrated-h200.json")
+    fit = fits["float32"]
+    assert fit.values["weight_load_ns_per_byte"] == 0.0 and "not measured" in fit.sources["weight_load_ns_per_byte"]
+    at_two = TRUE["weight_load_ns_per_byte"] * 2048 * 64 * 4 / 2
+    assert fit.values["gemm_fixed_ns"] == pytest.approx(TRUE["gemm_fixed_ns"] + at_two, rel=1e-6)
+
+
+def test_fewer_tiles_per_expert_make_longer_tasks():
+    """A weight slice one tile uses alone costs its task the slice's loads; shared, a share (at
+    most processors / the tile's tasks of a kind share at once)."""
+    hw = hardware.PRESETS["h200-sxm"].replace(weight_load_ns_per_byte=0.05)
+    median = {}
+    for experts, tiles in ((8, 16), (64, 2), (128, 1)):  # 8192 tokens x top 2, 128-row tiles, 1 GPU
+        cfg = presets.get("flashmoe").replace(ranks=1, experts=experts, dtype="bfloat16", tile_n=128)
+        plan = reference.plan_of(cfg)
+        alone = costs.weight_bytes_alone(cfg, plan, hw.processors)
+        gemm = plan.task_kind != COMBINE
+        sharing = min(tiles, hw.processors // (2048 // 128))
+        assert np.allclose(alone[gemm], 2048 * 128 * 2 / sharing) and (alone[~gemm] == 0).all()
+        d = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(float), plan.task_bytes.astype(float), alone)
+        median[experts] = float(np.median(d[gemm]))
+    assert median[8] < median[64] < median[128]
 
 
 def test_a_file_from_before_the_store_dispatch_keeps_the_base_figures(tmp_path):

@@ -6,7 +6,8 @@
 // - top-k best first, a tie to the lower expert index (4 lanes per token each scan their experts
 //   upwards with strict >, then keep the lower index of equal scores when they combine);
 // - weights by the config's gate variant, in float64;
-// - slots per expert in priority order (choice j first, then token index), dropped at >= C.
+// - slots per expert in priority order (choice j first, then token index), dropped at >= C
+//   (capacity_phase, from each item's row counts).
 #pragma once
 #include "common.cuh"
 #include "tile_gemm.cuh"  // cp_async16, cp_async_commit, cp_async_wait, smem_addr
@@ -167,7 +168,7 @@ __device__ __forceinline__ void keep_better(int& best, double& score, int other,
 // Top-k and weights of one token from its float64 logits z (shared memory when E is small),
 // by SELECT_LANES neighbouring lanes: lane `part` scans experts part, part + 4, ..., then the
 // lanes combine by shuffles. All lanes of the warp take part (`valid` false: nothing written).
-__device__ void gate_select(const Params& p, int t, const double* z, int part, bool valid) {
+__device__ void gate_select(const Params& p, int t, const double* z, int part, bool valid, int* choices) {
   const bool sig = p.gate_kind == GATE_SIGMOID_BIAS;
   const int E = (int)p.E, K = (int)p.K;
   int chosen[16];  // K <= 16, checked on the host
@@ -210,6 +211,8 @@ __device__ void gate_select(const Params& p, int t, const double* z, int part, b
     for (int j = 0; j < K; ++j) total += (w[j] = sigmoid64(z[chosen[j]]));
     for (int j = 0; j < K; ++j) w[j] /= total;
   }
+  if (part == 0)
+    for (int j = 0; j < K; ++j) choices[j] = valid ? chosen[j] : -1;
   if (valid && part == 0)
     for (int j = 0; j < K; ++j) {
       p.expert[(long long)t * K + j] = chosen[j];
@@ -217,14 +220,29 @@ __device__ void gate_select(const Params& p, int t, const double* z, int part, b
     }
 }
 
-// A gate work item's selections (SELECT_LANES threads per token) from its logits: in shared memory
-// for E <= GATE_SMEM_LOGITS, else in p.logits.
-__device__ void gate_choose(const Params& p, int item, const double* smem) {
+// The item's choices, token-major (K per token, -1 past T), in shared memory past the logits
+constexpr int GATE_CHOICE_OFFSET = GATE_LOGIT_BYTES;
+static_assert(GATE_CHOICE_OFFSET + GATE_TOKENS * 16 * 4 <= GATE_SMEM_BYTES, "the choices of K <= 16 fit");
+
+// A gate work item's selections (SELECT_LANES threads per token) from its logits (in shared memory
+// for E <= GATE_SMEM_LOGITS, else in p.logits), then its row counts: p.slot_base[(e K + j) items
+// + item] = the item's tokens whose choice j is expert e (the capacity phase's scan input).
+__device__ void gate_choose(const Params& p, int item, unsigned char* smem) {
   const int t0 = item * GATE_TOKENS, tok = threadIdx.x / SELECT_LANES, t = t0 + tok;
   const bool valid = t < p.T;
-  const double* z = p.E <= GATE_SMEM_LOGITS ? smem + tok * p.E : p.logits + (long long)(valid ? t : t0) * p.E;
-  gate_select(p, t, z, threadIdx.x % SELECT_LANES, valid);
-  __syncthreads();  // the shared logits are read before the next item overwrites them
+  const int E = (int)p.E, K = (int)p.K, items = ceil_div((int)p.T, GATE_TOKENS);
+  const double* z = p.E <= GATE_SMEM_LOGITS ? reinterpret_cast<const double*>(smem) + tok * p.E
+                                            : p.logits + (long long)(valid ? t : t0) * p.E;
+  int* choices = reinterpret_cast<int*>(smem + GATE_CHOICE_OFFSET);
+  gate_select(p, t, z, threadIdx.x % SELECT_LANES, valid, choices + tok * K);
+  __syncthreads();
+  for (int q = threadIdx.x; q < K * E; q += blockDim.x) {
+    const int j = q / E, e = q % E;
+    int n = 0;
+    for (int i = 0; i < GATE_TOKENS; ++i) n += choices[i * K + j] == e;
+    p.slot_base[((long long)e * K + j) * items + item] = n;
+  }
+  __syncthreads();  // the shared logits and choices are read before the next item overwrites them
 }
 
 // How many blocks share one item's H: enough that every block has a share when the tokens are
@@ -251,7 +269,7 @@ __device__ int gate_phase(const Params& p, unsigned char* smem) {
     const int h_lo = min(part * depth, (int)p.H), h_hi = min(h_lo + depth, (int)p.H);
     gate_scores(p, item * GATE_TOKENS, h_lo, h_hi, smem, splits > 1 ? p.gate_partial + part * TE : nullptr);
     __syncthreads();  // the block's logits are written before its threads read them back
-    if (splits == 1) gate_choose(p, item, logits_smem);
+    if (splits == 1) gate_choose(p, item, smem);
   }
   if (splits == 1) return 0;
   if (!grid_barrier(p, 0)) return -1;
@@ -269,71 +287,72 @@ __device__ int gate_phase(const Params& p, unsigned char* smem) {
       if (E <= GATE_SMEM_LOGITS) logits_smem[tok * E + e] = z;
     }
     __syncthreads();
-    gate_choose(p, item, logits_smem);
+    gate_choose(p, item, smem);
   }
   return 1;
 }
 
-// Slots of expert e: scan assignments in priority order (choice j, then token t) in chunks of
-// SLOT_RUN x 128 tokens; in step u of a chunk thread i reads token base + 128 u + i (the block's
-// loads are coalesced), and a match's position counts the matches of earlier steps, earlier warps
-// of its step (per-warp ballots), and earlier lanes of its warp. A chunk's loads are all issued
-// before the count, and the matches' weights are loaded together (predicated).
-constexpr int SLOT_RUN = 16;
-constexpr int SLOT_WARPS = 4;  // the kernels' 128 threads
-__device__ void assign_expert_slots(const Params& p, int e) {
-  __shared__ int step_counts[SLOT_RUN][SLOT_WARPS];
+// Capacity: slots per expert in priority order (choice j first, then token index), from the
+// items' row counts (gate_choose), in two steps between grid barriers:
+// 1. per expert e (one block each): the exclusive scan of its counts over (j, item), in place,
+//    so p.slot_base[(e K + j) items + item] becomes the slots of e taken before that item's
+//    tokens of choice j; p.counts[e] = the total, at most C;
+// 2. per item (the block of its gate item): each token's slot = that base + the item's earlier
+//    tokens with the same choice j of the same expert; dropped (-1) at >= C.
+// (One block scanning every (token, choice) per expert took ~50 us at 8K tokens, ~100 at 16K.)
+// Returns the grid barriers passed in all, -1 if one was given up.
+__device__ int capacity_phase(const Params& p, unsigned char* smem, int barriers) {
+  __shared__ int warp_sums[4];
+  __shared__ int carry;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const long long T = p.T, K = p.K, C = p.C;
-  const int* __restrict__ expert = p.expert;
-  const unsigned lanes_before = (1u << lane) - 1u;
-  int running = 0;
-  for (long long j = 0; j < K; ++j) {
-    for (long long base = 0; base < T; base += SLOT_WARPS * 32 * SLOT_RUN) {
-      int ex[SLOT_RUN];
+  const int E = (int)p.E, K = (int)p.K, items = ceil_div((int)p.T, GATE_TOKENS), n = K * items;
+  if (!grid_barrier(p, barriers++)) return -1;
+  for (int e = blockIdx.x; e < E; e += gridDim.x) {
+    int* base = p.slot_base + (long long)e * n;
+    if (tid == 0) carry = 0;
+    __syncthreads();
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+      const int i = i0 + tid, v = i < n ? __ldcg(base + i) : 0;
+      int incl = v;
 #pragma unroll
-      for (int u = 0; u < SLOT_RUN; ++u) {
-        const long long t = base + 128 * u + tid;
-        const int got = __ldcg(expert + min(t, T - 1) * K + j);
-        ex[u] = t < T ? got : -1;
+      for (int d = 1; d < 32; d *= 2) {
+        const int up = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += up;
       }
-      unsigned match[SLOT_RUN];
-#pragma unroll
-      for (int u = 0; u < SLOT_RUN; ++u) {
-        match[u] = __ballot_sync(0xffffffffu, ex[u] == e);
-        if (lane == 0) step_counts[u][warp] = __popc(match[u]);
-      }
-      float wt[SLOT_RUN];
-#pragma unroll
-      for (int u = 0; u < SLOT_RUN; ++u)
-        wt[u] = ex[u] == e ? (float)__ldcg(p.weight + (base + 128 * u + tid) * K + j) : 0.f;
+      if (lane == 31) warp_sums[warp] = incl;
       __syncthreads();
-      int before = running;  // matches ahead of this thread's step u
-#pragma unroll
-      for (int u = 0; u < SLOT_RUN; ++u) {
-        int step_total = 0, earlier_warps = 0;
-#pragma unroll
-        for (int w = 0; w < SLOT_WARPS; ++w) {
-          step_total += step_counts[u][w];
-          earlier_warps += w < warp ? step_counts[u][w] : 0;
-        }
-        if (ex[u] == e) {
-          const long long t = base + 128 * u + tid;
-          const int pos = before + earlier_warps + __popc(match[u] & lanes_before);
-          const int s = pos < C ? pos : -1;
-          p.slot[t * K + j] = s;
-          if (s >= 0) {
-            const long long r = (long long)e * C + s;
-            p.row_token[r] = (int)t;
-            p.row_choice[r] = (int)j;
-            p.row_weight[r] = wt[u];
-          }
-        }
-        before += step_total;
-      }
-      running = before;
-      __syncthreads();  // step_counts is rewritten by the next chunk
+      int before = carry;
+      for (int w = 0; w < warp; ++w) before += warp_sums[w];
+      if (i < n) base[i] = before + incl - v;
+      __syncthreads();  // every thread has read carry and warp_sums
+      if (tid == 0) carry += warp_sums[0] + warp_sums[1] + warp_sums[2] + warp_sums[3];
+      __syncthreads();
     }
+    if (tid == 0) p.counts[e] = carry < p.C ? carry : (int)p.C;
   }
-  if (tid == 0) p.counts[e] = running < C ? running : (int)C;
+  if (!grid_barrier(p, barriers++)) return -1;
+  int* choices = reinterpret_cast<int*>(smem);
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const long long t0 = (long long)item * GATE_TOKENS;
+    for (int i = tid; i < GATE_TOKENS * K; i += blockDim.x)
+      choices[i] = t0 + i / K < p.T ? __ldcg(p.expert + t0 * K + i) : -1;
+    __syncthreads();
+    for (int i = tid; i < GATE_TOKENS * K; i += blockDim.x) {
+      const int tok = i / K, j = i % K, e = choices[i];
+      if (e < 0) continue;
+      int rank = 0;
+      for (int u = 0; u < tok; ++u) rank += choices[u * K + j] == e;
+      const long long t = t0 + tok, pos = __ldcg(p.slot_base + ((long long)e * K + j) * items + item) + rank;
+      const int s = pos < p.C ? (int)pos : -1;
+      p.slot[t * K + j] = s;
+      if (s >= 0) {
+        const long long r = (long long)e * p.C + s;
+        p.row_token[r] = (int)t;
+        p.row_choice[r] = j;
+        p.row_weight[r] = (float)__ldcg(p.weight + t * K + j);
+      }
+    }
+    __syncthreads();  // the choices are read before the next item's overwrite them
+  }
+  return barriers;
 }

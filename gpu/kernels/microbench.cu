@@ -8,7 +8,7 @@
 //   mb_copy      copy_rows gathers (dispatch packing, combine weighting), per block
 //   mb_put       put-with-signal of `bytes` by each of `gridDim` blocks to one PE
 //   mb_pingpong  put-with-signal (or a bare signal) round trips between two PEs
-//   mb_gate      the gate phase exactly as moe.cu runs it: gate items, barrier, slots, barrier
+//   mb_gate      the gate phase exactly as moe.cu runs it: gate items, capacity (slots), barrier
 //   mb_dispatch  dispatch_tiles over this rank's routed tiles (telemetry logs per share)
 //   mb_combine   the per-token ordered combine of the processors (telemetry logs per block)
 #include <nvshmem.h>
@@ -23,14 +23,15 @@ constexpr int MB_THREADS = 128;
 #define MB_KERNEL extern "C" __global__ void __launch_bounds__(MB_THREADS, MIN_BLOCKS_PER_SM)
 
 // Tasks in queue order g = j * gridDim + block (as a FIFO scheduler hands them out): the column
-// block varies fastest, then the tile (a_tiles distinct row tiles of A), then the expert (two
-// tiles per expert, as at the FlashMoE default), so concurrent tasks share operands as in a layer.
+// block varies fastest, then the tile (a_tiles distinct row tiles of A), then the expert
+// (`tiles_per_expert` tiles each: 2 at the FlashMoE default), so concurrent tasks share operands
+// as in a layer: the tiles of one expert share each weight slice.
 // Each task is the megakernel's own gemm_task on a Params pointing at these buffers: kind 0
 // (GEMM0) out = act(A.W + bias) with A as inbox (K = H) and out as hidden (N = I); kind 1
 // (GEMM1) out = A.W + bias with A as hidden (K = I) and out as outbuf (N = H). ns[block] = total.
 MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, const elem_t* __restrict__ W,
-                  const float* __restrict__ bias, int experts, int K, int N, elem_t* out, int reps,
-                  unsigned long long* ns) {
+                  const float* __restrict__ bias, int experts, int tiles_per_expert, int K, int N, elem_t* out,
+                  int reps, unsigned long long* ns) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Params q;
   q.act_kind = act;
@@ -46,7 +47,7 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     const long long g = (long long)j * gridDim.x + blockIdx.x;
     const int col0 = (int)(g % ncol) * TILE_N;
     const long long tile = g / ncol;
-    const int slot = (int)(tile % a_tiles), le = (int)((tile / 2) % experts);
+    const int slot = (int)(tile % a_tiles), le = (int)((tile / tiles_per_expert) % experts);
     const long long s0 = (long long)slot * TILE_M;
     gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw);
     __syncthreads();
@@ -141,15 +142,14 @@ MB_KERNEL mb_pingpong(float* buf, long long bytes, uint64_t* sig, int iters, int
 }
 
 // The gate phase as moe.cu runs it (without the cross-rank start wait): gate_phase on every block,
-// grid barrier, slots per expert, grid barrier. ns[2b], ns[2b + 1] = block b's start, end.
+// capacity_phase (its barriers and slots), grid barrier. ns[2b], ns[2b + 1] = block b's start, end.
 // Cooperative launch; the state words must be zero.
 MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
   const Params& p = *params;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const uint64_t t0 = now_ns();
   int barriers = gate_phase(p, smem_raw);
-  if (barriers < 0 || !grid_barrier(p, barriers++)) return;
-  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e);
+  if (barriers < 0 || (barriers = capacity_phase(p, smem_raw, barriers)) < 0) return;
   if (!grid_barrier(p, barriers++)) return;
   if (threadIdx.x == 0) {
     ns[2 * blockIdx.x] = t0;

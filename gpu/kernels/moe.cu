@@ -3,8 +3,9 @@
 // weights and moved rows; tensor-core tile GEMM with float32 accumulation; see params.cuh) or,
 // with -DMOE_TF32=1, moelab_moe_tf32 (float32 data, tensor-core tile GEMM on TF32 operands).
 // Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
-// Phases: gate (all blocks; split over H with a barrier when the tokens are few) | barrier | slots
-// (all blocks) | barrier | dispatch (a tile's rows shared by processors) + count signals,
+// Phases: gate (all blocks; split over H with a barrier when the tokens are few) | barrier | slot
+// scan per expert | barrier | slots per gate item | barrier | dispatch (a tile's rows shared by
+// processors) + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 storing home -> combine) | final ordered combine.
 // Tile shape (TILE_M, TILE_N, TILE_K, and the bf16 GEMM's GEMM_STAGES) is fixed at compile time
 // (-D); everything else is a run-time size in Params, so one cubin serves every config with that
@@ -43,11 +44,9 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
     for (int q = threadIdx.x; q < p.P; q += blockDim.x)
       nvshmemx_signal_op(p.sig_start + p.rank, epoch, NVSHMEM_SIGNAL_SET, q);
 
-  // gate: GATE_TOKENS tokens per item, all blocks
+  // gate: GATE_TOKENS tokens per item, all blocks; then capacity (slots) from the items' counts
   int barriers = gate_phase(p, smem_raw);
-  if (barriers < 0 || !grid_barrier(p, barriers++)) return;
-  // capacity: one expert per block at a time
-  for (int e = blockIdx.x; e < p.E; e += gridDim.x) assign_expert_slots(p, e);
+  if (barriers < 0 || (barriers = capacity_phase(p, smem_raw, barriers)) < 0) return;
   if (blockIdx.x == 0 && !wait_all_started(p, epoch)) return;
   if (!grid_barrier(p, barriers++)) return;
   if (threadIdx.x == 0) log_event(p, telemetry, log, EV_GATE, t_start, now_ns(), -1, -1, 0, -1, 0);

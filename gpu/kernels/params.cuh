@@ -30,6 +30,8 @@ struct Params {
   double* weight;              // [T][k] their combine weights
   int* slot;                   // [T][k] row in the (this rank, expert) block, -1 if dropped
   int* counts;                 // [E]    rows this rank sends to each expert
+  int* slot_base;              // [E][k][T/32] rows of each gate item per (expert, choice), then
+                               //              (scanned) the expert's slots taken before the item
   int* row_token;              // [E][C] token of each slot
   int* row_choice;             // [E][C] choice index of each slot
   float* row_weight;           // [E][C] combine weight of each slot
