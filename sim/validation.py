@@ -18,7 +18,9 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
 
 - **gate phase**: the kernel's float64 gate (FP64 tensor cores) in work items of 32 tokens x 64 experts spread over
   all blocks (an item's H split over up to 8 blocks when the items are fewer than the blocks),
-  then one block per expert scanning every (token, choice) for its slots, then two grid barriers
+  then the capacity rule: since 52ec480 each item counts its rows per (expert, choice), one block
+  per expert scans those counts and each item's block gives its tokens their slots, three grid
+  barriers in all (before, one block per expert scanned every (token, choice), two barriers)
   (`gate_item_ns_per_h`, `gate_slot_ns`, `gate_fixed_ns`, `gate_split_ns`, fitted over six
   (tokens, experts) points of the gate alone);
 - **dispatch**, the path the measured kernel took (the trace's meta `dispatch`): since 432d279
@@ -35,7 +37,10 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   flight past `l2_knee_bytes`; one knee for copies and puts, fitted on 1 to 264 blocks of 256 KiB
   to 1 MiB);
 - **GEMM0/GEMM1 tasks**: fixed cost + FLOPs over the block's rate at the megakernel's occupancy
-  of 2 blocks per SM (`gemm_fixed_ns`, `matrix_efficiency`); each GEMM1 task also stores its
+  of 2 blocks per SM + the task's weight slice over the tiles of its expert that share it at once,
+  at a per-byte cost (`gemm_fixed_ns`, `matrix_efficiency`, `weight_load_ns_per_byte`, fitted over
+  tile heights and 1, 2 and 8 tiles per expert; the calibration of 3e55a17 timed 2 only, and its
+  fixed cost holds that share); each GEMM1 task also stores its
   output into the source GPU's memory (over NVLink at a block's put rate);
 - **scheduling**: a processor is free again `handoff_ns` after a task (the median gap between a
   processor's tasks in a 12K-token layer: 2.4 us with the kernel's two-slot mailbox, which gives a
@@ -55,14 +60,24 @@ task only marks a tile's arrival: its final combine weights the 2-byte rows in f
 FINDINGS = """\
 Right:
 
-- **42 of 54 H200 runs hold every bound**: 14 of 18 on one H200 with the kernel of 432d279 (bf16
-  GEMM on wgmma, two-slot mailbox, dispatch stored into the owner's inbox), 28 of 36 on 2 H200s
-  with that of 3e55a17 (dispatch packed and put), each predicted with its own kernel's
-  microbenchmarks. **8 of 18 H100 runs** (432d279, one H100, predicted with the H100's own
-  calibration, whose NVLink figures stay the preset's: an H100 is lent alone) hold every bound.
-  The layer is a queue of equal tile tasks on 263 processors, each task a fixed cost plus its
-  FLOPs, with a hand-off between tasks; at the bf16 default (2 tiles per expert, as the
-  microbenchmark runs) the layer holds within 6.2% and its GEMM phases within 7% on both GPUs.
+- **57 of 72 runs hold every bound**: 15 of 18 on one H200 and 14 of 18 on one H100 with the
+  kernel of 52ec480 (bf16 GEMM on wgmma, two-slot mailbox, dispatch stored into the owner's
+  inbox, capacity from per-item counts), 28 of 36 on 2 H200s with that of 3e55a17 (dispatch
+  packed and put), each run predicted with its own kernel's microbenchmarks (the one-GPU
+  calibrations' NVLink figures stay the preset's: only one-GPU machines were lent). Every run from
+  4K tokens on holds on both GPUs for 52ec480: the layer is a queue of equal tile tasks on 263
+  processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's loads,
+  with a hand-off between tasks.
+- **Weight reuse across an expert's tiles** (found with 432d279, modeled since 52ec480): a bf16
+  GEMM task's time depends on how many of its expert's tiles share its weight slice at once. The
+  median 128-row GEMM0 task takes, on the H200 / H100: 50-54 / 62-66 us at 1 tile per expert (4K
+  tokens; 128 experts), 44-45 / 50 us at 2 (the default), 41 / 42-43 us at 4, 39-40 / 40-41 us at
+  8-16 (8 and 16 experts); the microbenchmark at 1, 2 and 8 tiles per expert agrees (H200 52.4,
+  47.3, 41.0 us) and fits 0.024 / 0.057 ns per byte of a slice's share (12.7 / 29.7 us for a
+  512 KiB slice loaded alone). Before, one fixed cost fitted at 2 tiles per expert underpredicted
+  the 4K-token and 128-expert layers by 10-18% and overpredicted the H100's GEMM phases at 8-32
+  experts by 22-30%: all now within the bounds. The float32 tasks, 270 us of FLOPs each, show no
+  such dependence (within 1%).
 - **Overlap efficiency** T(2)/T(1) holds on every run that has a 2-GPU partner of the same kernel,
   within 0.05: two GPUs each with the same tokens take as long as one, because NVLink transfers
   hide under the GEMMs. (Before the bench lined the ranks' launches up, the 2-GPU runs carried the
@@ -74,14 +89,15 @@ Right:
 - **The stored dispatch**: a share's time is linear in its bytes at the layer's concurrency
   (H200 bf16: 0.12 ns per byte, 5-65 us for 8-128 rows), 2.5-5x the per-byte time of copy_rows
   timed alone, because its stores must drain before the tile's count and signal; predicted within
-  4% at 4K-16K tokens.
+  4% from 4K tokens on.
 
 What the datasheet preset ignored (each now a measured mechanism, none fitted to a layer run):
 
 - the megakernel fits **2 blocks per SM** (up to 255 registers, 97 KiB of dynamic shared memory
   for the bf16 128 x 128 x 64 tile GEMM's three stages), not 4;
 - **short tiles are not proportionally cheaper**: a float32 task carries ~130 us of fixed cost
-  (its 2048 x 64 weight slice loads whole however few rows the tile has), a bf16 one ~28 us, and
+  (its 2048 x 64 weight slice loads whole however few rows the tile has), a bf16 one ~22 us plus
+  its weight slice's share (above), and
   its FLOPs run at the slope over tile heights (float32: 94% of the FP32 peak per block; bf16: the
   slope passes the BF16 peak and is capped there, because the wgmma GEMM issues whole 64-row blocks:
   32 and 64 rows take 34-37 us, 96 and 128 rows 43-45 us). Both come from a least-squares line
@@ -89,10 +105,11 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
   phases start; the megakernel's own median full-tile task on a 12K-token layer agrees within 2%
   (anchoring the fixed cost on that task instead had priced 32-row bf16 tasks 14% low);
 - the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.05 to
-  0.3 ms, not the microseconds of the matrix roofline; with fewer items than blocks an item's H is
+  0.23 ms with its capacity phase (0.06-0.3 ms with the per-expert slot scan of 3e55a17), not the
+  microseconds of the matrix roofline; with fewer items than blocks an item's H is
   split over up to 8 blocks, which costs a third grid barrier and the partials' sum
   (`gate_split_ns`, ~6 us): the 1K-token gate went from 111-131 us to 54-58 us;
-- a **dispatch put is done by the block's threads** (about 10 GB/s for one block, to its own GPU
+- (the kernel of 3e55a17) a **dispatch put is done by the block's threads** (about 10 GB/s for one block, to its own GPU
   or over NVLink), so the dispatch costs a block about as much as packing and putting 1 MiB at
   2-4 GB/s when 128 blocks move 128 MiB at once: block copies and puts keep their speed alone up
   to ~15 MB in flight (the **L2 knee**: each byte is read and written, so ~30 MB of the 50 MB L2)
@@ -106,25 +123,17 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **Weight reuse across an expert's tiles**, one cause behind what earlier notes called the small
-  layers, the 4K/128-expert tail and the H100's contention: a bf16 GEMM task's time depends on how
-  many of its expert's tiles share its weight slice, which the model's fixed L2 hit fraction
-  ignores (the microbenchmark runs 2 tiles per expert, the default's). The median 128-row GEMM0
-  task takes, on the H200 / H100: 50-54 / 62-66 us at 1 tile per expert (4K tokens; 128 experts),
-  44-45 / 50 us at 2 (the default), 41 / 42-43 us at 4 (16K tokens; 32 experts), 39-40 / 40-41 us
-  at 8-16 (8 and 16 experts). At 1K-2K tokens the tiles have 32-64 rows and each task still loads
-  a whole 2048 x 128 weight slice: 44-47 / 54-60 us against the microbenchmark's 34-36 / 40-48.
-  Layers with fewer tiles per expert are underpredicted (-10 to -28%), with more overpredicted
-  (H100 GEMM phases +22 to +30%). The store dispatch made it show more: with the first GEMMs
-  starting ~100 us sooner, the GEMM phases are a larger share of each layer. Next: charge each
-  task its weight slice's HBM bytes over the tiles that share it, and time the microbenchmark at
-  1, 2 and 8 tiles per expert.
+- **The 3e55a17 runs' weight reuse**: that kernel's calibration timed GEMM tasks at 2 tiles per
+  expert only, so its model holds the weight loads fixed: its 4K-token and 128-expert bf16 layers
+  (1 tile per expert) and its 1K-2K bf16 ones run 10-25% longer than predicted.
+- **Small tiles** (1K-2K tokens: 32-64-row tiles, fewer tiles than experts): the tasks take 8-13%
+  longer in the layer than the microbenchmark's tasks of those heights (float32 on both GPUs, bf16
+  at 1K on the H200); the layer is underpredicted by 10-16%. Not yet told apart.
 - **The store dispatch's small shares**: it is fitted linear in a share's bytes over four layer
   sizes, dominated by the 64-128-row shares; the 8-16-row shares of the 1K-2K-token layers fall
-  off the line (fit residuals at 8 rows -20% to +43%): dispatch busy time -33 to -42% at 1K bf16,
-  +20% at 2K float32 on the H100.
+  off the line: dispatch busy time -31 to -39% at 1K bf16, +25% at 2K float32 on the H100.
 - **The final ordered combine** is calibrated at one size (8192 tokens): on the H100 it costs less
-  per byte at 1K-2K tokens (predicted 21-24% high).
+  per byte at 1K-2K tokens (predicted 23-25% high).
 """
 
 
