@@ -60,12 +60,12 @@ task only marks a tile's arrival: its final combine weights the 2-byte rows in f
 FINDINGS = """\
 Right:
 
-- **57 of 72 runs hold every bound**: 15 of 18 on one H200 and 14 of 18 on one H100 with the
-  kernel of 52ec480 (bf16 GEMM on wgmma, two-slot mailbox, dispatch stored into the owner's
+- **58 of 72 runs hold every bound**: 16 of 18 on one H200 and 14 of 18 on one H100 with the
+  kernel of 7333a89 (bf16 GEMM on wgmma, two-slot mailbox, dispatch stored into the owner's
   inbox, capacity from per-item counts), 28 of 36 on 2 H200s with that of 3e55a17 (dispatch
   packed and put), each run predicted with its own kernel's microbenchmarks (the one-GPU
   calibrations' NVLink figures stay the preset's: only one-GPU machines were lent). Every run from
-  4K tokens on holds on both GPUs for 52ec480: the layer is a queue of equal tile tasks on 263
+  4K tokens on holds on both GPUs for 7333a89: the layer is a queue of equal tile tasks on 263
   processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's loads,
   with a hand-off between tasks.
 - **Weight reuse across an expert's tiles** (found with 432d279, modeled since 52ec480): a bf16
@@ -73,8 +73,8 @@ Right:
   median 128-row GEMM0 task takes, on the H200 / H100: 50-54 / 62-66 us at 1 tile per expert (4K
   tokens; 128 experts), 44-45 / 50 us at 2 (the default), 41 / 42-43 us at 4, 39-40 / 40-41 us at
   8-16 (8 and 16 experts); the microbenchmark at 1, 2 and 8 tiles per expert agrees (H200 52.4,
-  47.3, 41.0 us) and fits 0.024 / 0.057 ns per byte of a slice's share (12.7 / 29.7 us for a
-  512 KiB slice loaded alone). Before, one fixed cost fitted at 2 tiles per expert underpredicted
+  47.3, 41.0 us at 52ec480) and fits 0.027 / 0.058 ns per byte of a slice's share (13.9 / 30.2
+  us for a 512 KiB slice loaded alone). Before, one fixed cost fitted at 2 tiles per expert underpredicted
   the 4K-token and 128-expert layers by 10-18% and overpredicted the H100's GEMM phases at 8-32
   experts by 22-30%: all now within the bounds. The float32 tasks, 270 us of FLOPs each, show no
   such dependence (within 1%).
@@ -128,12 +128,12 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   (1 tile per expert) and its 1K-2K bf16 ones run 10-25% longer than predicted.
 - **Small tiles** (1K-2K tokens: 32-64-row tiles, fewer tiles than experts): the tasks take 8-13%
   longer in the layer than the microbenchmark's tasks of those heights (float32 on both GPUs, bf16
-  at 1K on the H200); the layer is underpredicted by 10-16%. Not yet told apart.
+  at 1K); the layer is underpredicted by 10-15%. Not yet told apart.
 - **The store dispatch's small shares**: it is fitted linear in a share's bytes over four layer
   sizes, dominated by the 64-128-row shares; the 8-16-row shares of the 1K-2K-token layers fall
-  off the line: dispatch busy time -31 to -39% at 1K bf16, +25% at 2K float32 on the H100.
+  off the line: dispatch busy time -31 to -39% at 1K bf16, +22% at 2K float32 on the H100.
 - **The final ordered combine** is calibrated at one size (8192 tokens): on the H100 it costs less
-  per byte at 1K-2K tokens (predicted 23-25% high).
+  per byte at 1K-2K tokens (predicted 22-28% high).
 """
 
 
