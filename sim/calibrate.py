@@ -224,7 +224,8 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
     (blocks x bytes): flat while the L2 holds them, then slower, with one knee for copies and
     local puts alike (the same L2; the knee of least total relative error); puts over NVLink: a
     block alone, or the port's share. The dispatch microbenchmark (the kernel's dispatch at the
-    layer's concurrency, on both sides of the knee) is the check, not fitted. A one-GPU file (an H100 lent
+    layer's concurrency, on both sides of the knee) fits the store path's figures
+    (_fit_store_dispatch) and checks the put path's against these. A one-GPU file (an H100 lent
     alone) has no peer: its NVLink figures stay the base preset's, and say so."""
     copies = _need(raw, "copy", "copy_rows times")
     puts = _need(raw, "put", "put-with-signal times")
