@@ -2,7 +2,9 @@
 
     python benchmarks/calibrate_gpu.py --gpus 2 --out OUT_DIR --commit SHA
 
-Runs the float32 build's microbenchmarks, then the bf16 build's (one job each), and writes
+Runs the float32 build's microbenchmarks, then the bf16 build's (one job each; on more than one
+GPU each build's layer pieces run once more on one GPU alone, so the dispatch's local stores are
+timed without NVLink stores beside them: they are fitted from those), and writes
 OUT_DIR/calibration-<gpu>.json: GPU, driver, commit, command and date under "meta", the float32
 build's sections at the top level (as before bf16 existed) and the bf16 build's under
 "bfloat16" (its tile shape, gemm, copy, gate, dispatch, combine, scheduler; puts and ping-pongs
@@ -45,8 +47,8 @@ def driver() -> str:
 def table(raw: dict, label: str = "") -> str:
     rows = []
     for g in raw.get("gemm", []):
-        rows.append((f"{g['task']} task, {g['rows']} rows, {g['blocks']} blocks", "µs/task",
-                     g["ns_per_task"]["median"] / 1e3))
+        rows.append((f"{g['task']} task, {g['rows']} rows, {g.get('tiles_per_expert', 2)}/expert, {g['blocks']} blocks",
+                     "µs/task", g["ns_per_task"]["median"] / 1e3))
     for c in raw.get("copy", []):
         if not c["scaled"]:
             rows.append((f"copy_rows 1 tile, {c['blocks']} blocks", "GB/s/block",
@@ -62,7 +64,8 @@ def table(raw: dict, label: str = "") -> str:
     for d in raw.get("dispatch", []):
         # files before the kernel stored dispatched rows timed whole tiles, packed and put
         n, what = d.get("shares", d.get("tiles")), "shares" if "shares" in d else "tiles"
-        rows.append((f"dispatch ({d.get('path', 'put')}) to {d['peer']} ({n} {what})", f"µs/{what[:-1]}",
+        world = f", {d['world']} GPU(s)" if "world" in d else ""
+        rows.append((f"dispatch ({d.get('path', 'put')}) to {d['peer']}{world} ({n} {what})", f"µs/{what[:-1]}",
                      d["ns_per_tile"]["median"] / 1e3))
     for c in raw.get("combine", []):
         rows.append((f"ordered combine T={c['tokens']}", "µs/block", c["ns_per_block"]["median"] / 1e3))
@@ -105,17 +108,31 @@ def main() -> int:
 
 
 def collect(args: argparse.Namespace, out: Path, dtype: str, share: float) -> dict:
-    """`dtype`'s microbenchmark results (saved beside the file under raw-<dtype>/), or what rank 0
-    saved before a failure, or the failure alone."""
-    saved = Path(args.from_raw or out) / f"raw-{dtype}" / "results.json"
+    """`dtype`'s microbenchmark results on args.gpus GPUs, with the dispatch shares of its layer
+    pieces on one GPU alone added where args.gpus > 1 (each share says its world)."""
+    if args.gpus == 1:
+        return run_job(args, out, dtype, f"raw-{dtype}", 1, args.timeout * share)
+    raw = run_job(args, out, dtype, f"raw-{dtype}", args.gpus, args.timeout * share * 0.75)
+    alone = run_job(args, out, dtype, f"raw-{dtype}-alone", 1, args.timeout * share * 0.25, ("layer_pieces",))
+    raw.setdefault("dispatch", []).extend(alone.get("dispatch", []))
+    raw.setdefault("failed", {}).update({f"{k} (one GPU)": v for k, v in alone.get("failed", {}).items()})
+    return raw
+
+
+def run_job(args: argparse.Namespace, out: Path, dtype: str, name: str, gpus: int, timeout_s: float,
+            sections: tuple[str, ...] | None = None) -> dict:
+    """One microbenchmark job's results (saved under `name`/), or what rank 0 saved before a
+    failure, or the failure alone."""
+    saved = Path(args.from_raw or out) / name / "results.json"
     if args.from_raw:
         return json.loads(saved.read_text()) if saved.is_file() else {"failed": {"job": f"{saved} missing"}}
     from gpu import microbench, spawn
 
     try:
-        return microbench.collect(args.gpus, saved.parent, timeout_s=args.timeout * share, dtype=dtype)
+        return microbench.collect(gpus, saved.parent, timeout_s=timeout_s, dtype=dtype,
+                                  sections=sections or microbench.SECTIONS)
     except spawn.SpawnError as e:  # whatever rank 0 saved before the failure still counts
-        print(f"microbenchmarks ({dtype}): {e}", flush=True)
+        print(f"microbenchmarks ({dtype}, {gpus} GPU(s)): {e}", flush=True)
         return json.loads(saved.read_text()) if saved.is_file() else {"failed": {"job": str(e)}}
 
 

@@ -16,13 +16,15 @@ fails or a job cut short still leaves the others:
   (put and pingpong move bytes whatever the dtype: the bf16 job leaves them to the float32 one);
 - gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts;
 - dispatch / combine: dispatch_tile over the routed tiles of the gate's 64-expert layers (1K to
-  16K tokens: less or more than the L2 in flight), and the per-token ordered combine of the
-  FlashMoE default, from the blocks' telemetry logs;
+  16K tokens: less or more than the L2 in flight; each share's world, since on two GPUs the
+  local shares run beside the NVLink ones), and the per-token ordered combine of the FlashMoE
+  default, from the blocks' telemetry logs;
 - scheduler: gaps between consecutive tasks of a processor (scheduler hand-off) and from a
   tile's arrival to its first task (subscriber), from the megakernel's telemetry on a layer
   that is not one of the measured layer runs (leave-one-out: 12K tokens per GPU).
 
-Job: {"cases": [{"name", "config"}]}; the cases' configs size NVSHMEM's heap and give the dtype.
+Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
+configs size NVSHMEM's heap and give the dtype.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from . import build, cases, layout, spawn
 from .runtime import Inputs, Layer, Session, allow_dynamic_smem
 
 DTYPES = ("float32", "bfloat16")
+SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler")  # in the order they run
 BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
@@ -53,6 +56,7 @@ PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
 PUT_BLOCKS = (1, 8, 16, 32, 64, 128)  # and the full grid
 PING_SIZES = (0, 4 << 10, 64 << 10, 1 << 20)
 GEMM_ROWS = (128, 96, 64, 32)
+SHORT_ALONE = (64, 32)  # short tiles at 1 tile per expert: what 1K-2K tokens over 64 experts make
 EV_DISPATCH, EV_GEMM0, EV_GEMM1, EV_COMBINE, EV_SIGNAL = 1, 2, 3, 4, 7  # kernels/params.cuh
 # the FlashMoE default's task shape at a token count no measured run uses (3 full tiles per block)
 SCHED_CONFIG = dict(tokens=12288)
@@ -146,7 +150,7 @@ def sec_gemm(b: Bench, grid: int) -> list[dict]:
     ns = b.zeros(grid)
     rows_ = []
     points = [(1, tm, 2, 16), (1, 32, 2, 16)] + [(grid, r, 2, 4) for r in GEMM_ROWS] + \
-        [(grid, tm, n, 4) for n in SHARING if n != 2]
+        [(grid, tm, n, 4) for n in SHARING if n != 2] + [(grid, r, 1, 4) for r in SHORT_ALONE]
     for kind in (0, 1):
         b.launch("mb_gemm", grid, np.int32(kind), np.int32(0), ptr(A), np.int32(a_tiles), np.int32(tm), ptr(W),
                  ptr(bias), np.int32(experts), np.int32(2), np.int32(H), np.int32(I), ptr(out), np.int32(1),
@@ -306,7 +310,8 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                                    ("nvlink", [e for e in ev if e[2] != s.rank])):
                     if sel:
                         results["dispatch"].append({
-                            "tokens": tokens, "peer": where, "path": "store" if layer.direct_stores else "put",
+                            "tokens": tokens, "world": s.world, "peer": where,
+                            "path": "store" if layer.direct_stores else "put",
                             "shares": len(sel),
                             "concurrent_blocks": min(len(ev), layer.n_proc),
                             "rows": stats([e[3] for e in sel]), "bytes_per_row": H * b.elem_bytes,
@@ -364,7 +369,9 @@ def sec_scheduler(b: Bench) -> dict:
 def main(argv: list[str]) -> int:
     out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    dtype = Config.from_dict(json.loads(Path(argv[0]).read_text())["cases"][0]["config"]).dtype
+    job = json.loads(Path(argv[0]).read_text())
+    dtype = Config.from_dict(job["cases"][0]["config"]).dtype
+    wanted = set(job.get("sections", SECTIONS))
     session = Session.start()
     results: dict = {"gpu": session.name, "sms": session.sms, "world": session.world, "dtype": dtype,
                      "tile": tile_options(dtype, session.world), "failed": {}}
@@ -380,7 +387,7 @@ def main(argv: list[str]) -> int:
                 ("put", lambda: sec_put(bench, grid)), ("pingpong", lambda: sec_pingpong(bench)),
                 ("scheduler", lambda: sec_scheduler(bench))]
     for name, run in sections:
-        if dtype != "float32" and name in BYTE_SECTIONS:
+        if name not in wanted or (dtype != "float32" and name in BYTE_SECTIONS):
             continue
         t0 = time.perf_counter()
         try:
@@ -399,9 +406,14 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def collect(gpus: int, out_dir: str | Path, timeout_s: float = 400.0, dtype: str = "float32") -> dict:
-    """Run `dtype`'s microbenchmarks on `gpus` GPUs of this host; rank 0's results."""
-    return spawn.run(job_cases(gpus, dtype), gpus, out_dir, timeout_s=timeout_s, module="gpu.microbench")
+def collect(gpus: int, out_dir: str | Path, timeout_s: float = 400.0, dtype: str = "float32",
+            sections: tuple[str, ...] = SECTIONS) -> dict:
+    """Run `dtype`'s microbenchmarks (those of `sections`) on `gpus` GPUs of this host; rank 0's results."""
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"sections = {unknown} are not allowed: names among {', '.join(SECTIONS)}")
+    return spawn.run(job_cases(gpus, dtype), gpus, out_dir, timeout_s=timeout_s, module="gpu.microbench",
+                     job_fields={"sections": list(sections)})
 
 
 if __name__ == "__main__":

@@ -41,15 +41,16 @@ def symmetric_heap_bytes(cases: list[dict]) -> int:
 
 
 def run(cases: list[dict], gpus: int, out_dir: str | Path, timeout_s: float = 600.0, echo: bool = True,
-        module: str = "gpu.worker"):
+        module: str = "gpu.worker", job_fields: dict | None = None):
     """Run `cases` on `gpus` processes of `python -m module JOB OUT_DIR` (the layer worker, or
-    gpu.microbench); rank 0's results.json (for the worker: one dict per case)."""
+    gpu.microbench; `job_fields` go into JOB beside the cases); rank 0's results.json (for the
+    worker: one dict per case)."""
     if gpus < 1:
         raise ValueError(f"gpus = {gpus!r} is not allowed: a positive integer")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     job = Path(tempfile.mkstemp(suffix=".json", prefix="moelab-job-")[1])
-    job.write_text(json.dumps({"cases": cases}))
+    job.write_text(json.dumps({"cases": cases, **(job_fields or {})}))
     repo = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, **NO_MULTICAST, "WORLD_SIZE": str(gpus), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1",

@@ -275,19 +275,23 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
                 costs.put_ns(hw_moves, LOCAL if p["peer"] == "self" else NVLINK, p["bytes"],
                              p["blocks"] * p["bytes"], p["blocks"]))
     dispatches = raw.get("dispatch", [])
-    _fit_store_dispatch(f, [d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"], hw, origin)
+    world = {id(d): d.get("world", raw.get("world")) for d in dispatches}  # files before it: the file's world
+    _fit_store_dispatch(f, [d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"
+                            and world[id(d)] == 1], hw, origin)
     hw_moves = hw_moves.replace(dispatch_store_fixed_ns=f.values["dispatch_store_fixed_ns"],
                                 dispatch_store_ns_per_byte=f.values["dispatch_store_ns_per_byte"])
     for d in dispatches:
         # files before the kernel stored dispatched rows timed packed and put tiles, one a block
         n, link, path = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK, d.get("path", "put")
         nbytes = d["rows"]["median"] * d["bytes_per_row"]
-        model = costs.dispatch_ns(hw_moves, nbytes, link, path, n * nbytes, d.get("shares", d.get("tiles"))) \
-            - hw_moves.task_overhead_ns
+        # the shares over each link in the same layer's dispatch (its other entry, on two GPUs)
+        over = {LOCAL if e["peer"] == "self" else NVLINK: e.get("shares", e.get("tiles")) for e in dispatches
+                if (e.get("tokens"), world[id(e)], e.get("path")) == (d.get("tokens"), world[id(d)], d.get("path"))}
+        model = costs.dispatch_ns(hw_moves, nbytes, link, path, n * nbytes, over) - hw_moves.task_overhead_ns
         layer = f"T={d['tokens']}, " if "tokens" in d else ""
-        fitted = path == "store" and link == LOCAL and f.values["dispatch_store_ns_per_byte"]
-        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{n} blocks "
-                f"(ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
+        fitted = path == "store" and link == LOCAL and world[id(d)] == 1 and f.values["dispatch_store_ns_per_byte"]
+        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{world[id(d)]} GPU(s), "
+                f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
     comb = _need(raw, "combine", "the final combine's time per block")[0]
     warps = comb["n_proc"] * costs.REDUCE_WARPS
     moved = costs.reduce_bytes(math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS, comb["top_k"], comb["hidden"],
@@ -298,20 +302,21 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
 
 def _fit_store_dispatch(f: Fit, pts: list[dict], hw, origin: str) -> None:
     """A share of a tile stored into this GPU's inbox, timed at the layer's concurrency over share
-    sizes: least squares of time = fixed + bytes x per byte. Files from before the store path keep
-    the base preset's figures (a gather at the copy rate)."""
+    sizes on one GPU alone (on two the NVLink shares beside it hold it back): least squares of
+    time = fixed + bytes x per byte. Files from before the store path, or from two GPUs without
+    the one-GPU shares, keep the base preset's figures (a gather at the copy rate)."""
     names = ("dispatch_store_fixed_ns", "dispatch_store_ns_per_byte")
     if len(pts) < 2:
         for name in names:
-            f.set(name, getattr(hw, name), f"{origin}: no store-path dispatch timed (a file from before it): "
-                  "the base preset's")
+            f.set(name, getattr(hw, name), f"{origin}: no store-path dispatch timed on one GPU alone (a file from "
+                  "before it): the base preset's")
         return
     a = np.array([(1.0, d["rows"]["median"] * d["bytes_per_row"]) for d in pts])
     coef, *_ = np.linalg.lstsq(a, np.array([d["ns_per_tile"]["median"] for d in pts]), rcond=None)
     coef = np.maximum(coef, 0.0)
     for name, c in zip(names, coef):
         f.set(name, float(c), f"{origin}: a share of a stored dispatch tile at {len(pts)} layer sizes "
-              f"({', '.join(str(d['tokens']) for d in pts)} tokens, all processors at once), least squares of "
+              f"({', '.join(str(d['tokens']) for d in pts)} tokens, all processors at once, one GPU), least squares of "
               "time = fixed + bytes x per byte")
 
 

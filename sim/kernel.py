@@ -119,7 +119,7 @@ class FusedKernel:
         ready: dict[int, float] = {}
         for _, lane, x, nbytes in shares:
             t, link = int(self.plan.transfer_tile[x]), int(self.plan.transfer_link[x])
-            end = free_at[lane] + costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight, over.get(link, 1))
+            end = free_at[lane] + costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight, over)
             self.rec.add(self.rank, self.node, lane, "processor", "dispatch", free_at[lane], end,
                          int(self.plan.tile_expert[t]), t, int(self.plan.transfer_dst[x]), nbytes)
             free_at[lane] = end

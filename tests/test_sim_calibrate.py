@@ -63,11 +63,17 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
            for size in (1 << 18, 1 << 20)]
     for p in put:
         p["aggregate_gbps"] = p["blocks"] * p["bytes"] / p["ns_per_put"]["median"]
-    # the store path's shares at four layer sizes (fitted), and a tile of the put path (a check only)
-    dispatch = [{"tokens": 64 * r, "peer": "self", "path": "store", "shares": 256, "concurrent_blocks": 256,
-                 "rows": _stat(r), "bytes_per_row": 2048 * nb,
+    # the store path's shares at four layer sizes on one GPU (fitted); on two, half the shares go
+    # to the peer and the local ones queue behind them (checks); a tile of the put path (a check)
+    dispatch = [{"tokens": 64 * r, "world": 1, "peer": "self", "path": "store", "shares": 256,
+                 "concurrent_blocks": 256, "rows": _stat(r), "bytes_per_row": 2048 * nb,
                  "ns_per_tile": _stat(t["dispatch_store_fixed_ns"] + r * 2048 * nb * t["dispatch_store_ns_per_byte"]),
                  "ns_per_row": _stat(1.0)} for r in (8, 32, 64, 128)]
+    dispatch += [{"tokens": 8192, "world": 2, "peer": peer, "path": "store", "shares": 128, "concurrent_blocks": 256,
+                  "rows": _stat(64), "bytes_per_row": 2048 * nb,
+                  "ns_per_tile": _stat(costs.dispatch_ns(hw, 64 * 2048 * nb, link, "store", 256 * 64 * 2048 * nb,
+                                                         {LOCAL: 128, NVLINK: 128}) - hw.task_overhead_ns),
+                  "ns_per_row": _stat(1.0)} for peer, link in (("self", LOCAL), ("nvlink", NVLINK))]
     dispatch.append({"peer": "self", "tiles": 64, "concurrent_blocks": 128, "rows": _stat(128), "bytes_per_row": 8192,
                      "ns_per_tile": _stat(1.0), "ns_per_row": _stat(1.0)})
     per_block = math.ceil(8192 / (263 * 4)) * 4 * (2 * nb + 4) * 2048  # 2 rows of nb-byte values read, y written
@@ -77,7 +83,8 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
         gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": 2, "grid": blocks,
                      "ns": costs.gate_ns(hw, cfg)})
     tile_k = {"TILE_K": 32, "MOE_BF16": 1} if nb == 2 else {"TILE_K": 8}
-    return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "tile": {"TILE_M": 128, "TILE_N": 64, **tile_k},
+    return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "world": 2,
+            "tile": {"TILE_M": 128, "TILE_N": 64, **tile_k},
             "occupancy": {"megakernel_grid": blocks, "n_proc": blocks - 1, "sms": 132},
             "gemm": gemm, "copy": copy, "put": put, "dispatch": dispatch, "gate": gate,
             "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263, "bytes_per_value": nb,
@@ -141,12 +148,52 @@ def test_fewer_tiles_per_expert_make_longer_tasks():
     assert median[8] < median[64] < median[128]
 
 
+def test_tiles_of_another_source_gpu_do_not_share_a_weight_slice():
+    """On 2 GPUs an expert's 4 tiles come 2 from each source: a task's slice is shared by 2."""
+    hw = hardware.PRESETS["h200-sxm"]
+    cfg = presets.get("flashmoe").replace(ranks=2, dtype="bfloat16", tile_n=128)
+    plan = reference.plan_of(cfg)
+    gemm = plan.task_kind != COMBINE
+    assert np.allclose(costs.weight_bytes_alone(cfg, plan, hw.processors)[gemm], 2048 * 128 * 2 / 2)
+
+
+def test_local_dispatch_shares_wait_for_the_nvlink_ones_beside_them():
+    """A GPU's local store share takes its own time alone, and an NVLink share's while any goes
+    over NVLink at once."""
+    hw = hardware.PRESETS["h200-sxm"].replace(dispatch_store_fixed_ns=1000.0, dispatch_store_ns_per_byte=0.12,
+                                            put_nvlink_ns_per_byte=0.1)
+    nbytes, inflight = 1 << 18, 256 * (1 << 18)
+    alone = costs.dispatch_ns(hw, nbytes, LOCAL, "store", inflight, {LOCAL: 256})
+    assert alone == pytest.approx(1000.0 + 0.12 * nbytes + hw.task_overhead_ns)
+    over = {LOCAL: 128, NVLINK: 128}
+    beside = costs.dispatch_ns(hw, nbytes, LOCAL, "store", inflight, over)
+    assert beside == pytest.approx(costs.dispatch_ns(hw, nbytes, NVLINK, "store", inflight, over)) and beside > alone
+
+
 def test_a_file_from_before_the_store_dispatch_keeps_the_base_figures(tmp_path):
     raw = synthetic()
     raw["dispatch"] = [d for d in raw["dispatch"] if "path" not in d]
     _, fits = calibrate.calibrate(_write(tmp_path, raw), out=tmp_path / "calibrated-h200.json")
     for name in ("dispatch_store_fixed_ns", "dispatch_store_ns_per_byte"):
         assert fits["float32"].values[name] == 0.0 and "no store-path dispatch" in fits["float32"].sources[name]
+
+
+def test_the_local_shares_of_a_two_gpu_dispatch_are_checked_not_fitted(tmp_path):
+    """Beside NVLink shares a GPU's local shares take as long as those (the port holds its stores
+    back): the fit takes the one-GPU shares, and the model meets the two-GPU ones as checks."""
+    raw = synthetic()
+    _, fits = calibrate.calibrate(_write(tmp_path, raw), out=tmp_path / "calibrated-h200.json")
+    fit = fits["float32"]
+    checks = {p: (m, y) for p, m, y in fit.residuals if p.startswith("dispatch (store) of 64 rows to")}
+    two = {p: v for p, v in checks.items() if "2 GPU(s)" in p}
+    assert len(two) == 2 and all("not fitted" in p for p in two)
+    (m_self, y_self), = [v for p, v in two.items() if "to self" in p]
+    alone = TRUE["dispatch_store_fixed_ns"] + 64 * 2048 * 4 * TRUE["dispatch_store_ns_per_byte"]
+    assert m_self > 1.5 * alone and y_self == pytest.approx(m_self, rel=1e-6)
+    raw["dispatch"] = [d for d in raw["dispatch"] if d.get("world") != 1]
+    _, fits = calibrate.calibrate(_write(tmp_path, raw), out=tmp_path / "calibrated-h200.json")
+    assert fits["float32"].values["dispatch_store_ns_per_byte"] == 0.0
+    assert "on one GPU alone" in fits["float32"].sources["dispatch_store_ns_per_byte"]
 
 
 def test_a_one_gpu_file_keeps_the_base_presets_nvlink_figures(tmp_path):
