@@ -3,8 +3,9 @@
     python benchmarks/calibrate_gpu.py --gpus 2 --out OUT_DIR --commit SHA
 
 Runs the float32 build's microbenchmarks, then the bf16 build's (one job each; on more than one
-GPU each build's layer pieces run once more on one GPU alone, so the dispatch's local stores are
-timed without NVLink stores beside them: they are fitted from those), and writes
+GPU each build's layer pieces and scheduler layers run once more on one GPU alone, so the
+dispatch's local stores are timed without NVLink stores beside them and the latencies around idle
+processors without a peer's late counts: those are fitted from these), and writes
 OUT_DIR/calibration-<gpu>.json: GPU, driver, commit, command and date under "meta", the float32
 build's sections at the top level (as before bf16 existed) and the bf16 build's under
 "bfloat16" (its tile shape, gemm, copy, gate, dispatch, combine, scheduler; puts and ping-pongs
@@ -74,6 +75,13 @@ def table(raw: dict, label: str = "") -> str:
         rows.append(("scheduler hand-off gap", "µs", s["gap_ns"]["median"] / 1e3))
     if s.get("arrival_to_first_task_ns"):
         rows.append(("tile arrival to first task", "µs", s["arrival_to_first_task_ns"]["median"] / 1e3))
+    for key, where in (("idle", ""), ("idle_one_gpu", ", one GPU")):
+        idle = s.get(key) or {}
+        for name, what in (("first_task_ns", "signal to first task"), ("assign_ns_per_task", "first round, per task")):
+            if name in idle:
+                rows.append((f"small layer{where}: {what}", "µs", idle[name] / 1e3))
+        if "stop_ns" in idle:
+            rows.append((f"small layer{where}: last task to final combine", "µs", idle["stop_ns"]["median"] / 1e3))
     for name, err in raw.get("failed", {}).items():
         rows.append((f"FAILED {name}", "", err.splitlines()[0][:60]))
     return format_table((f"microbenchmark{label}", "unit", "value"), rows)
@@ -109,12 +117,16 @@ def main() -> int:
 
 def collect(args: argparse.Namespace, out: Path, dtype: str, share: float) -> dict:
     """`dtype`'s microbenchmark results on args.gpus GPUs, with the dispatch shares of its layer
-    pieces on one GPU alone added where args.gpus > 1 (each share says its world)."""
+    pieces on one GPU alone added where args.gpus > 1 (each share says its world), and the
+    one-GPU scheduler layer's idle latencies as scheduler.idle_one_gpu."""
     if args.gpus == 1:
         return run_job(args, out, dtype, f"raw-{dtype}", 1, args.timeout * share)
     raw = run_job(args, out, dtype, f"raw-{dtype}", args.gpus, args.timeout * share * 0.75)
-    alone = run_job(args, out, dtype, f"raw-{dtype}-alone", 1, args.timeout * share * 0.25, ("layer_pieces",))
+    alone = run_job(args, out, dtype, f"raw-{dtype}-alone", 1, args.timeout * share * 0.25,
+                    ("layer_pieces", "scheduler"))
     raw.setdefault("dispatch", []).extend(alone.get("dispatch", []))
+    if "idle" in alone.get("scheduler", {}) and "scheduler" in raw:
+        raw["scheduler"]["idle_one_gpu"] = alone["scheduler"]["idle"]
     raw.setdefault("failed", {}).update({f"{k} (one GPU)": v for k, v in alone.get("failed", {}).items()})
     return raw
 

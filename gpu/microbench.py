@@ -21,7 +21,10 @@ fails or a job cut short still leaves the others:
   default, from the blocks' telemetry logs;
 - scheduler: gaps between consecutive tasks of a processor (scheduler hand-off) and from a
   tile's arrival to its first task (subscriber), from the megakernel's telemetry on a layer
-  that is not one of the measured layer runs (leave-one-out: 12K tokens per GPU).
+  that is not one of the measured layer runs (leave-one-out: 12K tokens per GPU); and under
+  "idle", on a small layer no run measures either (1.5K tokens), the latencies around idle
+  processors: the first task after its tile's signal, the spacing of the first round of tasks,
+  the last task to the final combine.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
 configs size NVSHMEM's heap and give the dtype.
@@ -60,6 +63,9 @@ SHORT_ALONE = (64, 32)  # short tiles at 1 tile per expert: what 1K-2K tokens ov
 EV_DISPATCH, EV_GEMM0, EV_GEMM1, EV_COMBINE, EV_SIGNAL = 1, 2, 3, 4, 7  # kernels/params.cuh
 # the FlashMoE default's task shape at a token count no measured run uses (3 full tiles per block)
 SCHED_CONFIG = dict(tokens=12288)
+# a small layer (a tile or less per expert) no measured run uses either: its first round of tasks
+# is the scheduler's pace, not the subscriber's, and its processors idle before the final combine
+SCHED_SMALL = dict(tokens=1536)
 
 
 def flashmoe(world: int, dtype: str, **changes) -> Config:
@@ -76,7 +82,7 @@ def tile_options(dtype: str, world: int) -> dict[str, int]:
 def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
     cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
-    cfgs.append(flashmoe(world, dtype, **SCHED_CONFIG))
+    cfgs += [flashmoe(world, dtype, **SCHED_CONFIG), flashmoe(world, dtype, **SCHED_SMALL)]
     return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
 
 
@@ -317,7 +323,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                             "rows": stats([e[3] for e in sel]), "bytes_per_row": H * b.elem_bytes,
                             "ns_per_tile": stats([e[1] for e in sel]),
                             "ns_per_row": stats([e[1] / max(e[3], 1) for e in sel])})
-            if (tokens, experts) == GATE_POINTS[0]:
+            if experts == 64:  # the ordered combine at four layer sizes, the FlashMoE default's first
                 with b.torch.cuda.stream(s.torch_stream):
                     layer._work32.zero_()
                 b.launch("mb_combine", layer.grid, ptr(layer._params))
@@ -330,19 +336,26 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
         save()
 
 
-def sec_scheduler(b: Bench) -> dict:
-    """Hand-off gaps from the megakernel's own telemetry on a layer that no measured run uses."""
+def traced(b: Bench, changes: dict):
+    """The megakernel's telemetry trace of the FlashMoE default with `changes`, and its processors."""
     s = b.s
-    cfg = flashmoe(s.world, b.dtype, **SCHED_CONFIG)
+    cfg = flashmoe(s.world, b.dtype, **changes)
     layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=2))
     try:
         layer.run()
         s.line_up()  # the ranks start together: a late rank's count signals would delay every first task
         layer.run(telemetry=True)
         tb, _ = layer.trace_builder(layer.kernel_start_ns(), None)
-        tr = tb.build()
+        return cfg, tb.build(), layer.n_proc
     finally:
         layer.close()
+
+
+def sec_scheduler(b: Bench) -> dict:
+    """Hand-off gaps from the megakernel's own telemetry on a layer that no measured run uses, and
+    the latencies around idle processors on a small one (start_and_stop)."""
+    cfg, tr, n_proc = traced(b, SCHED_CONFIG)
+    small_cfg, small, small_proc = traced(b, SCHED_SMALL)
     from sim.trace import KIND, ROLE
 
     proc = (tr["role"] == ROLE["processor"]) & np.isin(tr["kind"], [KIND["gemm0"], KIND["gemm1"]])
@@ -361,9 +374,42 @@ def sec_scheduler(b: Bench) -> dict:
         if after.any():
             delays.append(float(tr["start"][m][after].min() - t_sig))
     dur = tr["end"][proc] - tr["start"][proc]
-    return {"config": cfg.to_dict(), "tasks": int(proc.sum()), "n_proc": layer.n_proc,
+    return {"config": cfg.to_dict(), "tasks": int(proc.sum()), "n_proc": n_proc,
             "gap_ns": stats(gaps) if gaps else None, "arrival_to_first_task_ns": stats(delays) if delays else None,
-            "task_ns": stats(dur) if dur.size else None}
+            "task_ns": stats(dur) if dur.size else None,
+            "idle": {"config": small_cfg.to_dict(), **start_and_stop(small, small_proc)}}
+
+
+def start_and_stop(tr, n_proc: int) -> dict:
+    """Rank 0's latencies around its tasks with processors idle: from the first tile's signal (or
+    its processor's last dispatch share, if later) to the first GEMM0 task; the spacing of the
+    first n_proc GEMM0 starts once every processor has dispatched (the scheduler's turn per
+    task handed out); from the last task's end to each processor's final combine."""
+    from sim.trace import KIND, ROLE
+
+    rank0 = tr["rank"] == 0
+    proc = rank0 & (tr["role"] == ROLE["processor"])
+    kind, lane, start, end = tr["kind"], tr["lane"], tr["start"], tr["end"]
+    disp, g0 = proc & (kind == KIND["dispatch"]), proc & (kind == KIND["gemm0"])
+    sig = rank0 & (tr["role"] == ROLE["subscriber"]) & (kind == KIND["signal"])
+    out = {}
+    if g0.any() and disp.any() and sig.any():
+        first = np.flatnonzero(g0)[np.argmin(start[g0])]
+        same = sig & (tr["expert"] == tr["expert"][first]) & (tr["tile"] == tr["tile"][first])
+        ready = max(start[same].min() if same.any() else start[sig].min(),
+                    end[disp & (lane == lane[first])].max(initial=0.0))
+        out["first_task_ns"] = float(start[first] - ready)
+        # the first round once every processor has dispatched: each start waits for the scheduler's turn
+        after = np.sort(start[g0 & (start >= end[disp].max())])[:n_proc]
+        if after.size >= n_proc // 2:
+            out["assign_ns_per_task"] = float((after[-1] - after[0]) / (after.size - 1))
+    comb = proc & (kind == KIND["combine"])
+    finals = [np.flatnonzero(comb & (lane == q))[np.argmax(start[comb & (lane == q)])] for q in np.unique(lane[comb])]
+    if finals:
+        tasks = proc & ~np.isin(np.arange(kind.size), finals) & (kind != KIND["gate"]) & (kind != KIND["dispatch"])
+        if tasks.any():
+            out["stop_ns"] = stats(start[finals] - end[tasks].max())
+    return out
 
 
 def main(argv: list[str]) -> int:

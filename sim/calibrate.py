@@ -16,14 +16,18 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   aggregate to the peer; the dispatch microbenchmark (the kernel's dispatch at the layer's
   concurrency) is checked against all these;
 - dispatch_store_fixed_ns, dispatch_store_ns_per_byte: that microbenchmark's shares stored into
-  this GPU's inbox, least squares over share sizes (its stores drain before the tile's signal:
-  slower per byte than copy_rows);
+  this GPU's inbox on one GPU alone, least squares over share sizes (its stores drain before the
+  tile's signal: slower per byte than copy_rows; on two GPUs the local shares are held to the
+  NVLink ones' pace, which the model checks, not fits);
 - reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
 - handoff_ns: the processors' median gap between tasks, from the megakernel's telemetry on a
   12K-token layer (its shortest arrival-to-first-task delay is printed beside the preset's
   subscriber_ns, not fitted: that delay waits for a processor too);
+- wake_ns, assign_ns, stop_ns: on a 1.5K-token layer on one GPU (processors idle), the first
+  task's start after its tile's signal (less subscriber_ns), the first round's spacing per task,
+  and the final combine's start after the last task;
 - nvlink_latency_ns: half a bare-signal round trip between two GPUs.
 
 The file's top level is the float32 kernel build's microbenchmarks; its "bfloat16" section (when
@@ -359,6 +363,35 @@ def _fit_scheduler(f: Fit, raw: dict, hw, origin: str) -> None:
         # subscriber's turn stays the preset's estimate.
         f.check("a tile's arrival to its first task, shortest (ns; not fitted)", delay["min"],
                 f.values["handoff_ns"] + hw.subscriber_ns)
+    _fit_idle(f, raw, s, hw, origin)
+
+
+def _fit_idle(f: Fit, raw: dict, s: dict, hw, origin: str) -> None:
+    """The latencies around idle processors, from the small scheduler layer on one GPU (on two, the
+    peer's late row counts hold back the first tasks: its figures are printed beside the model's).
+    Files from before it: no wake or pace, the final combine a hand-off after the last task."""
+    idle = s.get("idle_one_gpu") or (s.get("idle") if raw.get("world") == 1 else None)
+    need = ("first_task_ns", "assign_ns_per_task", "stop_ns")
+    if not idle or any(k not in idle for k in need):
+        f.set("wake_ns", 0.0, f"{origin}: not measured (a file from before the small scheduler layer)")
+        f.set("assign_ns", 0.0, f"{origin}: not measured (a file from before the small scheduler layer)")
+        f.set("stop_ns", f.values["handoff_ns"], f"{origin}: not measured: the hand-off")
+        return
+    where = f"{origin}: the small scheduler layer ({idle['config']['tokens']} tokens, one GPU)"
+    f.set("wake_ns", max(idle["first_task_ns"] - hw.subscriber_ns, 0.0),
+          f"{where}: its first task's start after its tile's signal, less the subscriber's turn")
+    f.set("assign_ns", idle["assign_ns_per_task"], f"{where}: the first round of tasks once every processor has "
+          "dispatched, from first start to last over their number")
+    f.set("stop_ns", idle["stop_ns"]["median"], f"{where}: median over processors of the final combine's start "
+          "after the last task's end")
+    other = s.get("idle") if s.get("idle_one_gpu") else None
+    if other and all(k in other for k in need):
+        f.check("small layer, two GPUs: signal to first task (ns; not fitted)", other["first_task_ns"],
+                f.values["wake_ns"] + hw.subscriber_ns)
+        f.check("small layer, two GPUs: first round, per task (ns; not fitted)", other["assign_ns_per_task"],
+                f.values["assign_ns"])
+        f.check("small layer, two GPUs: last task to final combine (ns; not fitted)", other["stop_ns"]["median"],
+                f.values["stop_ns"])
 
 
 def _fit_link(f: Fit, raw: dict, origin: str) -> None:

@@ -90,6 +90,13 @@ class Hardware:
     dispatch_store_ns_per_byte: float
     reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written
     handoff_ns: float  # a processor idle between two tasks: scheduler sees it idle, mails the next one
+    # with processors idle: a landed tile's first task starts wake_ns after the subscriber's turn (the
+    # scheduler's poll of the queue, the mailbox), each task of a burst assign_ns after the one before
+    # (the scheduler warp hands them out in turn), and the final combine stop_ns after the last task
+    # (the scheduler sees every processor idle and stops them)
+    wake_ns: float
+    assign_ns: float
+    stop_ns: float
     kernel_launch_ns: float  # gap between dependent kernels of the bulk-synchronous baseline
     collective_latency_ns: float  # fixed cost of one NCCL all-to-all call
     alltoall_gbps: float  # bandwidth an NCCL all-to-all reaches per GPU over NVLink
@@ -236,7 +243,8 @@ _H100 = {
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
                                          "put_nvlink_ns_per_byte", "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte",
-                                         "reduce_ns_per_byte", "handoff_ns")},
+                                         "reduce_ns_per_byte", "handoff_ns", "wake_ns", "assign_ns",
+                                         "stop_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),
     "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (DESIGN.md's torch "

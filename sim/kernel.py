@@ -18,7 +18,8 @@ hands them to processor blocks in arrival order:
 - once every task of this GPU is done, each processor sums its share of the tokens' returned
   rows in choice order (the final combine; costs.reduce_ns, absent when the preset gives it 0).
 A processor is free again `handoff_ns` after its task ends (the scheduler sees it idle and mails
-the next task).
+the next task); a landed tile's tasks can start `wake_ns` after the subscriber's turn, a burst of
+tasks goes out one each `assign_ns`, and the final combine starts `stop_ns` after the last task.
 
 The scheduler is a FIFO ready queue served by identical processors, so each task goes to the
 processor that frees first. `Scheduler` computes that assignment when the tasks are enqueued,
@@ -46,11 +47,12 @@ SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber war
 
 class Scheduler:
     """Processor blocks as a heap of (time free, lane); tasks go to the earliest free one, which
-    is free again `handoff` after the task ends."""
+    is free again `handoff` after the task ends; the scheduler hands out one task each `assign`."""
 
-    def __init__(self, free_at: list[float], handoff: float = 0.0):
+    def __init__(self, free_at: list[float], handoff: float = 0.0, assign: float = 0.0):
         self.free = [(t, lane) for lane, t in enumerate(free_at)]
-        self.handoff = handoff
+        self.handoff, self.assign_ns = handoff, assign
+        self.turn = 0.0  # when the scheduler can hand out its next task
         heapq.heapify(self.free)
 
     def assign(self, now: float, durations) -> list[tuple[int, float, float]]:
@@ -58,7 +60,8 @@ class Scheduler:
         out = []
         for d in durations:
             t, lane = heapq.heappop(self.free)
-            start = max(now, t)
+            start = max(now, t, self.turn)
+            self.turn = max(now, self.turn) + self.assign_ns
             end = start + d
             heapq.heappush(self.free, (end + self.handoff, lane))
             out.append((lane, start, end))
@@ -127,7 +130,7 @@ class FusedKernel:
         for x, end in ready.items():
             stored = costs.stores_dispatch(self.dispatch, int(self.plan.transfer_link[x]))
             self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
-        self.scheduler = Scheduler(free_at, self.hw.handoff_ns)
+        self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns)
         if not self.phases_left:
             self.final_combine(max(free_at))
 
@@ -162,7 +165,7 @@ class FusedKernel:
         self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end,
                      int(self.plan.tile_expert[t]), t, int(self.plan.transfer_src[x]))
         kind = GEMM0 if int(self.plan.transfer_kind[x]) == DISPATCH else COMBINE
-        self.env.timeout(end - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
+        self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
 
     def enqueue(self, t: int, kind: int) -> None:
         """Hand tile `t`'s tasks of one phase to the scheduler; go on when the last one ends."""
@@ -190,7 +193,7 @@ class FusedKernel:
         else:
             self.on_tile_done(t)
         if not self.phases_left:
-            self.final_combine(self.env.now + self.hw.handoff_ns)
+            self.final_combine(self.env.now + self.hw.stop_ns)
 
     def final_combine(self, start: float) -> None:
         """Every processor sums its share of this GPU's tokens (when the preset models it)."""
