@@ -19,7 +19,8 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   this GPU's inbox on one GPU alone, least squares over share sizes (its stores drain before the
   tile's signal: slower per byte than copy_rows; on two GPUs the local shares are held to the
   NVLink ones' pace, which the model checks, not fits);
-- reduce_ns_per_byte: the final ordered combine's time per block over the bytes it moves;
+- reduce_ns_per_byte, reduce_l2_ns_per_byte: the final ordered combine's time per block over the
+  bytes it moves, at 1K-16K tokens: from HBM, and for the share of them the L2 holds;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
 - handoff_ns: the processors' median gap between tasks, from the megakernel's telemetry on a
@@ -296,12 +297,35 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
         fitted = path == "store" and link == LOCAL and world[id(d)] == 1 and f.values["dispatch_store_ns_per_byte"]
         f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{world[id(d)]} GPU(s), "
                 f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
-    comb = _need(raw, "combine", "the final combine's time per block")[0]
-    warps = comb["n_proc"] * costs.REDUCE_WARPS
-    moved = costs.reduce_bytes(math.ceil(comb["tokens"] / warps) * costs.REDUCE_WARPS, comb["top_k"], comb["hidden"],
-                               comb.get("bytes_per_value", 4))  # files before bf16 measured float32 rows only
-    f.set("reduce_ns_per_byte", comb["ns_per_block"]["median"] / moved,
-          f"{origin}: the ordered combine of {comb['tokens']} tokens over {comb['n_proc']} processors, per byte")
+    _fit_reduce(f, _need(raw, "combine", "the final combine's time per block"), origin)
+
+
+def _fit_reduce(f: Fit, points: list[dict], origin: str) -> None:
+    """The final combine per byte: at one layer size, one rate; at several, least squares of
+    time per byte = L2 rate x held + HBM rate x (1 - held), held = min(1, knee / all bytes)."""
+    rows = []
+    for c in points:
+        warps = c["n_proc"] * costs.REDUCE_WARPS
+        nb = c.get("bytes_per_value", 4)  # files before bf16 measured float32 rows only
+        moved = costs.reduce_bytes(math.ceil(c["tokens"] / warps) * costs.REDUCE_WARPS, c["top_k"], c["hidden"], nb)
+        total = costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], nb)
+        rows.append((c, moved, min(1.0, f.values["l2_knee_bytes"] / total), c["ns_per_block"]["median"]))
+    if len(rows) == 1:
+        c, moved, _, y = rows[0]
+        f.set("reduce_ns_per_byte", y / moved,
+              f"{origin}: the ordered combine of {c['tokens']} tokens over {c['n_proc']} processors, per byte")
+        f.set("reduce_l2_ns_per_byte", 0.0, f"{origin}: one layer size measured: one rate")
+        return
+    a = np.array([(1.0 - held, held) for _, _, held, _ in rows])
+    (hbm, l2), *_ = np.linalg.lstsq(a, np.array([y / moved for _, moved, _, y in rows]), rcond=None)
+    sizes = ", ".join(str(c["tokens"]) for c, *_ in rows)
+    how = (f"{origin}: the ordered combine at {sizes} tokens, least squares of time per byte = L2 rate x held + "
+           "HBM rate x (1 - held), held = min(1, l2_knee_bytes / the bytes of all processors)")
+    f.set("reduce_ns_per_byte", max(float(hbm), 0.0), how)
+    f.set("reduce_l2_ns_per_byte", max(float(l2), 0.0), how)
+    for c, moved, held, y in rows:
+        f.check(f"ordered combine of {c['tokens']} tokens, per block (ns)", y,
+                moved * (f.values["reduce_l2_ns_per_byte"] * held + f.values["reduce_ns_per_byte"] * (1 - held)))
 
 
 def _fit_store_dispatch(f: Fit, pts: list[dict], hw, origin: str) -> None:

@@ -244,10 +244,22 @@ def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:
 
 def reduce_ns(hw: Hardware, cfg: Config, processors: int) -> float:
     """One processor's share of the final ordered combine: its tokens' k returned rows read and
-    the sum written (0 when the preset does not model it)."""
+    the sum written (0 when the preset does not model it), at reduce_ns_per_byte_at."""
     warps = processors * REDUCE_WARPS
     tokens = math.ceil(cfg.tokens / warps) * REDUCE_WARPS
-    return reduce_bytes(tokens, cfg.top_k + cfg.shared_experts, cfg.hidden, cfg.dtype_bytes) * hw.reduce_ns_per_byte
+    rows = cfg.top_k + cfg.shared_experts
+    total = reduce_bytes(cfg.tokens, rows, cfg.hidden, cfg.dtype_bytes)
+    return reduce_bytes(tokens, rows, cfg.hidden, cfg.dtype_bytes) * reduce_ns_per_byte_at(hw, total)
+
+
+def reduce_ns_per_byte_at(hw: Hardware, total: float) -> float:
+    """The final combine's time per byte when all processors move `total` bytes: the share of
+    them the L2 holds (l2_knee_bytes of the rows GEMM1 just wrote) at reduce_l2_ns_per_byte,
+    the rest from HBM at reduce_ns_per_byte (one rate where the preset measured one size)."""
+    if not hw.reduce_l2_ns_per_byte:
+        return hw.reduce_ns_per_byte
+    held = min(1.0, hw.l2_knee_bytes / total) if total > 0 else 1.0
+    return hw.reduce_l2_ns_per_byte * held + hw.reduce_ns_per_byte * (1.0 - held)
 
 
 def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool) -> float:

@@ -88,7 +88,8 @@ class Hardware:
     # the tile's count and signal: slower per byte than copy_rows, which does not wait for them)
     dispatch_store_fixed_ns: float
     dispatch_store_ns_per_byte: float
-    reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written
+    reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written (from HBM)
+    reduce_l2_ns_per_byte: float  # the same for the bytes the L2 still holds (0: one rate for all)
     handoff_ns: float  # a processor idle between two tasks: scheduler sees it idle, mails the next one
     # with processors idle: a landed tile's first task starts wake_ns after the subscriber's turn (the
     # scheduler's poll of the queue, the mailbox), each task of a burst assign_ns after the one before
@@ -243,7 +244,8 @@ _H100 = {
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
                                          "put_nvlink_ns_per_byte", "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte",
-                                         "reduce_ns_per_byte", "handoff_ns", "wake_ns", "assign_ns",
+                                         "reduce_ns_per_byte", "reduce_l2_ns_per_byte", "handoff_ns",
+                                         "wake_ns", "assign_ns",
                                          "stop_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),

@@ -133,6 +133,25 @@ def test_a_file_from_before_the_small_scheduler_layer_stops_a_hand_off_after_the
     assert (v["wake_ns"], v["assign_ns"], v["stop_ns"]) == (0.0, 0.0, TRUE["handoff_ns"])
 
 
+def test_the_final_combine_at_several_sizes_fits_an_l2_and_an_hbm_rate(tmp_path):
+    """Rows the L2 still holds (l2_knee_bytes of them) are combined at one rate, the rest at another."""
+    raw = synthetic()
+    hw = hardware.PRESETS["h200-sxm"].replace(l2_knee_bytes=TRUE["l2_knee_bytes"], reduce_ns_per_byte=0.08,
+                                              reduce_l2_ns_per_byte=0.05)
+    raw["combine"] = []
+    for tokens in (1024, 4096, 8192, 16384):
+        cfg = presets.get("flashmoe").replace(ranks=1, tokens=tokens)
+        raw["combine"].append({"tokens": tokens, "top_k": 2, "hidden": 2048, "n_proc": 263, "bytes_per_value": 4,
+                               "ns_per_block": _stat(costs.reduce_ns(hw, cfg, 263))})
+    _, fits = calibrate.calibrate(_write(tmp_path, raw), out=tmp_path / "calibrated-h200.json")
+    v = fits["float32"].values
+    assert v["reduce_ns_per_byte"] == pytest.approx(0.08, rel=1e-6)
+    assert v["reduce_l2_ns_per_byte"] == pytest.approx(0.05, rel=1e-6)
+    knee = TRUE["l2_knee_bytes"]
+    small, large = (costs.reduce_ns_per_byte_at(hw, b) for b in (knee / 2, 100 * knee))
+    assert small == pytest.approx(0.05) and 0.05 < large < 0.08
+
+
 def test_the_scheduler_hands_out_a_burst_one_task_each_assign_ns():
     from sim.kernel import Scheduler
 
