@@ -155,11 +155,12 @@ def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None
     port's share bounds it too. (The network path hands the put to a NIC or a proxy: no block
     time here.)"""
     inflight = nbytes if inflight is None else inflight
-    stores = {LOCAL: hw.put_local_ns_per_byte, NVLINK: hw.put_nvlink_ns_per_byte}.get(link, 0.0)
-    if not stores:
+    if link not in (LOCAL, NVLINK):
         return 0.0
+    stores = hw.put_local_ns_per_byte if link == LOCAL else hw.put_nvlink_ns_per_byte
+    # a preset without the block's own rate (0) still shares the NVLink port
     per = contended_ns_per_byte(stores, hw.put_local_extra_ns_per_byte, hw.put_local_half_bytes, inflight,
-                                hw.l2_knee_bytes)
+                                hw.l2_knee_bytes) if stores else 0.0
     return nbytes * (port_ns_per_byte(per, over_link, hw.nvlink_gbps) if link == NVLINK else per)
 
 
