@@ -280,9 +280,12 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
                 costs.put_ns(hw_moves, LOCAL if p["peer"] == "self" else NVLINK, p["bytes"],
                              p["blocks"] * p["bytes"], p["blocks"]))
     dispatches = raw.get("dispatch", [])
-    world = {id(d): d.get("world", raw.get("world")) for d in dispatches}  # files before it: the file's world
+
+    def world(d: dict):  # files from before the entries said theirs: the file's world
+        return d.get("world", raw.get("world"))
+
     _fit_store_dispatch(f, [d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"
-                            and world[id(d)] == 1], hw, origin)
+                            and world(d) == 1], hw, origin)
     hw_moves = hw_moves.replace(dispatch_store_fixed_ns=f.values["dispatch_store_fixed_ns"],
                                 dispatch_store_ns_per_byte=f.values["dispatch_store_ns_per_byte"])
     for d in dispatches:
@@ -291,11 +294,11 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
         nbytes = d["rows"]["median"] * d["bytes_per_row"]
         # the shares over each link in the same layer's dispatch (its other entry, on two GPUs)
         over = {LOCAL if e["peer"] == "self" else NVLINK: e.get("shares", e.get("tiles")) for e in dispatches
-                if (e.get("tokens"), world[id(e)], e.get("path")) == (d.get("tokens"), world[id(d)], d.get("path"))}
+                if (e.get("tokens"), world(e), e.get("path")) == (d.get("tokens"), world(d), d.get("path"))}
         model = costs.dispatch_ns(hw_moves, nbytes, link, path, n * nbytes, over) - hw_moves.task_overhead_ns
         layer = f"T={d['tokens']}, " if "tokens" in d else ""
-        fitted = path == "store" and link == LOCAL and world[id(d)] == 1 and f.values["dispatch_store_ns_per_byte"]
-        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{world[id(d)]} GPU(s), "
+        fitted = path == "store" and link == LOCAL and world(d) == 1 and f.values["dispatch_store_ns_per_byte"]
+        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{world(d)} GPU(s), "
                 f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
     _fit_reduce(f, _need(raw, "combine", "the final combine's time per block"), origin)
 
@@ -309,7 +312,7 @@ def _fit_reduce(f: Fit, points: list[dict], origin: str) -> None:
         nb = c.get("bytes_per_value", 4)  # files before bf16 measured float32 rows only
         moved = costs.reduce_bytes(math.ceil(c["tokens"] / warps) * costs.REDUCE_WARPS, c["top_k"], c["hidden"], nb)
         total = costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], nb)
-        rows.append((c, moved, min(1.0, f.values["l2_knee_bytes"] / total), c["ns_per_block"]["median"]))
+        rows.append((c, moved, costs.l2_held(f.values["l2_knee_bytes"], total), c["ns_per_block"]["median"]))
     if len(rows) == 1:
         c, moved, _, y = rows[0]
         f.set("reduce_ns_per_byte", y / moved,

@@ -259,8 +259,13 @@ def reduce_ns_per_byte_at(hw: Hardware, total: float) -> float:
     the rest from HBM at reduce_ns_per_byte (one rate where the preset measured one size)."""
     if not hw.reduce_l2_ns_per_byte:
         return hw.reduce_ns_per_byte
-    held = min(1.0, hw.l2_knee_bytes / total) if total > 0 else 1.0
+    held = l2_held(hw.l2_knee_bytes, total)
     return hw.reduce_l2_ns_per_byte * held + hw.reduce_ns_per_byte * (1.0 - held)
+
+
+def l2_held(knee_bytes: float, total: float) -> float:
+    """The share of `total` bytes just written that the L2 still holds (`knee_bytes` of them)."""
+    return min(1.0, knee_bytes / total) if total > 0 else 1.0
 
 
 def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool) -> float:
