@@ -245,8 +245,7 @@ _H100 = {
                                          "put_nvlink_ns_per_byte", "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte",
                                          "reduce_ns_per_byte", "reduce_l2_ns_per_byte", "handoff_ns",
-                                         "wake_ns", "assign_ns",
-                                         "stop_ns")},
+                                         "wake_ns", "assign_ns", "stop_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),
     "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (DESIGN.md's torch "

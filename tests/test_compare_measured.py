@@ -59,6 +59,18 @@ def test_each_run_is_predicted_with_its_own_kernels_microbenchmarks():
         assert own or commit == run.commit, f"{run.name}: its kernel's microbenchmarks are not committed"
 
 
+def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path, monkeypatch):
+    """No earlier kernel's calibration is committed now: the choice is checked on a made-up tree."""
+    run = RUNS[0]
+    earlier = "0123abc" + "0" * 33
+    for name in (f"calibrated-{run.gpu_tag}.json", f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"):
+        (tmp_path / name).write_text("{}")
+    monkeypatch.setattr(compare, "MEASUREMENTS", tmp_path)
+    old = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "commit": earlier}))
+    assert compare.calibrated_for(old).name == f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"
+    assert compare.calibrated_for(run).name == f"calibrated-{run.gpu_tag}.json"
+
+
 def test_each_run_is_predicted_on_its_kernels_dispatch_path():
     """Traces say how their kernel dispatched since it stores rows; the ones before put every tile."""
     run = RUNS[0]
