@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import KERNEL_DIR, MIN_BLOCKS_PER_SM
+from .layout import KERNEL_DIR
 
 ARCH = "sm_90a"  # wgmma (the bf16 tile GEMM) exists on sm_90a only: H100, H200
 
@@ -70,7 +70,7 @@ def cache_key(options: dict[str, int], arch: str, nvcc_ver: str, nvshmem_ver: st
     for name, data in sorted(sources):
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
     h.update(repr(sorted(options.items())).encode())
-    h.update(f"{arch}|{nvcc_ver}|{nvshmem_ver}|{MIN_BLOCKS_PER_SM}".encode())
+    h.update(f"{arch}|{nvcc_ver}|{nvshmem_ver}".encode())
     return h.hexdigest()[:24]
 
 
@@ -93,7 +93,7 @@ def arch_flags(arch: str) -> list[str]:
 
 def nvcc_commands(nvcc: str, arch: str, options: dict[str, int], nvshmem: Path, obj: Path,
                   cubin: Path, unit: str = "moe.cu") -> list[list[str]]:
-    defines = [f"-D{k}={v}" for k, v in sorted(options.items())] + [f"-DMIN_BLOCKS_PER_SM={MIN_BLOCKS_PER_SM}"]
+    defines = [f"-D{k}={v}" for k, v in sorted(options.items())]
     target = arch_flags(arch)
     compile_cmd = [nvcc, *target, "-rdc=true", "-O3", "-std=c++17", "-c", str(KERNEL_DIR / unit),
                    f"-I{nvshmem / 'include'}", *defines, "-o", str(obj)]

@@ -57,7 +57,7 @@ def put_return_case(name: str, config: dict) -> dict:
 BF16_TILE = (128, 128, 64)
 # `tiles` points: the default at these shapes (the first also a `sweep` point): narrower and shorter
 # tiles, more of them (slices are 64 deep: wgmma's 128-byte swizzled rows)
-BF16_TILE_VARIANTS = ((128, 64, 64), (64, 128, 64))
+BF16_TILE_VARIANTS = ((128, 256, 64), (128, 64, 64), (64, 128, 64))
 
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
@@ -76,6 +76,10 @@ def bf16_check_cases(p: int, seed: int) -> list[dict]:
         # 4 stages over K = 256 and 512, full 128-row tiles and a short last one, 64-wide wgmmas
         ("full_tiles_128x64", dict(tokens=600, tile_m=128, tile_n=64, hidden=256, ffn=512, experts=4 * p,
                                    activation="gelu_tanh")),
+        # two warpgroups of 128 columns each (one block per SM), short tiles and full ones
+        ("wide_tile_128x256", dict(tokens=333, tile_m=128, tile_n=256, hidden=256, ffn=512, experts=8 * p)),
+        ("wide_tile_64x256", dict(tokens=600, tile_m=64, tile_n=256, hidden=512, ffn=256, experts=4 * p,
+                                  activation="gelu_tanh")),
     ]
     return [{"name": f"check-bf16-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
              "baseline_check": True} for n, ch in cases] + \

@@ -19,7 +19,7 @@ from reference import Config, ConfigError
 KERNEL_DIR = Path(__file__).parent / "kernels"
 GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias")  # params.cuh order
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
-BLOCK_THREADS = 128
+WARPGROUP_THREADS = 128  # a block is one warpgroup, or two for the bf16 128 x 256 tile (warpgroups())
 OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
 MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in registers (os.cuh SCHED_GROUPS)
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
@@ -28,18 +28,19 @@ MAX_TOP_K = 16
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
-MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum (gpu/build.py passes it to nvcc): 2 blocks of 4 warps per SM
+MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum of one-warpgroup blocks (the kernels' default): 2 per SM
 CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
 # H100/H200: 228 KiB of shared memory per SM, of which the driver keeps 1 KiB per resident block;
 # 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)
 SMEM_PER_SM = 228 * 1024
-SMEM_PER_BLOCK = SMEM_PER_SM // MIN_BLOCKS_PER_SM - 2 * 1024  # dynamic shared memory a block may take
+SMEM_PER_BLOCK = SMEM_PER_SM // MIN_BLOCKS_PER_SM - 2 * 1024  # dynamic shared memory a one-warpgroup block may take
 BF16_MAX_STAGES = 8  # cp.async stages of the tensor-core tile GEMM, at most (seven slices copied ahead)
 BF16_MIN_STAGES = 3  # two slices of copies in flight while the wgmmas of one finish and the next run
 BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
-BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / 128: the whole tile in registers
-BF16_TILE_N = (32, 64, 128)  # wgmma.m64nNk16 shapes the kernel spells out (kernels/tile_gemm_bf16.cuh)
+BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / block threads: the whole tile in registers
+BF16_TILE_N = (32, 64, 128, 256)  # wgmma.m64nNk16 shapes the kernel spells out, N <= 128 per warpgroup
+BF16_WIDE_TILE_N = 256  # split over two warpgroups (kernels/tile_gemm_bf16.cuh), one block per SM
 TF32_STAGES = 3  # cp.async stages of the TF32 tile GEMM (Tf32TileGemm::STAGES)
 TF32_MAX_TILE_M = 128  # 2 mma row tiles per warp: at 256 rows the TF32 kernel spills registers (ptxas -v)
 TF32_MAX_ACC = 128  # accumulator floats per thread, tile_m x tile_n / 128 threads: more spill
@@ -48,6 +49,23 @@ STATIC_SMEM_BYTES = 48 * 1024  # the TF32 tile GEMM keeps its stages within what
 
 class UnsupportedConfig(ConfigError):
     """A valid config the kernel cannot run (yet)."""
+
+
+def warpgroups(cfg: Config) -> int:
+    """Warpgroups per block: two for the bf16 tile BF16_WIDE_TILE_N wide (each takes half its
+    columns and both share each A slice, one block per SM), else one (two blocks per SM)."""
+    return 2 if cfg.dtype == "bfloat16" and cfg.tile_n == BF16_WIDE_TILE_N else 1
+
+
+def block_threads(options: dict[str, int]) -> int:
+    """Threads per block of the kernels built with `options` (compile_options)."""
+    return WARPGROUP_THREADS * options.get("BLOCK_WARPGROUPS", 1)
+
+
+def smem_per_block(cfg: Config) -> int:
+    """Dynamic shared memory a block may take: its share of the SM at the launch bounds' blocks
+    per SM, less the 1 KiB the driver keeps and 1 KiB of the kernel's own __shared__ variables."""
+    return SMEM_PER_SM * warpgroups(cfg) // MIN_BLOCKS_PER_SM - 2 * 1024
 
 
 def check_supported(cfg: Config) -> None:
@@ -87,9 +105,11 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
     if cfg.tile_m % 64 or cfg.tile_m > 256:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "64, 128, 192 or 256 for bfloat16 (64-row wgmma blocks)")
     if cfg.tile_n not in BF16_TILE_N:
-        raise UnsupportedConfig("tile_n", cfg.tile_n, "32, 64 or 128 for bfloat16 (the wgmma widths the kernel has)")
-    if cfg.tile_m * cfg.tile_n > BF16_MAX_ACC * BLOCK_THREADS:
-        fits = [n for n in BF16_TILE_N if cfg.tile_m * n <= BF16_MAX_ACC * BLOCK_THREADS]
+        raise UnsupportedConfig("tile_n", cfg.tile_n, "32, 64, 128 or 256 for bfloat16 (the wgmma widths the kernel "
+                                "has, 256 as two warpgroups of 128)")
+    threads = WARPGROUP_THREADS * warpgroups(cfg)
+    if cfg.tile_m * cfg.tile_n > BF16_MAX_ACC * threads:
+        fits = [n for n in BF16_TILE_N if cfg.tile_m * n <= BF16_MAX_ACC * WARPGROUP_THREADS * (2 if n == 256 else 1)]
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
                                 f"(at most {BF16_MAX_ACC} accumulators per thread)")
     if cfg.tile_k != 64:
@@ -98,8 +118,8 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
     if bf16_stages(cfg) < BF16_MIN_STAGES:
         need = BF16_MIN_STAGES * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
         raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} cp.async "
-                                f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit {SMEM_PER_BLOCK} B "
-                                f"of shared memory per block (need {need} B)")
+                                f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit "
+                                f"{smem_per_block(cfg)} B of shared memory per block (need {need} B)")
 
 
 def bf16_stage_bytes(cfg: Config) -> int:
@@ -113,7 +133,7 @@ def bf16_stages(cfg: Config) -> int:
     """cp.async stages of the bf16 tile GEMM: as many as fit a block's shared memory less the
     stages' alignment room (BF16_ALIGN_BYTES), at most BF16_MAX_STAGES (passed to the build as
     GEMM_STAGES)."""
-    return min(BF16_MAX_STAGES, (SMEM_PER_BLOCK - BF16_ALIGN_BYTES) // bf16_stage_bytes(cfg))
+    return min(BF16_MAX_STAGES, (smem_per_block(cfg) - BF16_ALIGN_BYTES) // bf16_stage_bytes(cfg))
 
 
 def bf16_smem_bytes(cfg: Config) -> int:
@@ -140,8 +160,8 @@ def _check_tf32_tiles(cfg: Config) -> None:
         if not 8 <= v <= 512 or not _power_of_two(v):
             raise UnsupportedConfig(name, v, "a power of two from 8 to 512 for tf32 (the mma's 8 columns and "
                                     "8-deep steps; every thread copies the same column of each slice)")
-    if cfg.tile_m * cfg.tile_n > TF32_MAX_ACC * BLOCK_THREADS:
-        raise UnsupportedConfig("tile_n", cfg.tile_n, f"at most {TF32_MAX_ACC * BLOCK_THREADS // cfg.tile_m} for "
+    if cfg.tile_m * cfg.tile_n > TF32_MAX_ACC * WARPGROUP_THREADS:
+        raise UnsupportedConfig("tile_n", cfg.tile_n, f"at most {TF32_MAX_ACC * WARPGROUP_THREADS // cfg.tile_m} for "
                                 f"tf32 with tile_m = {cfg.tile_m} ({TF32_MAX_ACC} accumulators per thread; more spill)")
     b_ld = cfg.tile_n if (cfg.tile_n // 8) % 2 else cfg.tile_n + 8  # Tf32TileGemm::A_LD, B_LD: bank padding
     smem = TF32_STAGES * 4 * (cfg.tile_m * (cfg.tile_k + 4) + cfg.tile_k * b_ld)
@@ -199,9 +219,13 @@ KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {
 
 def compile_options(cfg: Config) -> dict[str, int]:
     """The compile-time part of a config: the tile shape and the GEMM precision (one cubin per pair),
-    and the bf16 tile GEMM's stages."""
+    the bf16 tile GEMM's stages, and a block of two warpgroups (one per SM) where warpgroups() says."""
     opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
-    return {**opts, "GEMM_STAGES": bf16_stages(cfg)} if cfg.gemm_precision == "bfloat16" else opts
+    if cfg.gemm_precision == "bfloat16":
+        opts["GEMM_STAGES"] = bf16_stages(cfg)
+    if warpgroups(cfg) > 1:
+        opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=MIN_BLOCKS_PER_SM // warpgroups(cfg))
+    return opts
 
 
 def kernel_name(cfg: Config) -> str:
@@ -225,8 +249,8 @@ def param_fields() -> list[str]:
     return names
 
 
-def gate_split_capacity(tokens: int, grid: int) -> int:
+def gate_split_capacity(tokens: int, units: int) -> int:
     """How many partial-logit copies the gate may need (gate.cuh gate_splits, which also keeps
-    whole slices of H): at most one block per item and split, so capacity x T x E stays within
-    grid x GATE_TOKENS x E float64s."""
-    return max(1, min(GATE_MAX_SPLITS, grid // -(-tokens // GATE_TOKENS)))
+    whole slices of H): at most one unit (a block's warpgroup, kernels/common.cuh) per item and
+    split, so capacity x T x E stays within units x GATE_TOKENS x E float64s."""
+    return max(1, min(GATE_MAX_SPLITS, units // -(-tokens // GATE_TOKENS)))

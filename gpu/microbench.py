@@ -108,14 +108,15 @@ class Bench:
         self.smem_bytes = build.cubin_constant(built.cubin, layout.SMEM_SYMBOL)
         for k in self.k.values():
             allow_dynamic_smem(k, self.smem_bytes, session.device.device_id)
-        self.per_sm = {name: k.occupancy.max_active_blocks_per_multiprocessor(layout.BLOCK_THREADS, self.smem_bytes)
+        threads = layout.block_threads(self.tile)
+        self.per_sm = {name: k.occupancy.max_active_blocks_per_multiprocessor(threads, self.smem_bytes)
                        for name, k in self.k.items()}
         self.base = 0  # ping-pong signal values grow across launches
 
     def launch(self, name: str, grid: int, *args, cooperative: bool = False) -> None:
         from cuda.core import LaunchConfig, launch
 
-        cfg = LaunchConfig(grid=grid, block=layout.BLOCK_THREADS, shmem_size=self.smem_bytes,
+        cfg = LaunchConfig(grid=grid, block=layout.block_threads(self.tile), shmem_size=self.smem_bytes,
                            is_cooperative=cooperative)
         launch(self.s.stream, cfg, self.k[name], *args)
         self.s.sync()

@@ -24,7 +24,7 @@ import numpy as np
 from reference import Config, weights
 
 from . import build, errors, layout, telemetry
-from .layout import BLOCK_THREADS, MAX_PROCESSORS, OS_WARPS, TLOG_CAP, Sizes
+from .layout import MAX_PROCESSORS, OS_WARPS, TLOG_CAP, Sizes
 
 LINE_UP_CYCLES = 4_000_000  # ~2 ms at an H100/H200's ~2 GHz: longer than a host takes to enqueue a launch
 
@@ -221,7 +221,8 @@ class Layer:
         self.sizes = s = Sizes.of(cfg)
         self.loaded = session.kernel(cfg)
         smem = self.loaded.smem_bytes
-        per_sm = self.loaded.kernel.occupancy.max_active_blocks_per_multiprocessor(BLOCK_THREADS, smem)
+        self.block_threads = layout.block_threads(layout.compile_options(cfg))
+        per_sm = self.loaded.kernel.occupancy.max_active_blocks_per_multiprocessor(self.block_threads, smem)
         if per_sm < 1:
             raise layout.UnsupportedConfig("tile_k", cfg.tile_k, f"small enough that a block's {smem} B of shared "
                                            f"memory fit an SM of {session.name}")
@@ -242,7 +243,7 @@ class Layer:
             def empty(*shape, dtype):
                 return torch.empty(*shape, dtype=dtype, device=dev)
 
-            splits = layout.gate_split_capacity(s.T, self.grid)
+            splits = layout.gate_split_capacity(s.T, self.grid * layout.warpgroups(cfg))
             b = dict(y=empty(s.T, s.H, dtype=f32), logits=empty(s.T, s.E, dtype=f64), expert=empty(s.T, s.K, dtype=i32),
                      gate_partial=empty(splits if splits > 1 else 0, s.T, s.E, dtype=f64),
                      weight=empty(s.T, s.K, dtype=f64), slot=empty(s.T, s.K, dtype=i32), counts=empty(s.E, dtype=i32),
@@ -328,7 +329,7 @@ class Layer:
             self._work64.zero_()
             self._work32.zero_()
         self.epoch += 1
-        cfg = LaunchConfig(grid=self.grid, block=BLOCK_THREADS, shmem_size=self.loaded.smem_bytes,
+        cfg = LaunchConfig(grid=self.grid, block=self.block_threads, shmem_size=self.loaded.smem_bytes,
                            is_cooperative=True)
         if events is not None:
             events[0].record(self.session.torch_stream)

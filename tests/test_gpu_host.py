@@ -28,7 +28,7 @@ def test_bf16_tile_shape_is_checked_field_by_field():
     layout.check_supported(bf)
     for change, field in [(dict(tile_k=16), "tile_k"), (dict(tile_m=32), "tile_m"), (dict(tile_m=96), "tile_m"),
                           (dict(tile_m=512, tile_n=32), "tile_m"), (dict(tile_n=16), "tile_n"),
-                          (dict(tile_n=256), "tile_n"),  # no m64n256 in the kernel
+                          (dict(tile_m=256, tile_n=256), "tile_n"),  # 256 accumulators per thread of 2 warpgroups
                           (dict(tile_m=256, tile_n=128), "tile_n"),  # 256 accumulators per thread
                           (dict(tile_k=32), "tile_k"), (dict(tile_k=128), "tile_k"),  # 64: one swizzled line
                           (dict(tile_m=256, tile_n=64), "tile_k")]:  # 3 stages of 40 KiB exceed 112 KiB
@@ -40,19 +40,27 @@ def test_bf16_tile_shape_is_checked_field_by_field():
     with pytest.raises(layout.UnsupportedConfig, match=r"tile_n.*one of \[32, 64\]"):
         layout.check_supported(bf.replace(tile_m=256))
     assert layout.compile_options(bf) == {"TILE_M": 128, "TILE_N": 128, "TILE_K": 64, "MOE_BF16": 1, "GEMM_STAGES": 3}
+    wide = bf.replace(tile_n=256)
+    layout.check_supported(wide)
+    assert layout.compile_options(wide) == {"TILE_M": 128, "TILE_N": 256, "TILE_K": 64, "MOE_BF16": 1, "GEMM_STAGES": 4,
+                                            "BLOCK_WARPGROUPS": 2, "MIN_BLOCKS_PER_SM": 1}
+    assert layout.block_threads(layout.compile_options(wide)) == 256 and layout.block_threads({}) == 128
     assert layout.kernel_name(bf) == "moelab_moe_bf16" and layout.kernel_name(flash) == "moelab_moe_fp32"
 
 
-def test_bf16_stages_fill_a_block_of_two_per_sm():
+def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_two_warpgroups():
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
     assert layout.SMEM_PER_BLOCK == 112 * 1024  # 228 KiB per SM: 2 blocks, 1 KiB reserved and 1 KiB static each
-    for (m, n), stages in [((128, 128), 3), ((128, 64), 4), ((64, 128), 4), ((64, 32), 8), ((192, 64), 3)]:
+    for (m, n), stages in [((128, 128), 3), ((128, 64), 4), ((64, 128), 4), ((64, 32), 8), ((192, 64), 3),
+                           ((128, 256), 4), ((64, 256), 5)]:
         cfg = flash.replace(tile_m=m, tile_n=n, tile_k=64)
         layout.check_supported(cfg)
+        wide = n == 256  # one block of two warpgroups per SM: 226 KiB of it
+        assert layout.smem_per_block(cfg) == (226 if wide else 112) * 1024
         stage = 2 * (m + n) * 64
         assert layout.bf16_stage_bytes(cfg) == stage and layout.bf16_stages(cfg) == stages
-        assert layout.bf16_smem_bytes(cfg) == stages * stage + 1024 <= layout.SMEM_PER_BLOCK
-        assert m * n // layout.BLOCK_THREADS <= layout.BF16_MAX_ACC
+        assert layout.bf16_smem_bytes(cfg) == stages * stage + 1024 <= layout.smem_per_block(cfg)
+        assert m * n // layout.block_threads(layout.compile_options(cfg)) <= layout.BF16_MAX_ACC
 
 
 def test_bf16_tile_rows_stay_half_the_bytes():

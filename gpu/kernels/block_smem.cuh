@@ -14,11 +14,11 @@
 #endif
 
 #if MOE_BF16
-constexpr int GEMM_SMEM_BYTES = WgmmaTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES>::SMEM_BYTES;
+constexpr int GEMM_SMEM_BYTES = WgmmaTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES, BLOCK_WARPGROUPS>::SMEM_BYTES;
 #elif MOE_TF32
 constexpr int GEMM_SMEM_BYTES = Tf32TileGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES;
 #else
 constexpr int GEMM_SMEM_BYTES = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS * 4;
 #endif
-constexpr int SMEM_BYTES = GEMM_SMEM_BYTES > GATE_SMEM_DOUBLES * 8 ? GEMM_SMEM_BYTES : GATE_SMEM_DOUBLES * 8;
+constexpr int SMEM_BYTES = GEMM_SMEM_BYTES > GATE_BLOCK_SMEM_BYTES ? GEMM_SMEM_BYTES : GATE_BLOCK_SMEM_BYTES;
 extern "C" __constant__ int moelab_smem_bytes = SMEM_BYTES;

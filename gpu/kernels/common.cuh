@@ -4,6 +4,27 @@
 #pragma once
 #include "params.cuh"
 
+// The block: BLOCK_WARPGROUPS warpgroups of 128 threads (gpu/layout.py passes it with the tile
+// shape). One warpgroup, two blocks per SM, everywhere but the bf16 128 x 256 tile, whose two
+// warpgroups share each A slice in one block per SM (more multiply per byte read from L2).
+#ifndef BLOCK_WARPGROUPS
+#define BLOCK_WARPGROUPS 1
+#endif
+constexpr int UNIT_THREADS = 128, BLOCK_THREADS = UNIT_THREADS * BLOCK_WARPGROUPS;
+
+// The gate and capacity phases are written for 128-thread units (4 warps of FP64 mma tiles, 4
+// lanes per token): each warpgroup of a block is a unit of its own, with its own work items, its
+// own slice of the shared memory and its own barrier (named barrier 2 + w; 1 is the subscriber's).
+__device__ __forceinline__ int unit_tid() { return threadIdx.x % UNIT_THREADS; }
+__device__ __forceinline__ int unit_index() { return blockIdx.x * BLOCK_WARPGROUPS + threadIdx.x / UNIT_THREADS; }
+__device__ __forceinline__ int unit_count() { return gridDim.x * BLOCK_WARPGROUPS; }
+__device__ __forceinline__ void unit_sync() {
+  if constexpr (BLOCK_WARPGROUPS == 1)
+    __syncthreads();
+  else
+    asm volatile("bar.sync %0, %1;" ::"r"(2 + (int)threadIdx.x / UNIT_THREADS), "n"(UNIT_THREADS) : "memory");
+}
+
 __device__ __forceinline__ uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -28,6 +28,11 @@ constexpr int GATE_LOGIT_BYTES = GATE_TOKENS * GATE_SMEM_LOGITS * 8;  // after t
 constexpr int GATE_SMEM_BYTES = GATE_STAGES * GATE_STAGE_BYTES > GATE_LOGIT_BYTES ? GATE_STAGES * GATE_STAGE_BYTES
                                                                                    : GATE_LOGIT_BYTES;
 constexpr int GATE_SMEM_DOUBLES = (GATE_SMEM_BYTES + 7) / 8;
+// each 128-thread unit of a block (common.cuh) has a slice of the block's buffer of its own
+constexpr int GATE_BLOCK_SMEM_BYTES = GATE_SMEM_DOUBLES * 8 * BLOCK_WARPGROUPS;
+__device__ __forceinline__ unsigned char* gate_unit_smem(unsigned char* smem) {
+  return smem + threadIdx.x / UNIT_THREADS * (GATE_SMEM_DOUBLES * 8);
+}
 
 // d += a . b on the FP64 tensor cores: an 8x4 by 4x8 product per warp. Lane l holds a = A[l/4][l%4],
 // b = B[l%4][l/4] and d = D[l/4][2 (l%4) + {0, 1}]; every product and sum is an IEEE fp64 fma.
@@ -50,13 +55,13 @@ __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool 
 // Copies past T, H or E are zero-filled by the copy itself. The logits of E <= GATE_SMEM_LOGITS
 // experts are also left in shared memory (over the drained stages) for the selection.
 __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigned char* smem, double* partial) {
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = unit_tid(), lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, quad = lane % 4;
   constexpr int MT = GATE_TOKENS / 8, NT = GATE_EXPERTS / 4 / 8;  // mma tiles per warp
   constexpr int XV = 16 / (int)sizeof(elem_t);                      // tokens' elements per 16-byte copy
-  constexpr int X_COPIES = GATE_TOKENS * GATE_DEPTH / XV / 128, W_COPIES = GATE_DEPTH * GATE_EXPERTS / 4 / 128;
+  constexpr int X_COPIES = GATE_TOKENS * GATE_DEPTH / XV / UNIT_THREADS, W_COPIES = GATE_DEPTH * GATE_EXPERTS / 4 / UNIT_THREADS;
   static_assert(GATE_EXPERTS == 4 * 8 * NT && GATE_TOKENS % 8 == 0 && GATE_DEPTH % 4 == 0, "gate item shape");
-  static_assert(X_COPIES * XV * 128 == GATE_TOKENS * GATE_DEPTH && W_COPIES * 4 * 128 == GATE_DEPTH * GATE_EXPERTS,
+  static_assert(X_COPIES * XV * UNIT_THREADS == GATE_TOKENS * GATE_DEPTH && W_COPIES * 4 * UNIT_THREADS == GATE_DEPTH * GATE_EXPERTS,
                 "every thread issues the same number of copies");
   // H is a multiple of tile_n (8 for float32, 16 for bf16), so a token row's 16-byte chunks are
   // whole and aligned; gate weight rows are only when E % 4 == 0 (else 4-byte copies)
@@ -77,21 +82,21 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
       float* ws = ws_of(stage);
 #pragma unroll
       for (int u = 0; u < X_COPIES; ++u) {
-        const int v = tid + 128 * u, tok = v / (GATE_DEPTH / XV), h = (v % (GATE_DEPTH / XV)) * XV;
+        const int v = tid + UNIT_THREADS * u, tok = v / (GATE_DEPTH / XV), h = (v % (GATE_DEPTH / XV)) * XV;
         const bool in = t0 + tok < T && h0 + h < h_hi;
         cp_async16(smem_addr(xs + tok * GATE_XS_LD + h), in ? x + (long long)(t0 + tok) * H + h0 + h : x, in);
       }
       if (w_vec) {
 #pragma unroll
         for (int u = 0; u < W_COPIES; ++u) {
-          const int v = tid + 128 * u, k = v / (GATE_EXPERTS / 4), e = (v % (GATE_EXPERTS / 4)) * 4;
+          const int v = tid + UNIT_THREADS * u, k = v / (GATE_EXPERTS / 4), e = (v % (GATE_EXPERTS / 4)) * 4;
           const bool in = h0 + k < h_hi && e0 + e < E;
           cp_async16(smem_addr(ws + k * GATE_WS_LD + e), in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
         }
       } else {
 #pragma unroll 4
         for (int u = 0; u < 4 * W_COPIES; ++u) {
-          const int v = tid + 128 * u, k = v / GATE_EXPERTS, e = v % GATE_EXPERTS;
+          const int v = tid + UNIT_THREADS * u, k = v / GATE_EXPERTS, e = v % GATE_EXPERTS;
           const bool in = h0 + k < h_hi && e0 + e < E;
           cp_async4(smem_addr(ws + k * GATE_WS_LD + e), in ? wg + (long long)(h0 + k) * E + e0 + e : wg, in);
         }
@@ -108,7 +113,7 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
 #pragma unroll
         for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = 0.0;
     cp_async_wait<GATE_STAGES - 2>();
-    __syncthreads();  // slice s has landed for all threads; slice s - 1's stage is free to refill
+    unit_sync();  // slice s has landed for all threads; slice s - 1's stage is free to refill
     issue(s + GATE_STAGES - 1);
     const elem_t* xs = xs_of(s % GATE_STAGES);
     const float* ws = ws_of(s % GATE_STAGES);
@@ -129,7 +134,7 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
       const bool keep = !partial && E <= GATE_SMEM_LOGITS;  // the only pass: drain before reusing smem
       if (keep) {
         cp_async_wait<0>();
-        __syncthreads();
+        unit_sync();
       }
       double* logits_smem = reinterpret_cast<double*>(smem);
 #pragma unroll
@@ -154,7 +159,7 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
 
 __device__ __forceinline__ double sigmoid64(double z) { return 1.0 / (1.0 + exp(-z)); }
 
-constexpr int SELECT_LANES = 128 / GATE_TOKENS;  // lanes that share one token's selection
+constexpr int SELECT_LANES = UNIT_THREADS / GATE_TOKENS;  // lanes that share one token's selection
 static_assert(SELECT_LANES == 4, "the selection's shuffles pair lanes 1 and 2 apart");
 
 // The better of two candidates: the higher score, a tie to the lower expert index (-1: none).
@@ -228,55 +233,56 @@ static_assert(GATE_CHOICE_OFFSET + GATE_TOKENS * 16 * 4 <= GATE_SMEM_BYTES, "the
 // for E <= GATE_SMEM_LOGITS, else in p.logits), then its row counts: p.slot_base[(e K + j) items
 // + item] = the item's tokens whose choice j is expert e (the capacity phase's scan input).
 __device__ void gate_choose(const Params& p, int item, unsigned char* smem) {
-  const int t0 = item * GATE_TOKENS, tok = threadIdx.x / SELECT_LANES, t = t0 + tok;
+  const int t0 = item * GATE_TOKENS, tok = unit_tid() / SELECT_LANES, t = t0 + tok;
   const bool valid = t < p.T;
   const int E = (int)p.E, K = (int)p.K, items = ceil_div((int)p.T, GATE_TOKENS);
   const double* z = p.E <= GATE_SMEM_LOGITS ? reinterpret_cast<const double*>(smem) + tok * p.E
                                             : p.logits + (long long)(valid ? t : t0) * p.E;
   int* choices = reinterpret_cast<int*>(smem + GATE_CHOICE_OFFSET);
-  gate_select(p, t, z, threadIdx.x % SELECT_LANES, valid, choices + tok * K);
-  __syncthreads();
-  for (int q = threadIdx.x; q < K * E; q += blockDim.x) {
+  gate_select(p, t, z, unit_tid() % SELECT_LANES, valid, choices + tok * K);
+  unit_sync();
+  for (int q = unit_tid(); q < K * E; q += UNIT_THREADS) {
     const int j = q / E, e = q % E;
     int n = 0;
     for (int i = 0; i < GATE_TOKENS; ++i) n += choices[i * K + j] == e;
     p.slot_base[((long long)e * K + j) * items + item] = n;
   }
-  __syncthreads();  // the shared logits and choices are read before the next item overwrites them
+  unit_sync();  // the shared logits and choices are read before the next item overwrites them
 }
 
-// How many blocks share one item's H: enough that every block has a share when the tokens are
-// few (at most the capacity of p.gate_partial), each an equal number of whole GATE_DEPTH slices,
+// How many units (common.cuh) share one item's H: enough that every unit has a share when the
+// tokens are few (at most the capacity of p.gate_partial), each an equal number of whole GATE_DEPTH slices,
 // none empty.
 __device__ __forceinline__ int gate_splits(const Params& p, int items) {
   const int slices = ceil_div(p.H, GATE_DEPTH);
-  const int want = max(1, min(min((int)gridDim.x / items, slices), (int)p.gate_splits));
+  const int want = max(1, min(min(unit_count() / items, slices), (int)p.gate_splits));
   return ceil_div(slices, ceil_div(slices, want));
 }
 
-// The gate of every token, on all blocks: each GATE_TOKENS-token item's logits, then its top-k.
-// With few items the H range of an item is split over blocks, whose partial sums meet after a
+// The gate of every token, on all units: each GATE_TOKENS-token item's logits, then its top-k.
+// With few items the H range of an item is split over units, whose partial sums meet after a
 // grid barrier and are added in split order (the same every run), then selected from. Returns
 // the grid barriers it passed (0 or 1), -1 if the barrier was given up.
-__device__ int gate_phase(const Params& p, unsigned char* smem) {
+__device__ int gate_phase(const Params& p, unsigned char* block_smem) {
+  unsigned char* smem = gate_unit_smem(block_smem);
   const int items = ceil_div(p.T, GATE_TOKENS), splits = gate_splits(p, items);
   const int depth = ceil_div(ceil_div(p.H, GATE_DEPTH), splits) * GATE_DEPTH;  // H per split
   const long long TE = p.T * p.E;
   double* logits_smem = reinterpret_cast<double*>(smem);
   // one loop for both cases: the gate's scores are inlined once (a second copy spilled registers)
-  for (int u = blockIdx.x; u < items * splits; u += gridDim.x) {
+  for (int u = unit_index(); u < items * splits; u += unit_count()) {
     const int item = u / splits, part = u % splits;
     const int h_lo = min(part * depth, (int)p.H), h_hi = min(h_lo + depth, (int)p.H);
     gate_scores(p, item * GATE_TOKENS, h_lo, h_hi, smem, splits > 1 ? p.gate_partial + part * TE : nullptr);
-    __syncthreads();  // the block's logits are written before its threads read them back
+    unit_sync();  // the unit's logits are written before its threads read them back
     if (splits == 1) gate_choose(p, item, smem);
   }
   if (splits == 1) return 0;
   if (!grid_barrier(p, 0)) return -1;
   const int E = (int)p.E;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  for (int item = unit_index(); item < items; item += unit_count()) {
     const int t0 = item * GATE_TOKENS;
-    for (int i = threadIdx.x; i < GATE_TOKENS * E; i += blockDim.x) {
+    for (int i = unit_tid(); i < GATE_TOKENS * E; i += UNIT_THREADS) {
       const int tok = i / E, e = i % E;
       if (t0 + tok >= p.T) continue;
       const long long at = (long long)(t0 + tok) * E + e;
@@ -286,7 +292,7 @@ __device__ int gate_phase(const Params& p, unsigned char* smem) {
       p.logits[at] = z;
       if (E <= GATE_SMEM_LOGITS) logits_smem[tok * E + e] = z;
     }
-    __syncthreads();
+    unit_sync();
     gate_choose(p, item, smem);
   }
   return 1;
@@ -302,16 +308,18 @@ __device__ int gate_phase(const Params& p, unsigned char* smem) {
 // (One block scanning every (token, choice) per expert took ~50 us at 8K tokens, ~100 at 16K.)
 // Returns the grid barriers passed in all, -1 if one was given up.
 __device__ int capacity_phase(const Params& p, unsigned char* smem, int barriers) {
-  __shared__ int warp_sums[4];
-  __shared__ int carry;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  __shared__ int unit_warp_sums[BLOCK_WARPGROUPS][4];
+  __shared__ int unit_carry[BLOCK_WARPGROUPS];
+  int* warp_sums = unit_warp_sums[threadIdx.x / UNIT_THREADS];
+  int& carry = unit_carry[threadIdx.x / UNIT_THREADS];
+  const int tid = unit_tid(), lane = tid % 32, warp = tid / 32;
   const int E = (int)p.E, K = (int)p.K, items = ceil_div((int)p.T, GATE_TOKENS), n = K * items;
   if (!grid_barrier(p, barriers++)) return -1;
-  for (int e = blockIdx.x; e < E; e += gridDim.x) {
+  for (int e = unit_index(); e < E; e += unit_count()) {
     int* base = p.slot_base + (long long)e * n;
     if (tid == 0) carry = 0;
-    __syncthreads();
-    for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+    unit_sync();
+    for (int i0 = 0; i0 < n; i0 += UNIT_THREADS) {
       const int i = i0 + tid, v = i < n ? __ldcg(base + i) : 0;
       int incl = v;
 #pragma unroll
@@ -320,24 +328,24 @@ __device__ int capacity_phase(const Params& p, unsigned char* smem, int barriers
         if (lane >= d) incl += up;
       }
       if (lane == 31) warp_sums[warp] = incl;
-      __syncthreads();
+      unit_sync();
       int before = carry;
       for (int w = 0; w < warp; ++w) before += warp_sums[w];
       if (i < n) base[i] = before + incl - v;
-      __syncthreads();  // every thread has read carry and warp_sums
+      unit_sync();  // every thread has read carry and warp_sums
       if (tid == 0) carry += warp_sums[0] + warp_sums[1] + warp_sums[2] + warp_sums[3];
-      __syncthreads();
+      unit_sync();
     }
     if (tid == 0) p.counts[e] = carry < p.C ? carry : (int)p.C;
   }
   if (!grid_barrier(p, barriers++)) return -1;
-  int* choices = reinterpret_cast<int*>(smem);
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  int* choices = reinterpret_cast<int*>(gate_unit_smem(smem));
+  for (int item = unit_index(); item < items; item += unit_count()) {
     const long long t0 = (long long)item * GATE_TOKENS;
-    for (int i = tid; i < GATE_TOKENS * K; i += blockDim.x)
+    for (int i = tid; i < GATE_TOKENS * K; i += UNIT_THREADS)
       choices[i] = t0 + i / K < p.T ? __ldcg(p.expert + t0 * K + i) : -1;
-    __syncthreads();
-    for (int i = tid; i < GATE_TOKENS * K; i += blockDim.x) {
+    unit_sync();
+    for (int i = tid; i < GATE_TOKENS * K; i += UNIT_THREADS) {
       const int tok = i / K, j = i % K, e = choices[i];
       if (e < 0) continue;
       int rank = 0;
@@ -352,7 +360,7 @@ __device__ int capacity_phase(const Params& p, unsigned char* smem, int barriers
         p.row_weight[r] = (float)__ldcg(p.weight + t * K + j);
       }
     }
-    __syncthreads();  // the choices are read before the next item's overwrite them
+    unit_sync();  // the choices are read before the next item's overwrite them
   }
   return barriers;
 }

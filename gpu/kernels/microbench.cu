@@ -19,8 +19,7 @@
 #define MIN_BLOCKS_PER_SM 2
 #endif
 
-constexpr int MB_THREADS = 128;
-#define MB_KERNEL extern "C" __global__ void __launch_bounds__(MB_THREADS, MIN_BLOCKS_PER_SM)
+#define MB_KERNEL extern "C" __global__ void __launch_bounds__(BLOCK_THREADS, MIN_BLOCKS_PER_SM)
 
 // Tasks in queue order g = j * gridDim + block (as a FIFO scheduler hands them out): the column
 // block varies fastest, then the tile (a_tiles distinct row tiles of A), then the expert

@@ -7,8 +7,8 @@
 // scan per expert | barrier | slots per gate item | barrier | dispatch (a tile's rows shared by
 // processors) + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 storing home -> combine) | final ordered combine.
-// Tile shape (TILE_M, TILE_N, TILE_K, and the bf16 GEMM's GEMM_STAGES) is fixed at compile time
-// (-D); everything else is a run-time size in Params, so one cubin serves every config with that
+// Tile shape (TILE_M, TILE_N, TILE_K, and the bf16 GEMM's GEMM_STAGES and BLOCK_WARPGROUPS: a
+// block of one warpgroup, or of two for the bf16 128 x 256 tile) is fixed at compile time (-D); everything else is a run-time size in Params, so one cubin serves every config with that
 // tile shape. Shared memory is dynamic: the gate and the tile GEMM take turns in one buffer of
 // moelab_smem_bytes, which the launcher reads from the cubin to set the kernel's limit, size the
 // grid by occupancy and launch (dynamic shared memory may pass the 48 KiB of static).
@@ -20,7 +20,6 @@
 #define MIN_BLOCKS_PER_SM 2
 #endif
 
-constexpr int BLOCK_THREADS = 128;
 #if MOE_BF16
 #define MOE_KERNEL moelab_moe_bf16
 #elif MOE_TF32
@@ -67,9 +66,9 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
       const uint64_t t0 = now_ns();
       scheduler(p, &s_total);
       if (threadIdx.x == 0) log_event(p, telemetry, log, EV_WAIT, t0, now_ns(), -1, -1, 0, -1, 0);
-    } else {
+    } else if (threadIdx.x < 32 + SUBSCRIBER_LANES) {
       subscriber<TILE_M, TILE_N>(p, epoch, telemetry, &s_total, &s_acc);
-    }
+    }  // a second warpgroup's warps have no OS role
     nvshmem_quiet();
     return;
   }

@@ -147,11 +147,13 @@ __device__ void dispatch_tiles(const Params& p, uint64_t epoch, int tel, int n) 
 
 #if MOE_BF16 && MOE_TF32
 #error "MOE_TF32 multiplies float32 data: build it without MOE_BF16"
+#elif !MOE_BF16 && BLOCK_WARPGROUPS != 1
+#error "only the bf16 tile GEMM splits a tile over warpgroups: build float32 and tf32 with BLOCK_WARPGROUPS=1"
 #elif MOE_BF16 || MOE_TF32
 #if MOE_BF16
-// GEMM_STAGES (cp.async stages) comes with the tile shape from the build (gpu/layout.py)
+// GEMM_STAGES (cp.async stages) and BLOCK_WARPGROUPS come with the tile shape from the build (gpu/layout.py)
 template <int BM, int BN, int BK>
-using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES>;
+using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES, BLOCK_WARPGROUPS>;
 #define TENSOR_TASK __noinline__
 // the bf16 kernel's weights are K-major ([L][N][K], params.cuh): column block col0 of expert le
 // is N-rows col0.. of its transpose, K apart

@@ -1,8 +1,11 @@
 // The bf16 tile GEMM of a processor task: acc (float32) = A[rows x K] . B^T, with A row-major
 // (K contiguous) and B given as its BN x K transpose (the bf16 kernel's expert weights are kept
-// K-major, params.cuh), on Hopper's warpgroup tensor cores: the block's 128 threads are one
-// warpgroup, and each 16-deep k step is one wgmma.m64nBNk16 per 64 rows of the tile, reading both
-// operands straight from shared memory (no fragment registers, and no per-warp operand copies).
+// K-major, params.cuh), on Hopper's warpgroup tensor cores: each of the block's WGS warpgroups
+// takes BN / WGS of the tile's columns, and each 16-deep k step is one wgmma.m64n(BN/WGS)k16 per 64
+// rows of the tile, reading both operands straight from shared memory (no fragment registers, and
+// no per-warp operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both
+// (one block per SM): 85 multiply-adds per byte copied from L2 against 64 at 128 x 128, where two
+// blocks per SM together ran at 40% of the SM's tensor peak, each task alone at 35%.
 // K is walked in 64-deep slices (one 128-byte row per operand row) that cp.async stages STAGES deep
 // (gpu/layout.py picks STAGES from the room two blocks per SM leave), STAGES - 1 slices ahead of
 // the wgmmas. Slice kt's wgmmas are committed as one group and run on while slice kt - 1's are
@@ -17,7 +20,8 @@
 // tiles cost less); rows past `rows` inside an issued 64-row block compute garbage that the
 // epilogue never stores (a row of the product depends on that row of A only).
 // Accumulator element q of 8-column group j of 64-row block mb is row mb*64 + 16*warp + lane/4 +
-// 8*(q/2), column 8j + 2*(lane%4) + q%2 (wgmma's D fragment).
+// 8*(q/2), column 8j + 2*(lane%4) + q%2 (wgmma's D fragment; warp within the warpgroup, columns
+// from the warpgroup's first).
 #pragma once
 #include <stdint.h>
 #include "tile_gemm.cuh"
@@ -91,14 +95,15 @@ struct Wgmma<128> {
         : "l"(a), "l"(b));
   }
 };
-template <int BM, int BN, int BK, int STAGES>
+template <int BM, int BN, int BK, int STAGES, int WGS = 1>
 struct WgmmaTileGemm {
-  static constexpr int THREADS = 128, MB = BM / 64, NREG = BN / 2, KS = BK / 16;
-  static constexpr int ROWS_PER_PASS = THREADS / 8;  // rows the 128 threads copy at once, 8 per row
+  static constexpr int THREADS = 128 * WGS, WN = BN / WGS, MB = BM / 64, NREG = WN / 2, KS = BK / 16;
+  static constexpr int ROWS_PER_PASS = THREADS / 8;  // rows the block's threads copy at once, 8 per row
   static constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = A_BYTES + BN * BK * 2;
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to start the stages on 1024 bytes
-  static_assert(BM % 64 == 0 && (BN == 32 || BN == 64 || BN == 128) && BK == 64 && STAGES >= 3,
-                "bf16 tile shape: BM % 64 == 0, BN of 32, 64 or 128, BK = 64, 3 stages or more");
+  static_assert(BM % 64 == 0 && (WN == 32 || WN == 64 || WN == 128) && BN % ROWS_PER_PASS == 0 && BK == 64 &&
+                    STAGES >= 3,
+                "bf16 tile shape: BM % 64 == 0, BN / WGS of 32, 64 or 128, BK = 64, 3 stages or more");
   using Acc = float[MB][NREG];
 
   // A row-major (lda), written earlier in this launch by other blocks or peers: cp.async.cg reads
@@ -122,6 +127,8 @@ struct WgmmaTileGemm {
     const int tid = thread_index();
     // the swizzle is of address bits: its 1024-byte pattern starts on a 1024-byte boundary
     const unsigned base = (smem_addr(smem) + 1023) & ~1023u;
+    // this warpgroup's columns: B rows wg * WN.., whole 8-row groups of 1024 bytes
+    const unsigned b_wg = tid / 128 * (WN / 8) * 1024;
     // thread tid copies 16-byte chunk tid % 8 of rows r0 + i * ROWS_PER_PASS
     const int r0 = tid / 8, c = tid % 8;
     const unsigned dst = (r0 / 8) * 1024 + (r0 % 8) * 128 + ((c ^ (r0 % 8)) * 16), pass = ROWS_PER_PASS * 128;
@@ -150,9 +157,9 @@ struct WgmmaTileGemm {
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
-        const uint64_t db = wgmma_desc(b + ks * 32);
+        const uint64_t db = wgmma_desc(b + b_wg + ks * 32);
 #pragma unroll
-        for (int m = 0; m < NB; ++m) Wgmma<BN>::mma(acc[m], wgmma_desc(a + m * 8 * 1024 + ks * 32), db);
+        for (int m = 0; m < NB; ++m) Wgmma<WN>::mma(acc[m], wgmma_desc(a + m * 8 * 1024 + ks * 32), db);
       }
       wgmma_commit();
       wgmma_wait<1>();
@@ -172,7 +179,7 @@ struct WgmmaTileGemm {
   template <class F>
   __device__ static void epilogue(const Acc& acc, int rows, F f) {
     const int tid = thread_index(), lane = tid % 32;
-    const int r0 = (tid / 32) * 16 + lane / 4, c0 = 2 * (lane % 4);
+    const int r0 = (tid % 128 / 32) * 16 + lane / 4, c0 = tid / 128 * WN + 2 * (lane % 4);
 #pragma unroll
     for (int m = 0; m < MB; ++m)
 #pragma unroll
@@ -180,7 +187,7 @@ struct WgmmaTileGemm {
         const int r = m * 64 + r0 + 8 * h;
         if (r >= rows) continue;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) f(r, c0 + j * 8, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+        for (int j = 0; j < WN / 8; ++j) f(r, c0 + j * 8, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
       }
   }
 };
