@@ -428,7 +428,6 @@ def main(argv: list[str]) -> int:
             (out_dir / "results.json").write_text(json.dumps(results, indent=1))
 
     bench = Bench(session, dtype)
-    grid = None
     sections = [("layer_pieces", lambda: sec_layer_pieces(bench, results, save)),
                 ("gemm", lambda: sec_gemm(bench, grid)), ("copy", lambda: sec_copy(bench, grid)),
                 ("put", lambda: sec_put(bench, grid)), ("pingpong", lambda: sec_pingpong(bench)),
@@ -437,6 +436,8 @@ def main(argv: list[str]) -> int:
         if name not in wanted or (dtype != "float32" and name in BYTE_SECTIONS):
             continue
         t0 = time.perf_counter()
+        # the megakernel's grid where layer_pieces has run, else as many blocks as fit (sections run alone)
+        grid = results.get("occupancy", {}).get("megakernel_grid") or bench.per_sm["mb_gemm"] * session.sms
         try:
             got = run()
             if got is not None:
@@ -444,7 +445,6 @@ def main(argv: list[str]) -> int:
         except Exception as e:  # recorded; the next sections still run
             results["failed"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
             print(f"[rank {session.rank}] section {name} failed: {e}", file=sys.stderr, flush=True)
-        grid = grid or results.get("occupancy", {}).get("megakernel_grid") or 2 * session.sms
         results.setdefault("occupancy", {})["microbench_blocks_per_sm"] = bench.per_sm
         results.setdefault("seconds", {})[name] = time.perf_counter() - t0
         print(f"[rank {session.rank}] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
