@@ -1,24 +1,16 @@
 // The tile GEMM of a processor task: acc[BM x BN] = A[rows x K] . B[K x BN], float32 SIMT.
 // 128 threads as 16 (rows) x 8 (columns); each thread holds a (BM/16) x (BN/8) register block.
 // K is walked in BK-deep slices through two shared-memory stages: the next slice is loaded into
-// registers while the current one is multiplied. Rows >= `rows` read as zero. A short tile keeps
-// every warp busy: its rows take the fewest row groups R (a power of two) that cover them, and the
-// 16 / R copies of those groups split each slice's k steps, their partial sums added in shared
-// memory at the end in copy order (a 32-row tile on one warp of four took 174 us per GEMM task in
-// the H200 layer at 1K tokens, against 276 us for a full 128-row one). The float32 kernel's GEMM; the
+// registers while the current one is multiplied. Rows >= `rows` read as zero and warps whose rows
+// are all past `rows` skip the arithmetic (short tiles cost less). The float32 kernel's GEMM; the
 // bf16 kernel's is WgmmaTileGemm (tile_gemm_bf16.cuh), the tf32 option's Tf32TileGemm.
 // (A cp.async 4-stage variant with row-major A tiles measured 8% slower per task on H100 at
-// 247-255 registers, and slower on short tiles; this one stays until the tensor-core version.)
+// 247-255 registers, and slower on short tiles; this one stays until the tensor-core version.
+// Splitting a short tile's k steps over its idle warps (2e21fdc, H100) took the 1K- and 2K-token
+// layers 6% and 12% down but the rest 2-4% up, with 12 bytes of spills at 255 registers: a short
+// task waits on its one slice of loads in flight, about 650 ns a slice, more than on idle warps.)
 #pragma once
 #include <cuda_bf16.h>
-
-// threadIdx.x read anew (volatile): the persistent task loop would otherwise keep every per-lane
-// offset of the GEMM and its epilogue in registers across all tasks, and spill
-__device__ __forceinline__ int thread_index() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return t;
-}
 
 template <int BM, int BN, int BK>
 struct SimtTileGemm {
@@ -26,14 +18,7 @@ struct SimtTileGemm {
   static constexpr int TM = BM / TY, TN = BN / TX;
   static constexpr int AS_LD = BM + 4;  // padding: the transposed A stores hit different banks
   static constexpr int STAGE = BK * AS_LD + BK * BN;
-  // the fewest row groups a tile's rows may take (log2): the other copies' partial sums fit 48 KiB
-  static constexpr int LOG2_MIN_R = (TY - 1) * TM * BN * 4 <= 48 * 1024   ? 0
-                                    : (TY - 2) * TM * BN * 4 <= 48 * 1024 ? 1
-                                    : (TY - 4) * TM * BN * 4 <= 48 * 1024 ? 2
-                                    : (TY - 8) * TM * BN * 4 <= 48 * 1024 ? 3
-                                                                          : 4;
-  static constexpr int RED_FLOATS = (TY - (1 << LOG2_MIN_R)) * TM * BN;
-  static constexpr int SMEM_FLOATS = 2 * STAGE > RED_FLOATS ? 2 * STAGE : RED_FLOATS;
+  static constexpr int SMEM_FLOATS = 2 * STAGE;
   static constexpr int A_VECS = BM * BK / 4, B_VECS = BK * BN / 4;
   static constexpr int A_LOADS = (A_VECS + THREADS - 1) / THREADS;
   static constexpr int B_LOADS = (B_VECS + THREADS - 1) / THREADS;
@@ -95,64 +80,43 @@ struct SimtTileGemm {
         }
       }
     };
-    // row group r of copy g: rows r*TM.., k steps g, g + G, ... of every slice (G = 1: all of them).
-    // Only log2(R) is kept: r and g are taken anew from %tid.x (the fp32 kernel is at 255 registers)
-    int lg = LOG2_MIN_R;
-    while ((1 << lg) < TY && (TM << lg) < rows) ++lg;
+    const bool active = ty * TM < rows;
     load(0);
     store(0);
     __syncthreads();
     for (int k0 = 0, buf = 0; k0 < K; k0 += BK, buf ^= 1) {
       const bool more = k0 + BK < K;
       if (more) load(k0 + BK);
-      const int t = thread_index() / TX, r = t & ((1 << lg) - 1);
-      if (r * TM < rows) {
+      if (active) {
         const float* As = smem + buf * STAGE;
         const float* Bs = As + BK * AS_LD;
-        auto step = [&](int k) {
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
           float a[TM], b[TN];
 #pragma unroll
-          for (int i = 0; i < TM; ++i) a[i] = As[k * AS_LD + r * TM + i];
+          for (int i = 0; i < TM; ++i) a[i] = As[k * AS_LD + ty * TM + i];
 #pragma unroll
           for (int j = 0; j < TN; ++j) b[j] = Bs[k * BN + tx * TN + j];
 #pragma unroll
           for (int i = 0; i < TM; ++i)
 #pragma unroll
             for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        };
-        if (lg == 4) {
-#pragma unroll
-          for (int k = 0; k < BK; ++k) step(k);
-        } else {
-#pragma unroll 1
-          for (int k = t >> lg; k < BK; k += TY >> lg) step(k);
         }
       }
       if (more) store(buf ^ 1);
       __syncthreads();
     }
-    if (lg == 4) return;  // one copy: R = TY
-    // copy 0 holds the tile (rows r*TM.. of threads ty = r, as row_of says); the other copies'
-    // threads name rows past R*TM >= rows, which the epilogue skips
-    const int t = thread_index() / TX, r = t & ((1 << lg) - 1), g = t >> lg, R = 1 << lg;
-    float* red = smem;  // the stages are drained
-    if (g > 0 && r * TM < rows)
-#pragma unroll
-      for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) red[(((g - 1) * R + r) * TM + i) * BN + tx * TN + j] = acc[i][j];
-    __syncthreads();
-    if (g == 0 && r * TM < rows)
-      for (int c = 1; c < TY >> lg; ++c)
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-          for (int j = 0; j < TN; ++j) acc[i][j] += red[(((c - 1) * R + r) * TM + i) * BN + tx * TN + j];
-    __syncthreads();  // the next task's first stage may overwrite red
   }
 };
 
 // cp.async helpers, shared by the tensor-core tile GEMMs and the gate
+// threadIdx.x read anew (volatile): the persistent task loop would otherwise keep every per-lane
+// offset of the GEMM and its epilogue in registers across all tasks, and spill
+__device__ __forceinline__ int thread_index() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp_async16(unsigned smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
