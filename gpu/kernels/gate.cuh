@@ -34,12 +34,18 @@ __device__ __forceinline__ unsigned char* gate_unit_smem(unsigned char* smem) {
   return smem + threadIdx.x / UNIT_THREADS * (GATE_SMEM_DOUBLES * 8);
 }
 
-// d += a . b on the FP64 tensor cores: an 8x4 by 4x8 product per warp. Lane l holds a = A[l/4][l%4],
-// b = B[l%4][l/4] and d = D[l/4][2 (l%4) + {0, 1}]; every product and sum is an IEEE fp64 fma.
-__device__ __forceinline__ void dmma_8x8x4(double (&d)[2], double a, double b) {
-  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-               : "+d"(d[0]), "+d"(d[1])
-               : "d"(a), "d"(b));
+// d += a . b on the FP64 tensor cores: a 16x8 by 8x8 product per warp, one of sm_90's own shapes (on
+// one H100 the bf16 default's gate phase took 82 us with it, 115 with Ampere's m8n8k4 and 86 with
+// m16n8k16; 1K tokens 49 against 54, 16K 156 against 224). With g = lane / 4 and q = lane % 4, lane holds
+// a = A[g + 8 {0, 1}][q + 4 {0, 0, 1, 1}] (a[h + 2 j] at row g + 8 h, column q + 4 j),
+// b = B[q + 4 {0, 1}][g] and d = D[g + 8 {0, 0, 1, 1}][2 q + {0, 1, 0, 1}]; every product and sum
+// is an IEEE fp64 fma.
+__device__ __forceinline__ void dmma_16x8x8(double (&d)[4], const double (&a)[4], const double (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
 }
 
 __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool valid) {
@@ -49,22 +55,23 @@ __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool 
 // Logits of tokens t0.. (GATE_TOKENS of them) against every expert, GATE_EXPERTS per pass, over
 // the hidden range [h_lo, h_hi): with `partial` null that is all of H and the logits (offset
 // subtracted) go to p.logits; else the raw sums over the range go to partial[t][e] (split-K).
-// Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 4 x 2 mma tiles.
+// Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 2 x 2 mma tiles.
 // The slices of every pass form one cp.async pipeline, GATE_STAGES deep (one slice in flight per
 // block took ~1.9 us per slice on H200, bound by load latency). Three stages keep the loads ahead:
-// six left every bf16 layer and the float32 default within 1% on one H100 (a20cee6); the ~1.8 us
-// a slice takes now is arithmetic (each warp converts all of A to double; m8n8k4 mmas), not split
-// further.
+// six left every bf16 layer and the float32 default within 1% on one H100 (a20cee6): with m8n8k4
+// mmas a slice took ~1.8 us of arithmetic (each warp also converts all of A to double).
 // Copies past T, H or E are zero-filled by the copy itself. The logits of E <= GATE_SMEM_LOGITS
 // experts are also left in shared memory (over the drained stages) for the selection.
 __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigned char* smem, double* partial) {
   const int tid = unit_tid(), lane = tid % 32, warp = tid / 32;
   const int row = lane / 4, quad = lane % 4;
-  constexpr int MT = GATE_TOKENS / 8, NT = GATE_EXPERTS / 4 / 8;  // mma tiles per warp
-  constexpr int XV = 16 / (int)sizeof(elem_t);                      // tokens' elements per 16-byte copy
-  constexpr int X_COPIES = GATE_TOKENS * GATE_DEPTH / XV / UNIT_THREADS, W_COPIES = GATE_DEPTH * GATE_EXPERTS / 4 / UNIT_THREADS;
-  static_assert(GATE_EXPERTS == 4 * 8 * NT && GATE_TOKENS % 8 == 0 && GATE_DEPTH % 4 == 0, "gate item shape");
-  static_assert(X_COPIES * XV * UNIT_THREADS == GATE_TOKENS * GATE_DEPTH && W_COPIES * 4 * UNIT_THREADS == GATE_DEPTH * GATE_EXPERTS,
+  constexpr int MT = GATE_TOKENS / 16, NT = GATE_EXPERTS / 4 / 8;  // mma tiles per warp
+  constexpr int XV = 16 / (int)sizeof(elem_t);                       // tokens' elements per 16-byte copy
+  constexpr int X_COPIES = GATE_TOKENS * GATE_DEPTH / XV / UNIT_THREADS;
+  constexpr int W_COPIES = GATE_DEPTH * GATE_EXPERTS / 4 / UNIT_THREADS;
+  static_assert(GATE_EXPERTS == 4 * 8 * NT && GATE_TOKENS % 16 == 0 && GATE_DEPTH % 8 == 0, "gate item shape");
+  static_assert(X_COPIES * XV * UNIT_THREADS == GATE_TOKENS * GATE_DEPTH &&
+                    W_COPIES * 4 * UNIT_THREADS == GATE_DEPTH * GATE_EXPERTS,
                 "every thread issues the same number of copies");
   // H is a multiple of tile_n (8 for float32, 16 for bf16), so a token row's 16-byte chunks are
   // whole and aligned; gate weight rows are only when E % 4 == 0 (else 4-byte copies)
@@ -108,29 +115,34 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
     cp_async_commit();  // empty groups keep the count uniform, so wait_group<STAGES-2> is exact
   };
   for (int s = 0; s < GATE_STAGES - 1; ++s) issue(s);
-  double acc[MT][NT][2];
+  double acc[MT][NT][4];
   for (int s = 0; s < slices; ++s) {
     if (s % per_pass == 0)
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = 0.0;
+        for (int n = 0; n < NT; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0;
     cp_async_wait<GATE_STAGES - 2>();
     unit_sync();  // slice s has landed for all threads; slice s - 1's stage is free to refill
     issue(s + GATE_STAGES - 1);
     const elem_t* xs = xs_of(s % GATE_STAGES);
     const float* ws = ws_of(s % GATE_STAGES);
 #pragma unroll
-    for (int k0 = 0; k0 < GATE_DEPTH; k0 += 4) {
-      double a[MT], b[NT];
-#pragma unroll
-      for (int m = 0; m < MT; ++m) a[m] = (double)to_f32(xs[(8 * m + row) * GATE_XS_LD + k0 + quad]);
-#pragma unroll
-      for (int n = 0; n < NT; ++n) b[n] = (double)ws[(k0 + quad) * GATE_WS_LD + 16 * warp + 8 * n + row];
+    for (int k0 = 0; k0 < GATE_DEPTH; k0 += 8) {
+      double a[MT][4], b[NT][2];
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) dmma_8x8x4(acc[m][n], a[m], b[n]);
+        for (int i = 0; i < 4; ++i)
+          a[m][i] = (double)to_f32(xs[(16 * m + row + 8 * (i % 2)) * GATE_XS_LD + k0 + quad + 4 * (i / 2)]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) b[n][j] = (double)ws[(k0 + quad + 4 * j) * GATE_WS_LD + 16 * warp + 8 * n + row];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) dmma_16x8x8(acc[m][n], a[m], b[n]);
     }
     if (s % per_pass == per_pass - 1) {
       const int e0 = s / per_pass * GATE_EXPERTS;
@@ -145,8 +157,8 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int tok = 8 * m + row, t = t0 + tok, e = e0 + 16 * warp + 8 * n + 2 * quad + c;
+          for (int c = 0; c < 4; ++c) {
+            const int tok = 16 * m + row + 8 * (c / 2), t = t0 + tok, e = e0 + 16 * warp + 8 * n + 2 * quad + c % 2;
             if (t < T && e < E && partial) {
               partial[(long long)t * E + e] = acc[m][n][c];
             } else if (t < T && e < E) {
