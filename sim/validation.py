@@ -67,8 +67,10 @@ FINDINGS = """\
 Right:
 
 - **Every layer latency holds, and 49 of 54 runs hold every bound**: 34 of 36 on 2 H200s (1 and
-  2 GPUs per layer) and 15 of 18 on one H100, all of the kernel of 965330c. Latency errors: bf16
-  -6.9% to +7.0%, float32 -9.1% to -0.9% (float32 leans low: its 270 us tasks run ~2-4% longer in
+  2 GPUs per layer) and 15 of 18 on one H100; the H200s ran the kernel of 965330c, the H100 that
+  of 1458e09 (the gate on sm_90's m16n8k8 FP64 mmas, 29% faster at the bf16 default), each predicted
+  with its own commit's microbenchmarks. Latency errors: bf16 -6.9% to +7.9%, float32 -9.1% to
+  -1.6% (float32 leans low: its 270 us tasks run ~2-4% longer in
   the layer than alone). The layer is a queue of equal tile tasks on 263 processors, each task a
   fixed cost plus its FLOPs plus its share of its weight slice's loads, with a hand-off between
   tasks and the scheduler's latencies around idle processors.
@@ -103,7 +105,8 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
   97% of the FP32 peak per block; bf16: the slope passes the BF16 peak and is capped there,
   because the wgmma GEMM issues whole 64-row blocks);
 - the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.05 to
-  0.23 ms with its capacity phase, not the microseconds of the matrix roofline; with fewer items
+  0.23 ms with its capacity phase at 965330c (0.05 to 0.15 ms on the H100 with 1458e09's m16n8k8
+  mmas), not the microseconds of the matrix roofline; with fewer items
   than blocks an item's H is split over up to 8 blocks (`gate_split_ns`, ~6 us);
 - **GEMM1 stores its output straight into the source GPU's memory** (its column block, with a
   count signal per task); the model adds those stores over NVLink to each task at a block's put
@@ -118,13 +121,13 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
 - **The store dispatch's small shares**: fitted linear in a share's bytes over four layer sizes
   on one GPU; the 8-row shares of the 1K-token layers fall off the line (H200 bf16: 5.0 us in the
   microbenchmark, 4.0 on the line) and take longer still in the layer (6.3 us per block on the
-  H200, 7.4 on the H100): dispatch busy time -28% to -43% at 1K bf16; on the H100 the 2K float32
-  layer's 128 KiB shares are overpredicted by 21%. A few microseconds of a 0.5 ms layer: its
+  H200, 7.3 on the H100): dispatch busy time -28% to -43% at 1K bf16; on the H100 the 2K float32
+  layer's 128 KiB shares are overpredicted by 20.5%. A few microseconds of a 0.5 ms layer: its
   latency holds.
 - **The H100's 1K combine**: the final combine's L2 rate is fitted on the microbenchmark, which
   combines the rows after the dispatch microbenchmark ran, not right after GEMM1 wrote them; on
-  the H100 the 1K-token layers' combine differs from it both ways (bf16 5.0 us per block,
-  predicted 3.9; float32 9.9 us, predicted 12.2; the H100 float32 microbenchmark shows no L2
+  the H100 the 1K-token layers' combine differs from it both ways (bf16 5.1 us per block,
+  predicted 3.9; float32 9.7 us, predicted 12.2; the H100 float32 microbenchmark shows no L2
   effect at all).
 """
 
