@@ -34,7 +34,6 @@ SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per bloc
 # H100/H200: 228 KiB of shared memory per SM, of which the driver keeps 1 KiB per resident block;
 # 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)
 SMEM_PER_SM = 228 * 1024
-SMEM_PER_BLOCK = SMEM_PER_SM // MIN_BLOCKS_PER_SM - 2 * 1024  # dynamic shared memory a one-warpgroup block may take
 BF16_MAX_STAGES = 8  # cp.async stages of the tensor-core tile GEMM, at most (seven slices copied ahead)
 BF16_MIN_STAGES = 3  # two slices of copies in flight while the wgmmas of one finish and the next run
 BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
@@ -109,7 +108,8 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
                                 "has, 256 as two warpgroups of 128)")
     threads = WARPGROUP_THREADS * warpgroups(cfg)
     if cfg.tile_m * cfg.tile_n > BF16_MAX_ACC * threads:
-        fits = [n for n in BF16_TILE_N if cfg.tile_m * n <= BF16_MAX_ACC * WARPGROUP_THREADS * (2 if n == 256 else 1)]
+        fits = [n for n in BF16_TILE_N
+                if cfg.tile_m * n <= BF16_MAX_ACC * WARPGROUP_THREADS * (2 if n == BF16_WIDE_TILE_N else 1)]
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
                                 f"(at most {BF16_MAX_ACC} accumulators per thread)")
     if cfg.tile_k != 64:

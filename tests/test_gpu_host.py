@@ -50,12 +50,12 @@ def test_bf16_tile_shape_is_checked_field_by_field():
 
 def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_two_warpgroups():
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
-    assert layout.SMEM_PER_BLOCK == 112 * 1024  # 228 KiB per SM: 2 blocks, 1 KiB reserved and 1 KiB static each
     for (m, n), stages in [((128, 128), 3), ((128, 64), 4), ((64, 128), 4), ((64, 32), 8), ((192, 64), 3),
                            ((128, 256), 4), ((64, 256), 5)]:
         cfg = flash.replace(tile_m=m, tile_n=n, tile_k=64)
         layout.check_supported(cfg)
-        wide = n == 256  # one block of two warpgroups per SM: 226 KiB of it
+        # 228 KiB per SM: 2 blocks of one warpgroup, or 1 of two, less 1 KiB reserved and 1 KiB static each
+        wide = n == 256
         assert layout.smem_per_block(cfg) == (226 if wide else 112) * 1024
         stage = 2 * (m + n) * 64
         assert layout.bf16_stage_bytes(cfg) == stage and layout.bf16_stages(cfg) == stages

@@ -8,7 +8,8 @@
 // processors) + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 storing home -> combine) | final ordered combine.
 // Tile shape (TILE_M, TILE_N, TILE_K, and the bf16 GEMM's GEMM_STAGES and BLOCK_WARPGROUPS: a
-// block of one warpgroup, or of two for the bf16 128 x 256 tile) is fixed at compile time (-D); everything else is a run-time size in Params, so one cubin serves every config with that
+// block of one warpgroup, or of two for the bf16 128 x 256 tile) is fixed at compile time (-D);
+// everything else is a run-time size in Params, so one cubin serves every config with that
 // tile shape. Shared memory is dynamic: the gate and the tile GEMM take turns in one buffer of
 // moelab_smem_bytes, which the launcher reads from the cubin to set the kernel's limit, size the
 // grid by occupancy and launch (dynamic shared memory may pass the 48 KiB of static).
