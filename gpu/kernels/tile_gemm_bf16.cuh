@@ -4,8 +4,10 @@
 // takes BN / WGS of the tile's columns, and each 16-deep k step is one wgmma.m64n(BN/WGS)k16 per 64
 // rows of the tile, reading both operands straight from shared memory (no fragment registers, and
 // no per-warp operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both
-// (one block per SM): 85 multiply-adds per byte copied from L2 against 64 at 128 x 128, where two
-// blocks per SM together ran at 40% of the SM's tensor peak, each task alone at 35%.
+// (one block per SM): 85 multiply-adds per byte copied from L2 against 64 at 128 x 128. Measured
+// on one H100, a 128 x 256 task (twice the FLOPs) took as long as a 128 x 128 one with two blocks
+// per SM (52.5 against 52.4 us, tensor pipe 42% either way), the layer 0-4% faster: L2 bytes are
+// not what binds (docs/gpu-measurements.md).
 // K is walked in 64-deep slices (one 128-byte row per operand row) that cp.async stages STAGES deep
 // (gpu/layout.py picks STAGES from the room two blocks per SM leave), STAGES - 1 slices ahead of
 // the wgmmas. Slice kt's wgmmas are committed as one group and run on while slice kt - 1's are
