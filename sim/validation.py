@@ -129,6 +129,13 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   the H100 the 1K-token layers' combine differs from it both ways (bf16 5.1 us per block,
   predicted 3.9; float32 9.7 us, predicted 12.2; the H100 float32 microbenchmark shows no L2
   effect at all).
+
+Not compared yet: **the float32 kernel after 52f62a2** (its weights on a cp.async ring, 11-13%
+faster from 4K tokens on one H100). Its tile-GEMM microbenchmark runs the new GEMM 36% slower than
+the layers do (333 against 243 us a 128-row task; the old GEMM agreed, 274 against 275-282), so a
+preset calibrated on it predicts those layers 32-53% slow. It is not occupancy and not the code
+(same SASS loop in both); until the microbenchmark measures what the layer runs, the H100 runs
+here stay those of 1458e09 (docs/gpu-measurements.md, first section).
 """
 
 
