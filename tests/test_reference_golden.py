@@ -78,8 +78,10 @@ def test_edge_configs_all_paths(changes):
     tf32 = golden.dense(cfg, w, r, "tf32")
     assert max_rel_error(tf32, truth) < 5e-3
     # the walk sums GEMM0 in its own order, so an activation can round to the neighbouring TF32
-    # value (2^-11 relative) before GEMM1: 1e-5 failed once (1.07e-5, seed 2031, silu, renorm)
-    assert max_rel_error(golden.tile_walk(cfg, w, tp, "tf32"), tf32) < 1e-4
+    # value before GEMM1: one TF32 ulp (10 mantissa bits, 2^-10 relative), which an output that
+    # activation dominates carries whole (1e-5 failed at 1.07e-5, seed 2031, silu, renorm; 1e-4 at
+    # 1.55e-4, seed 625, relu, softmax_topk, skew 2)
+    assert max_rel_error(golden.tile_walk(cfg, w, tp, "tf32"), tf32) < 2.0 ** -10
 
 
 def test_skewed_routing_drops_and_matches():
@@ -127,8 +129,10 @@ def test_tf32_path_within_5e3_of_float64_on_fresh_inputs(seed, activation, gate,
     assert max_rel_error(tf32, truth) < 5e-3
     assert max_rel_error(golden.dense(cfg, w, r, "float32"), truth) < max_rel_error(tf32, truth)
     # the walk sums GEMM0 in its own order, so an activation can round to the neighbouring TF32
-    # value (2^-11 relative) before GEMM1: 1e-5 failed once (1.07e-5, seed 2031, silu, renorm)
-    assert max_rel_error(golden.tile_walk(cfg, w, tp, "tf32"), tf32) < 1e-4
+    # value before GEMM1: one TF32 ulp (10 mantissa bits, 2^-10 relative), which an output that
+    # activation dominates carries whole (1e-5 failed at 1.07e-5, seed 2031, silu, renorm; 1e-4 at
+    # 1.55e-4, seed 625, relu, softmax_topk, skew 2)
+    assert max_rel_error(golden.tile_walk(cfg, w, tp, "tf32"), tf32) < 2.0 ** -10
 
 
 def test_tf32_path_rounds_exactly_the_gemm_operands():
