@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_jobs_take_each_build_from_one_place():
-    assert microbench.tile_options("float32", 2) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": 8}
+    assert microbench.tile_options("float32", 2) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": cases.FP32_TILE_K}
     m, n, k = cases.BF16_TILE
     assert {key: v for key, v in microbench.tile_options("bfloat16", 2).items() if key != "GEMM_STAGES"} == \
         {"TILE_M": m, "TILE_N": n, "TILE_K": k, "MOE_BF16": 1}

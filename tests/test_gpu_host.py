@@ -125,7 +125,8 @@ def test_tf32_cases_are_supported():
     assert "bench-flashmoe-tile128x128x8-tf32-p2" in names
     # the float32 and bf16 bench points are those of before
     assert cases.bench_cases(1, "default")[0]["baselines"] == ["float32", "bfloat16"]
-    assert Config.from_dict(cases.bench_cases(1, "default")[0]["config"]) == presets.get("flashmoe").replace(ranks=1)
+    assert Config.from_dict(cases.bench_cases(1, "default")[0]["config"]) == \
+        presets.get("flashmoe").replace(ranks=1, tile_k=cases.FP32_TILE_K)
 
 
 def test_tf32_stages_are_the_kernels():
