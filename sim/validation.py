@@ -130,12 +130,14 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   predicted 3.9; float32 9.7 us, predicted 12.2; the H100 float32 microbenchmark shows no L2
   effect at all).
 
-Not compared yet: **the float32 kernel after 52f62a2** (its weights on a cp.async ring, 11-13%
-faster from 4K tokens on one H100). Its tile-GEMM microbenchmark runs the new GEMM 36% slower than
-the layers do (333 against 243 us a 128-row task; the old GEMM agreed, 274 against 275-282), so a
-preset calibrated on it predicts those layers 32-53% slow. It is not occupancy and not the code
-(same SASS loop in both); until the microbenchmark measures what the layer runs, the H100 runs
-here stay those of 1458e09 (docs/gpu-measurements.md, first section).
+Not compared yet: **the float32 kernel after 52f62a2** (its weights on a cp.async ring, 16-deep
+slices since 99cdc99: 17% faster at the default on one H100). Its tile-GEMM microbenchmark runs
+the new GEMM 36-57% slower than the layers do (99cdc99: 357 against 227 us a 128-row task; the old
+GEMM agreed, 274 against 275-282), so a preset calibrated on it predicts those layers 32-53% slow.
+It is not occupancy, not the code (same SASS loop and scoreboards in both), not the A operand's
+residency and not a lockstep start; a block alone in the microbenchmark matches a layer's task
+(240 against 227 us), its full grid does not. Until the microbenchmark measures what the layer
+runs, the H100 runs here stay those of 1458e09 (docs/gpu-measurements.md, first section).
 """
 
 
