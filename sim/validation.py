@@ -136,8 +136,10 @@ the new GEMM 36-57% slower than the layers do (99cdc99: 357 against 227 us a 128
 GEMM agreed, 274 against 275-282), so a preset calibrated on it predicts those layers 32-53% slow.
 It is not occupancy, not the code (same SASS loop and scoreboards in both), not the A operand's
 residency and not a lockstep start; a block alone in the microbenchmark matches a layer's task
-(240 against 227 us), its full grid does not. Until the microbenchmark measures what the layer
-runs, the H100 runs here stay those of 1458e09 (docs/gpu-measurements.md, first section).
+(240 against 227 us), its full grid does not, its warps waiting on global memory ten times as long
+per instruction as the layer's (Nsight Compute: 1.25 against 0.13 cycles). Until the
+microbenchmark measures what the layer runs, the H100 runs here stay those of 1458e09
+(docs/gpu-measurements.md, first section).
 """
 
 
