@@ -133,7 +133,8 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
 Not compared yet: **the float32 kernel after 52f62a2** (its weights on a cp.async ring, 16-deep
 slices since 99cdc99: 17% faster at the default on one H100). Its tile-GEMM microbenchmark runs
 the new GEMM 36-57% slower than the layers do (99cdc99: 357 against 227 us a 128-row task; the old
-GEMM agreed, 274 against 275-282), so a preset calibrated on it predicts those layers 32-53% slow.
+GEMM agreed, 274 against 275-282), so a preset calibrated on it predicts those layers 32-53% slow
+(28-72% at 99cdc99; its bf16 layers hold as before).
 It is not occupancy, not the code (same SASS loop and scoreboards in both), not the A operand's
 residency and not a lockstep start; a block alone in the microbenchmark matches a layer's task
 (240 against 227 us), its full grid does not, its warps waiting on global memory ten times as long
