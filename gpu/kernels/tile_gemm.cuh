@@ -43,7 +43,9 @@ struct SimtTileGemm {
                 "tile shape: BM % 16, BN % 8 and BK % 4 must be 0");
 
   __device__ static int row_of(int i) { return (threadIdx.x / TX) * TM + i; }
-  __device__ static int col_of(int j) { return (j / CG) * (TX * CG) + (threadIdx.x % TX) * CG + j % CG; }
+  // column of a thread's j-th output in the tile: the multiply's B reads and the epilogue's stores agree
+  __device__ static int col_in_tile(int tx, int j) { return (j / CG) * (TX * CG) + tx * CG + j % CG; }
+  __device__ static int col_of(int j) { return col_in_tile(threadIdx.x % TX, j); }
 
   // A row-major with leading dimension lda (operand rows may have been written by other blocks in
   // this launch: loaded around L1); B row-major with leading dimension ldb (weights: read-only).
@@ -119,7 +121,7 @@ struct SimtTileGemm {
 #pragma unroll
           for (int i = 0; i < TM; ++i) a[i] = a_s[k * AS_LD + ty * TM + i];
 #pragma unroll
-          for (int j = 0; j < TN; ++j) b[j] = b_s[k * BN + (j / CG) * (TX * CG) + tx * CG + j % CG];
+          for (int j = 0; j < TN; ++j) b[j] = b_s[k * BN + col_in_tile(tx, j)];
 #pragma unroll
           for (int i = 0; i < TM; ++i)
 #pragma unroll
