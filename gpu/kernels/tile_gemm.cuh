@@ -5,9 +5,13 @@
 // K is walked in BK-deep slices. The weights (B, streamed from HBM: the long wait) come through
 // B_STAGES cp.async stages, B_STAGES - 1 slices ahead of the multiply; A (the tokens, in L2) is
 // loaded one slice ahead into registers and stored transposed, so a thread's rows are one 16-byte
-// read per k. Rows >= `rows` read as zero and warps whose rows are all past `rows` skip the
-// arithmetic (short tiles cost less). The float32 kernel's GEMM; the bf16 kernel's is
-// WgmmaTileGemm (tile_gemm_bf16.cuh), the tf32 option's Tf32TileGemm.
+// read per k. Rows >= `rows` (a task has at least one) load the tile's last row and are stored as
+// zero, so no branch surrounds the A loads: with one (a zero default, then the load), ptxas made
+// each load wait for the one before in the microbenchmark's build of this code (not in the
+// megakernel's): four round trips to memory a slice (Nsight Compute: 71% of its warps' unissued
+// samples). Warps whose rows are all past `rows` skip the arithmetic (short tiles cost less).
+// The float32 kernel's GEMM; the bf16 kernel's is WgmmaTileGemm (tile_gemm_bf16.cuh), the tf32
+// option's Tf32TileGemm.
 // Measured on one H100 against the two register-staged stages before it: layers from 4K tokens
 // 11-13% faster, 1K 3% faster, 2K 3% slower. A through the same ring as well (each thread
 // transposing its own chunks) took 1K 12% down but 2K 8% and the rest 6-9% up.
@@ -80,8 +84,7 @@ struct SimtTileGemm {
         int v = tid + i * THREADS;
         if (v < A_VECS) {
           int m = v / (BK / 4), kq = v % (BK / 4);
-          ra[i] = m < rows ? __ldcg(reinterpret_cast<const float4*>(A + m * lda + s * BK + kq * 4))
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
+          ra[i] = __ldcg(reinterpret_cast<const float4*>(A + min(m, rows - 1) * lda + s * BK + kq * 4));
         }
       }
     };
@@ -92,10 +95,11 @@ struct SimtTileGemm {
         int v = tid + i * THREADS;
         if (v < A_VECS) {
           int m = v / (BK / 4), kq = v % (BK / 4);
-          dst[(kq * 4 + 0) * AS_LD + m] = ra[i].x;
-          dst[(kq * 4 + 1) * AS_LD + m] = ra[i].y;
-          dst[(kq * 4 + 2) * AS_LD + m] = ra[i].z;
-          dst[(kq * 4 + 3) * AS_LD + m] = ra[i].w;
+          const bool in = m < rows;
+          dst[(kq * 4 + 0) * AS_LD + m] = in ? ra[i].x : 0.f;
+          dst[(kq * 4 + 1) * AS_LD + m] = in ? ra[i].y : 0.f;
+          dst[(kq * 4 + 2) * AS_LD + m] = in ? ra[i].z : 0.f;
+          dst[(kq * 4 + 3) * AS_LD + m] = in ? ra[i].w : 0.f;
         }
       }
     };
