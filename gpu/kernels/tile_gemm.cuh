@@ -5,11 +5,14 @@
 // K is walked in BK-deep slices. The weights (B, streamed from HBM: the long wait) come through
 // B_STAGES cp.async stages, B_STAGES - 1 slices ahead of the multiply; A (the tokens, in L2) is
 // loaded one slice ahead into registers and stored transposed, so a thread's rows are one 16-byte
-// read per k. Rows >= `rows` (a task has at least one) load the tile's last row and are stored as
-// zero, so no branch surrounds the A loads: with one (a zero default, then the load), ptxas made
-// each load wait for the one before in the microbenchmark's build of this code (not in the
-// megakernel's): four round trips to memory a slice (Nsight Compute: 71% of its warps' unissued
-// samples). Warps whose rows are all past `rows` skip the arithmetic (short tiles cost less).
+// read per k. Rows >= `rows` are neither loaded (the loads are predicated) nor read (stored as
+// zero). A zero default, then the load, made ptxas wait on the A loads' scoreboard before each
+// zeroing in the microbenchmark's build of this code (not in the megakernel's): a slice's four
+// loads went one round trip after another (Nsight Compute: 71% of its warps' unissued samples)
+// and its tasks ran 36-57% longer than the layer's. Loading min(m, rows - 1) instead cost the
+// 1K/2K layers 4-6%; a zero-initialised ra, spills. Against the old form in the layer this one
+// costs full tiles 0-1.6% and the 1K/2K layers 3% (one H100, side by side).
+// Warps whose rows are all past `rows` skip the arithmetic (short tiles cost less).
 // The float32 kernel's GEMM; the bf16 kernel's is WgmmaTileGemm (tile_gemm_bf16.cuh), the tf32
 // option's Tf32TileGemm.
 // Measured on one H100 against the two register-staged stages before it: layers from 4K tokens
@@ -77,14 +80,14 @@ struct SimtTileGemm {
       }
       cp_async_commit();
     };
-    float4 ra[A_LOADS];
+    float4 ra[A_LOADS];  // a row past `rows` is neither loaded nor read (stored as zero)
     auto load_a = [&](int s) {
 #pragma unroll
       for (int i = 0; i < A_LOADS; ++i) {
         int v = tid + i * THREADS;
         if (v < A_VECS) {
           int m = v / (BK / 4), kq = v % (BK / 4);
-          ra[i] = __ldcg(reinterpret_cast<const float4*>(A + min(m, rows - 1) * lda + s * BK + kq * 4));
+          if (m < rows) ra[i] = __ldcg(reinterpret_cast<const float4*>(A + m * lda + s * BK + kq * 4));
         }
       }
     };
