@@ -144,11 +144,21 @@ def tile_of(raw: dict, where: str) -> list[int]:
     return shape
 
 
+# a knee in tile rows is looked for only where the straight line misses a measured task by more than
+# this (the microbenchmark's medians repeat within 1-2% between calls)
+LINE_MISS = 0.02
+
+
 def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> None:
     """time = fixed + flops / block rate + weight bytes alone x per byte, least squares over the
     tile heights and the tiles per expert sharing each weight slice at the megakernel's grid (the
     rate at most the dtype's peak; weight bytes alone: the task's slice over the tiles sharing
-    it). Every block starting its tasks at once, as the isolated microbenchmark's do, is how a
+    it). Where the time stops growing with the rows past a height, the rows beyond that knee cost
+    their own time per FLOP: the float32 SIMT GEMM gives each of its 4 warps 32 rows and takes as
+    long with 2 active warps as with 4. A knee among the measured heights is kept where the line
+    misses a task by more than LINE_MISS and the knee at least halves its squared residuals (the
+    bf16 build's heights lie near the line).
+    Every block starting its tasks at once, as the isolated microbenchmark's do, is how a
     layer's GEMM phases start; the megakernel's own median task on the scheduler layer (full
     tiles, blocks out of step) is printed beside the fit, not fitted: anchoring the fixed cost
     there priced short tiles below what they cost. Files from before the sharing points (2 tiles
@@ -161,22 +171,48 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     def alone(g):
         return g.get("weight_bytes", 0) / g.get("tiles_per_expert", 2)
 
+    def split(g_flops, g_rows, knee):  # a task's FLOPs up to the knee and beyond it
+        below = np.minimum(g_flops, knee * g_flops / g_rows) if knee else g_flops
+        return below, g_flops - below
+
     x = np.array([g["flops"] for g in pts], np.float64)
+    rows = np.array([g["rows"] for g in pts], np.float64)
     w = np.array([alone(g) for g in pts], np.float64)
     y = np.array([g["ns_per_task"]["median"] for g in pts])
     shared = len(set(w.tolist())) > 1
-    cols = [np.ones_like(x), x] + ([w] if shared else [])
-    coef, *_ = np.linalg.lstsq(np.column_stack(cols), y, rcond=None)
+    one = np.ones_like(x)
+
+    def solve(knee):
+        below, beyond = split(x, rows, knee)
+        a = np.column_stack([one, below] + ([beyond] if knee else []) + ([w] if shared else []))
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        return coef, float(np.sum((a @ coef - y) ** 2)), float(np.max(np.abs(a @ coef - y) / y))
+
+    heights = sorted({g["rows"] for g in pts})
+    line = solve(0)
+    knee, best = 0, line
+    for h in heights[1:-1] if line[2] > LINE_MISS else ():
+        coef, sse, _ = solve(h)
+        if coef[1] > 0 and coef[2] >= 0 and sse <= line[1] / 2 and sse < best[1]:
+            knee, best = h, (coef, sse, 0.0)
+    coef = best[0]
     peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
     rate = min(1.0 / coef[1], peak) if coef[1] > 0 else peak
-    if shared:  # the weight term again with the rate as capped
-        (fixed, per_byte), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), w]), y - x / rate, rcond=None)
-    else:
-        fixed, per_byte = float(np.mean(y - x / rate)), 0.0
-    heights = sorted({g["rows"] for g in pts})
+    below, beyond = split(x, rows, knee)
+    # the other terms again with the rate as capped
+    rest = [one] + ([beyond] if knee else []) + ([w] if shared else [])
+    sol, *_ = np.linalg.lstsq(np.column_stack(rest), y - below / rate, rcond=None)
+    fixed, per_flop, per_byte = sol[0], (sol[1] if knee else 0.0), (sol[-1] if shared else 0.0)
     sharing = sorted({g.get("tiles_per_expert", 2) for g in pts})
-    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {heights} "
+    upto = [h for h in heights if not knee or h <= knee]
+    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {upto} "
           f"at the megakernel's grid: {rate:.0f} FLOP/ns per block (capped at the {dtype} peak, {peak:.0f})")
+    f.set("gemm_knee_rows", float(knee), f"{origin}: the height among {heights} past which the task time grows "
+          f"at its own rate (the straight line missed a task by {100 * line[2]:.0f}%; the knee halves its squared "
+          "residuals or more)" if knee else f"{origin}: none (the straight line misses no task by more than "
+          f"{100 * LINE_MISS:.0f}%, or no height among {heights} halves its squared residuals)")
+    f.set("gemm_beyond_knee_ns_per_flop", max(float(per_flop), 0.0),
+          f"{origin}: the same least squares, the rows past {knee}" if knee else f"{origin}: 0 (no knee)")
     f.set("gemm_fixed_ns", max(float(fixed), 0.0), f"{origin}: the same tasks' time beyond their FLOPs at that rate"
           + (" and their weight loads" if shared else ""))
     f.set("weight_load_ns_per_byte", max(float(per_byte), 0.0),
@@ -186,7 +222,9 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
           "included); the gap between tasks is handoff_ns")
 
     def model(g):
-        return f.values["gemm_fixed_ns"] + g["flops"] / rate + f.values["weight_load_ns_per_byte"] * alone(g)
+        lo, hi = split(g["flops"], g["rows"], f.values["gemm_knee_rows"])
+        return (f.values["gemm_fixed_ns"] + lo / rate + hi * f.values["gemm_beyond_knee_ns_per_flop"]
+                + f.values["weight_load_ns_per_byte"] * alone(g))
 
     for g in raw["gemm"]:
         note = "" if g["blocks"] >= blocks else ", alone; not fitted"

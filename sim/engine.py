@@ -110,7 +110,8 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     """Set up every GPU's kernel on the fabric; returns [tiles not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
-                              plan.task_bytes.astype(np.float64), costs.weight_bytes_alone(cfg, plan, hw.processors))
+                              plan.task_bytes.astype(np.float64), costs.weight_bytes_alone(cfg, plan, hw.processors),
+                              costs.flops_per_row(cfg, plan))
     left = [plan.tile_src.size]
 
     def tile_done(_tile: int) -> None:
