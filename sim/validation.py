@@ -39,10 +39,12 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
 - **GEMM0/GEMM1 tasks**: fixed cost + FLOPs over the block's rate at the megakernel's occupancy
   of 2 blocks per SM + the task's weight slice over the tiles sharing it at once, at a per-byte
   cost (`gemm_fixed_ns`, `matrix_efficiency`, `weight_load_ns_per_byte`, fitted over tile heights
-  and 1, 2 and 8 tiles per expert, and 32- and 64-row tiles alone on their expert); the tiles
-  that share a slice are those of its expert from the same source GPU (they land and queue
-  together); each GEMM1 task also stores its output into the source GPU's memory (over NVLink at
-  a block's put rate);
+  and 1, 2 and 8 tiles per expert, and 32- and 64-row tiles alone on their expert), the rows
+  past a knee in tile height at their own cost per FLOP where the straight line misses
+  (`gemm_knee_rows`, `gemm_beyond_knee_ns_per_flop`: the float32 SIMT GEMM since 52f62a2, each of
+  its 4 warps 32 rows, as slow with 2 active warps as with 4); the tiles that share a slice are
+  those of its expert from the same source GPU (they land and queue together); each GEMM1 task
+  also stores its output into the source GPU's memory (over NVLink at a block's put rate);
 - **scheduling**: a processor is free again `handoff_ns` after a task (the median gap between a
   processor's tasks in a 12K-token layer: 2.4 us with the kernel's two-slot mailbox). With
   processors idle, three latencies from a 1.5K-token layer on one GPU (a layer no run measures):
@@ -66,14 +68,27 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **Every layer latency holds, and 49 of 54 runs hold every bound**: 34 of 36 on 2 H200s (1 and
-  2 GPUs per layer) and 15 of 18 on one H100; the H200s ran the kernel of 965330c, the H100 that
-  of 1458e09 (the gate on sm_90's m16n8k8 FP64 mmas, 29% faster at the bf16 default), each predicted
-  with its own commit's microbenchmarks. Latency errors: bf16 -6.9% to +7.9%, float32 -9.1% to
-  -1.6% (float32 leans low: its 270 us tasks run ~2-4% longer in
-  the layer than alone). The layer is a queue of equal tile tasks on 263 processors, each task a
-  fixed cost plus its FLOPs plus its share of its weight slice's loads, with a hand-off between
-  tasks and the scheduler's latencies around idle processors.
+- **Every layer latency holds, and 50 of 54 runs hold every bound**: 34 of 36 on 2 H200s (1 and
+  2 GPUs per layer) and 16 of 18 on one H100; the H200s ran the kernel of 965330c, the H100 that
+  of 92205e7 (the float32 tile GEMM's weights on a cp.async ring, 16-deep slices), each predicted
+  with its own commit's microbenchmarks. Latency errors: bf16 -6.9% to +7.0%, float32 -9.1% to
+  +5.1% (the H100's float32 +0.8% to +5.1%). The layer is a queue of equal tile tasks on 263
+  processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's loads,
+  with a hand-off between tasks and the scheduler's latencies around idle processors.
+- **The microbenchmark measures the layer's own GEMM again** (found at 3b6acac): its build of the
+  float32 tile GEMM made each A-row load wait for the one before (ptxas zeroed the registers
+  before each guarded load and made the zeroing wait on the loads' scoreboard; the megakernel's
+  build did not), so its tasks ran 36-57% longer than the layer's (Nsight Compute put 71% of its
+  warps' unissued samples on those zeroings). With the loads predicated (92205e7) both builds
+  issue them back to back: on the H100 the microbenchmark's 128-row task takes 240 us at the
+  megakernel's grid, the layers' 226-235 us.
+- **The float32 GEMM's time follows its active warps, not its FLOPs**: its 4 warps take 32 rows
+  each and skip the arithmetic past the tile's rows; a 32-row task takes 154 us, a 64-row one
+  234, a 128-row one 240 (H100, microbenchmark at the megakernel's grid; the layers' 139, 225,
+  230). A straight line over the heights missed the 64-row task by 18% and put the float32
+  layers 8-13% slow and the 2K one 10% fast; the fit now takes a knee at 64 rows (each row past
+  it 0.0005 ns per FLOP) and the float32 layers hold within +0.8% to +5.1%. The bf16 build's
+  heights lie on its line (no knee).
 - **A two-GPU dispatch is the NVLink port's** (found at c796050): a GPU's local store shares take
   as long as its NVLink ones (bf16 default on 2 H200s: 88 vs 91 us median in the layer, 92 vs 92
   in the microbenchmark, against 32 us on one GPU alone); 32 MiB each way at ~370 GB/s. The
@@ -121,26 +136,14 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
 - **The store dispatch's small shares**: fitted linear in a share's bytes over four layer sizes
   on one GPU; the 8-row shares of the 1K-token layers fall off the line (H200 bf16: 5.0 us in the
   microbenchmark, 4.0 on the line) and take longer still in the layer (6.3 us per block on the
-  H200, 7.3 on the H100): dispatch busy time -28% to -43% at 1K bf16; on the H100 the 2K float32
-  layer's 128 KiB shares are overpredicted by 20.5%. A few microseconds of a 0.5 ms layer: its
+  H200, 6.9 on the H100): dispatch busy time -28% to -43% at 1K bf16; on the H100 the 2K float32
+  layer's 128 KiB shares are overpredicted by 25%. A few microseconds of a 0.5 ms layer: its
   latency holds.
 - **The H100's 1K combine**: the final combine's L2 rate is fitted on the microbenchmark, which
   combines the rows after the dispatch microbenchmark ran, not right after GEMM1 wrote them; on
-  the H100 the 1K-token layers' combine differs from it both ways (bf16 5.1 us per block,
-  predicted 3.9; float32 9.7 us, predicted 12.2; the H100 float32 microbenchmark shows no L2
-  effect at all).
+  the H100 the 1K-token layers' combine differs from it both ways (bf16 5.0 us per block,
+  predicted 3.9, a miss; float32 10.2 us, predicted 12.1, inside the bound).
 
-Not compared yet: **the float32 kernel after 52f62a2** (its weights on a cp.async ring, 16-deep
-slices since 99cdc99: 17% faster at the default on one H100). Its tile-GEMM microbenchmark runs
-the new GEMM 36-57% slower than the layers do (99cdc99: 357 against 227 us a 128-row task; the old
-GEMM agreed, 274 against 275-282), so a preset calibrated on it predicts those layers 32-53% slow
-(28-72% at 99cdc99; its bf16 layers hold as before).
-It is not occupancy, not the code (same SASS loop and scoreboards in both), not the A operand's
-residency and not a lockstep start; a block alone in the microbenchmark matches a layer's task
-(240 against 227 us), its full grid does not, its warps waiting on global memory ten times as long
-per instruction as the layer's (Nsight Compute: 1.25 against 0.13 cycles). Until the
-microbenchmark measures what the layer runs, the H100 runs here stay those of 1458e09
-(docs/gpu-measurements.md, first section).
 """
 
 
