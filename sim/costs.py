@@ -94,6 +94,9 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
     combine = kind == COMBINE
     beyond = np.zeros_like(flops)
     if hw.gemm_knee_rows:
+        if not np.any(row_flops):
+            raise ValueError(f"row_flops = {row_flops!r}: {hw.name} has a knee at {hw.gemm_knee_rows:g} tile rows, "
+                             "so task_ns needs each task's FLOPs per row (flops_per_row)")
         beyond = np.where(combine, 0.0, np.maximum(flops - hw.gemm_knee_rows * row_flops, 0.0))
         flops = flops - beyond
     if hw.copy_ns_per_byte and not WEIGHTED_IN_TASK[cfg.dtype]:

@@ -144,6 +144,8 @@ def test_a_task_time_that_stops_growing_past_a_height_is_fitted_with_its_knee(tm
                        np.zeros(3), 0.0, row)
     assert ns[2] - ns[1] == pytest.approx(64 * row * 2e-4)
     assert ns[1] - ns[0] == pytest.approx(32 * row / costs.block_flops_per_ns(hw, "float32"))
+    with pytest.raises(ValueError, match="row_flops"):
+        costs.task_ns(hw, presets.get("flashmoe"), np.array([0]), np.array([row]), np.zeros(1))
 
 
 def test_a_file_from_before_the_small_scheduler_layer_stops_a_hand_off_after_the_last_task(tmp_path):
