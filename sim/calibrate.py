@@ -189,13 +189,12 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
         return coef, float(np.sum((a @ coef - y) ** 2)), float(np.max(np.abs(a @ coef - y) / y))
 
     heights = sorted({g["rows"] for g in pts})
-    line = solve(0)
-    knee, best = 0, line
-    for h in heights[1:-1] if line[2] > LINE_MISS else ():
-        coef, sse, _ = solve(h)
-        if coef[1] > 0 and coef[2] >= 0 and sse <= line[1] / 2 and sse < best[1]:
-            knee, best = h, (coef, sse, 0.0)
-    coef = best[0]
+    coef, line_sse, line_miss = solve(0)
+    knee, sse = 0, line_sse
+    for h in heights[1:-1] if line_miss > LINE_MISS else ():
+        c, e, _ = solve(h)
+        if c[1] > 0 and c[2] >= 0 and e <= line_sse / 2 and e < sse:
+            knee, coef, sse = h, c, e
     peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
     rate = min(1.0 / coef[1], peak) if coef[1] > 0 else peak
     below, beyond = split(x, rows, knee)
@@ -208,7 +207,7 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {upto} "
           f"at the megakernel's grid: {rate:.0f} FLOP/ns per block (capped at the {dtype} peak, {peak:.0f})")
     f.set("gemm_knee_rows", float(knee), f"{origin}: the height among {heights} past which the task time grows "
-          f"at its own rate (the straight line missed a task by {100 * line[2]:.0f}%; the knee halves its squared "
+          f"at its own rate (the straight line missed a task by {100 * line_miss:.0f}%; the knee halves its squared "
           "residuals or more)" if knee else f"{origin}: none (the straight line misses no task by more than "
           f"{100 * LINE_MISS:.0f}%, or no height among {heights} halves its squared residuals)")
     f.set("gemm_beyond_knee_ns_per_flop", max(float(per_flop), 0.0),
