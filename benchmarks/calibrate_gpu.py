@@ -3,12 +3,12 @@
     python benchmarks/calibrate_gpu.py --gpus 2 --out OUT_DIR --commit SHA
 
 Runs the float32 build's microbenchmarks, then the bf16 build's (one job each; on more than one
-GPU each build's layer pieces and scheduler layers run once more on one GPU alone, so the
-dispatch's local stores are timed without NVLink stores beside them and the latencies around idle
-processors without a peer's late counts: those are fitted from these), and writes
+GPU each build's layer pieces, scheduler layers and in-layer timings run once more on one GPU alone, so
+the dispatch's local stores are timed without NVLink stores beside them and the latencies around
+idle processors without a peer's late counts: those are fitted from these), and writes
 OUT_DIR/calibration-<gpu>.json: GPU, driver, commit, command and date under "meta", the float32
 build's sections at the top level (as before bf16 existed) and the bf16 build's under
-"bfloat16" (its tile shape, gemm, copy, gate, dispatch, combine, scheduler; puts and ping-pongs
+"bfloat16" (its tile shape, gemm, copy, gate, dispatch, combine, scheduler, in_layer; puts and ping-pongs
 move bytes whatever the dtype and are measured once, by the float32 job). Prints a short table of
 the figures the simulator's calibration fits. `--from-raw DIR` rebuilds the file and the table
 from a saved DIR/raw-<dtype>/results.json without a GPU.
@@ -70,6 +70,12 @@ def table(raw: dict, label: str = "") -> str:
                      d["ns_per_tile"]["median"] / 1e3))
     for c in raw.get("combine", []):
         rows.append((f"ordered combine T={c['tokens']}", "µs/block", c["ns_per_block"]["median"] / 1e3))
+    for c in raw.get("in_layer", []):
+        mib = c["inflight_bytes"] / 2 ** 20
+        rows.append((f"in layer T={c['tokens']}, {c['world']} GPU(s): dispatch share, {mib:.1f} MiB in flight",
+                     "µs/share", c["dispatch_ns"]["median"] / 1e3))
+        rows.append((f"in layer T={c['tokens']}, {c['world']} GPU(s): final combine", "µs/block",
+                     c["final_combine_ns"]["median"] / 1e3))
     s = raw.get("scheduler") or {}
     if s.get("gap_ns"):
         rows.append(("scheduler hand-off gap", "µs", s["gap_ns"]["median"] / 1e3))
@@ -117,14 +123,15 @@ def main() -> int:
 
 def collect(args: argparse.Namespace, out: Path, dtype: str, share: float) -> dict:
     """`dtype`'s microbenchmark results on args.gpus GPUs, with the dispatch shares of its layer
-    pieces on one GPU alone added where args.gpus > 1 (each share says its world), and the
-    one-GPU scheduler layer's idle latencies as scheduler.idle_one_gpu."""
+    pieces and its in-layer timings on one GPU alone added where args.gpus > 1 (each says its
+    world), and the one-GPU scheduler layer's idle latencies as scheduler.idle_one_gpu."""
     if args.gpus == 1:
         return run_job(args, out, dtype, f"raw-{dtype}", 1, args.timeout * share)
     raw = run_job(args, out, dtype, f"raw-{dtype}", args.gpus, args.timeout * share * 0.75)
     alone = run_job(args, out, dtype, f"raw-{dtype}-alone", 1, args.timeout * share * 0.25,
-                    ("layer_pieces", "scheduler"))
-    raw.setdefault("dispatch", []).extend(alone.get("dispatch", []))
+                    ("layer_pieces", "scheduler", "in_layer"))
+    for key in ("dispatch", "in_layer"):
+        raw.setdefault(key, []).extend(alone.get(key, []))
     if "idle" in alone.get("scheduler", {}) and "scheduler" in raw:
         raw["scheduler"]["idle_one_gpu"] = alone["scheduler"]["idle"]
     raw.setdefault("failed", {}).update({f"{k} (one GPU)": v for k, v in alone.get("failed", {}).items()})

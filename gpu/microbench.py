@@ -24,7 +24,12 @@ fails or a job cut short still leaves the others:
   that is not one of the measured layer runs (leave-one-out: 12K tokens per GPU); and under
   "idle", on a small layer no run measures either (1.5K tokens), the latencies around idle
   processors: the first task after its tile's signal, the spacing of the first round of tasks,
-  the last task to the final combine.
+  the last task to the final combine;
+- in_layer: the dispatch shares and the final ordered combine as the megakernel runs them (right
+  after the gate, the scheduler and subscriber polling beside them; the combine right after the
+  last GEMM1), from its telemetry on layers of IN_LAYER_TOKENS, none a measured run's size: each
+  layer's share times and sizes, the shares and bytes its first round has in flight, and the
+  final-combine times of the processors with the most tokens.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
 configs size NVSHMEM's heap and give the dtype.
@@ -48,7 +53,7 @@ from . import build, cases, layout, spawn
 from .runtime import Inputs, Layer, Session, allow_dynamic_smem
 
 DTYPES = ("float32", "bfloat16")
-SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler")  # in the order they run
+SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler", "in_layer")  # in the order they run
 BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
@@ -66,6 +71,9 @@ SCHED_CONFIG = dict(tokens=12288)
 # a small layer (a tile or less per expert) no measured run uses either: its first round of tasks
 # is the scheduler's pace, not the subscriber's, and its processors idle before the final combine
 SCHED_SMALL = dict(tokens=1536)
+# FlashMoE-default layers at token counts no measured run uses (those are powers of two): shares
+# of 6 to 128 rows with 6 to 190 MiB of float32 dispatch in flight, across the L2 (50 MiB)
+IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
 
 
 def flashmoe(world: int, dtype: str, **changes) -> Config:
@@ -381,6 +389,34 @@ def sec_scheduler(b: Bench) -> dict:
             "idle": {"config": small_cfg.to_dict(), **start_and_stop(small, small_proc)}}
 
 
+def sec_in_layer(b: Bench) -> list[dict]:
+    """Rank 0's dispatch shares and final combines in the megakernel on each layer of IN_LAYER_TOKENS."""
+    from sim.trace import KIND, ROLE
+
+    out = []
+    for tokens in IN_LAYER_TOKENS:
+        cfg, tr, n_proc = traced(b, dict(tokens=tokens))
+        proc = (tr["rank"] == 0) & (tr["role"] == ROLE["processor"])
+        disp = proc & (tr["kind"] == KIND["dispatch"])
+        lanes, start, nbytes = tr["lane"][disp], tr["start"][disp], tr["bytes"][disp]
+        dur = tr["end"][disp] - start
+        # each processor's first share: the round that runs all at once
+        first = [np.flatnonzero(lanes == q)[np.argmin(start[lanes == q])] for q in np.unique(lanes)]
+        # the final combine of the blocks with the most tokens (warp w of block q takes tokens
+        # q x warps + w, stepping by all processors' warps: processor.cuh combine_tokens)
+        final = proc & (tr["kind"] == KIND["combine"]) & (tr["expert"] < 0)
+        warps = layout.block_threads(layout.compile_options(cfg)) // 32
+        held = np.array([sum(len(range(q * warps + w, tokens, n_proc * warps)) for w in range(warps))
+                         for q in tr["lane"][final]])
+        most = held == held.max()
+        out.append({"tokens": tokens, "world": b.s.world, "n_proc": n_proc, "top_k": cfg.top_k, "hidden": cfg.hidden,
+                    "bytes_per_value": b.elem_bytes, "inflight_bytes": int(nbytes[first].sum()),
+                    "first_round_shares": len(first), "share_bytes": stats(nbytes), "dispatch_ns": stats(dur),
+                    "combine_tokens_per_block": int(held.max()),
+                    "final_combine_ns": stats((tr["end"][final] - tr["start"][final])[most])})
+    return out
+
+
 def start_and_stop(tr, n_proc: int) -> dict:
     """Rank 0's latencies around its tasks with processors idle: from the first tile's signal (or
     its processor's last dispatch share, if later) to the first GEMM0 task; the spacing of the
@@ -431,7 +467,7 @@ def main(argv: list[str]) -> int:
     sections = [("layer_pieces", lambda: sec_layer_pieces(bench, results, save)),
                 ("gemm", lambda: sec_gemm(bench, grid)), ("copy", lambda: sec_copy(bench, grid)),
                 ("put", lambda: sec_put(bench, grid)), ("pingpong", lambda: sec_pingpong(bench)),
-                ("scheduler", lambda: sec_scheduler(bench))]
+                ("scheduler", lambda: sec_scheduler(bench)), ("in_layer", lambda: sec_in_layer(bench))]
     for name, run in sections:
         if name not in wanted or (dtype != "float32" and name in BYTE_SECTIONS):
             continue

@@ -15,12 +15,18 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 - put_nvlink_ns_per_byte, nvlink_gbps: a put over NVLink by one block alone, and the largest
   aggregate to the peer; the dispatch microbenchmark (the kernel's dispatch at the layer's
   concurrency) is checked against all these;
-- dispatch_store_fixed_ns, dispatch_store_ns_per_byte: that microbenchmark's shares stored into
-  this GPU's inbox on one GPU alone, least squares over share sizes (its stores drain before the
-  tile's signal: slower per byte than copy_rows; on two GPUs the local shares are held to the
-  NVLink ones' pace, which the model checks, not fits);
-- reduce_ns_per_byte, reduce_l2_ns_per_byte: the final ordered combine's time per block over the
-  bytes it moves, at 1K-16K tokens: from HBM, and for the share of them the L2 holds;
+- dispatch_store_fixed_ns, dispatch_store_l2_ns_per_byte, dispatch_store_ns_per_byte,
+  dispatch_store_knee_bytes: a share stored into this GPU's inbox on one GPU alone (its stores
+  drain before the tile's signal: slower per byte than copy_rows; on two GPUs the local shares
+  are held to the NVLink ones' pace, which the model checks, not fits), timed inside the
+  megakernel on layers no measured run uses (the in_layer section: 768 to 12288 tokens): fixed
+  + the round's mean share x (the L2's rate up to a knee in the bytes in flight, HBM's beyond);
+  files without those layers fit fixed + bytes x one rate on the dispatch microbenchmark;
+- reduce_fixed_ns, reduce_ns_per_byte, reduce_l2_ns_per_byte, reduce_knee_bytes: the final
+  ordered combine's time per block, fixed + the bytes it moves at the L2's rate for the share of
+  all blocks' bytes the L2 holds and HBM's for the rest, on the same in-layer layers (the rows
+  GEMM1 just wrote); files without them fit the microbenchmark at 1K-16K tokens with no fixed
+  time and the copies' knee;
 - gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
   and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
 - handoff_ns: the processors' median gap between tasks, from the megakernel's telemetry on a
@@ -239,6 +245,7 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
 # grids of the moves' fit: the knee (0: slower from the first byte) and the half point, in bytes
 KNEES = np.concatenate([[0.0], np.geomspace(2 ** 20, 2 ** 28, 65)])
 HALVES = np.geomspace(2 ** 16, 2 ** 31, 61)
+IN_LAYER_MIN = 3  # layers of the in_layer section that the dispatch's and the combine's fits need
 
 
 def _saturating(points: list[tuple[float, float]], knee: float) -> tuple[float, float, float, float]:
@@ -321,10 +328,10 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
     def world(d: dict):  # files from before the entries said theirs: the file's world
         return d.get("world", raw.get("world"))
 
+    layers = [c for c in raw.get("in_layer") or [] if world(c) == 1]
     _fit_store_dispatch(f, [d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"
-                            and world(d) == 1], hw, origin)
-    hw_moves = hw_moves.replace(dispatch_store_fixed_ns=f.values["dispatch_store_fixed_ns"],
-                                dispatch_store_ns_per_byte=f.values["dispatch_store_ns_per_byte"])
+                            and world(d) == 1], layers, hw, origin)
+    hw_moves = hw_moves.replace(**{k: f.values[k] for k in f.values if k.startswith("dispatch_store_")})
     for d in dispatches:
         # files before the kernel stored dispatched rows timed packed and put tiles, one a block
         n, link, path = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK, d.get("path", "put")
@@ -334,58 +341,129 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
                 if (e.get("tokens"), world(e), e.get("path")) == (d.get("tokens"), world(d), d.get("path"))}
         model = costs.dispatch_ns(hw_moves, nbytes, link, path, n * nbytes, over) - hw_moves.task_overhead_ns
         layer = f"T={d['tokens']}, " if "tokens" in d else ""
-        fitted = path == "store" and link == LOCAL and world(d) == 1 and f.values["dispatch_store_ns_per_byte"]
+        fitted = path == "store" and link == LOCAL and world(d) == 1 and not layers and \
+            f.values["dispatch_store_ns_per_byte"]
         f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{world(d)} GPU(s), "
                 f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
-    _fit_reduce(f, _need(raw, "combine", "the final combine's time per block"), origin)
+    _fit_reduce(f, _need(raw, "combine", "the final combine's time per block"), layers, origin)
 
 
-def _fit_reduce(f: Fit, points: list[dict], origin: str) -> None:
-    """The final combine per byte: at one layer size, one rate; at several, least squares of
-    time per byte = L2 rate x held + HBM rate x (1 - held), held = min(1, knee / all bytes)."""
+def _fit_reduce(f: Fit, points: list[dict], layers: list[dict], origin: str) -> None:
+    """The final combine: from the megakernel's own layers where IN_LAYER_MIN or more were timed
+    (the rows GEMM1 just wrote), time = fixed + bytes x (L2 rate x held + HBM rate x (1 - held)),
+    held = min(1, knee / all blocks' bytes), the knee searched (_fixed_and_rates); else from the
+    microbenchmark, time per byte at one rate (one layer size) or at the two with held over
+    l2_knee_bytes, no fixed time."""
     rows = []
     for c in points:
         warps = c["n_proc"] * costs.REDUCE_WARPS
         nb = c.get("bytes_per_value", 4)  # files before bf16 measured float32 rows only
         moved = costs.reduce_bytes(math.ceil(c["tokens"] / warps) * costs.REDUCE_WARPS, c["top_k"], c["hidden"], nb)
         total = costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], nb)
-        rows.append((c, moved, costs.l2_held(f.values["l2_knee_bytes"], total), c["ns_per_block"]["median"]))
-    if len(rows) == 1:
-        c, moved, _, y = rows[0]
-        f.set("reduce_ns_per_byte", y / moved,
-              f"{origin}: the ordered combine of {c['tokens']} tokens over {c['n_proc']} processors, per byte")
-        f.set("reduce_l2_ns_per_byte", 0.0, f"{origin}: one layer size measured: one rate")
-        return
-    a = np.array([(1.0 - held, held) for _, _, held, _ in rows])
-    (hbm, l2), *_ = np.linalg.lstsq(a, np.array([y / moved for _, moved, _, y in rows]), rcond=None)
-    sizes = ", ".join(str(c["tokens"]) for c, *_ in rows)
-    how = (f"{origin}: the ordered combine at {sizes} tokens, least squares of time per byte = L2 rate x held + "
-           "HBM rate x (1 - held), held = min(1, l2_knee_bytes / the bytes of all processors)")
-    f.set("reduce_ns_per_byte", max(float(hbm), 0.0), how)
-    f.set("reduce_l2_ns_per_byte", max(float(l2), 0.0), how)
-    for c, moved, held, y in rows:
-        f.check(f"ordered combine of {c['tokens']} tokens, per block (ns)", y,
-                moved * (f.values["reduce_l2_ns_per_byte"] * held + f.values["reduce_ns_per_byte"] * (1 - held)))
+        rows.append((f"microbenchmark: ordered combine of {c['tokens']} tokens, per block", moved, total,
+                     c["ns_per_block"]["median"]))
+    in_layer = [(f"in layer: final combine of {c['tokens']} tokens, busiest blocks",
+                 costs.reduce_bytes(c["combine_tokens_per_block"], c["top_k"], c["hidden"], c["bytes_per_value"]),
+                 costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], c["bytes_per_value"]),
+                 c["final_combine_ns"]["median"]) for c in layers]
+    if len(in_layer) >= IN_LAYER_MIN:
+        knee, fixed, l2, hbm = _fixed_and_rates(in_layer)
+        how = (f"{origin}: the final combine inside the megakernel at {_tokens(layers)} tokens (layers no measured "
+               "run uses), least squares of relative residuals of time = fixed + bytes x (L2 rate x held + HBM rate "
+               "x (1 - held)), held = min(1, knee / all blocks' bytes), the knee where it halves one rate's")
+        fitted = in_layer
+    elif len(rows) == 1:
+        _, moved, total, y = rows[0]
+        knee, fixed, l2, hbm = 0.0, 0.0, 0.0, y / moved
+        how = f"{origin}: the ordered combine microbenchmark at one layer size: one rate"
+        fitted = rows
+    else:
+        knee, fixed = f.values["l2_knee_bytes"], 0.0
+        a = np.array([(1.0 - costs.l2_held(knee, total), costs.l2_held(knee, total)) for _, _, total, _ in rows])
+        (hbm, l2), *_ = np.linalg.lstsq(a, np.array([y / moved for _, moved, _, y in rows]), rcond=None)
+        how = (f"{origin}: the ordered combine microbenchmark at {_tokens(points)} tokens, least squares of time per "
+               "byte = L2 rate x held + HBM rate x (1 - held), held = min(1, l2_knee_bytes / all blocks' bytes)")
+        fitted = rows
+    for name, v in (("reduce_fixed_ns", fixed), ("reduce_ns_per_byte", hbm), ("reduce_l2_ns_per_byte", l2),
+                    ("reduce_knee_bytes", knee)):
+        f.set(name, max(float(v), 0.0), how)
+    hw = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
+        "reduce_fixed_ns", "reduce_ns_per_byte", "reduce_l2_ns_per_byte", "reduce_knee_bytes")})
+    for point, moved, total, y in rows + in_layer:
+        note = "" if any(point == r[0] for r in fitted) else "; not fitted"
+        f.check(f"{point} (ns{note})", y, hw.reduce_fixed_ns + moved * costs.reduce_ns_per_byte_at(hw, total))
 
 
-def _fit_store_dispatch(f: Fit, pts: list[dict], hw, origin: str) -> None:
-    """A share of a tile stored into this GPU's inbox, timed at the layer's concurrency over share
-    sizes on one GPU alone (on two the NVLink shares beside it hold it back): least squares of
-    time = fixed + bytes x per byte. Files from before the store path, or from two GPUs without
-    the one-GPU shares, keep the base preset's figures (a gather at the copy rate)."""
-    names = ("dispatch_store_fixed_ns", "dispatch_store_ns_per_byte")
-    if len(pts) < 2:
+def _fit_store_dispatch(f: Fit, pts: list[dict], layers: list[dict], hw, origin: str) -> None:
+    """A share of a tile stored into this GPU's inbox, all processors at once on one GPU alone (on
+    two the NVLink shares beside it hold it back). From the megakernel's own layers where
+    IN_LAYER_MIN or more were timed (right after the gate, the scheduler and subscriber polling
+    beside it): a share's median time = fixed + the first round's mean share of bytes x (L2 rate
+    x held + HBM rate x (1 - held)), held = min(1, knee / its bytes in flight), the knee searched
+    (_fixed_and_rates; costs.dispatch_ns charges every share that mean); else from
+    the dispatch microbenchmark, least squares of time = fixed + bytes x per byte. Files from
+    before the store path, or from two GPUs without the one-GPU shares, keep the base preset's
+    figures (a gather at the copy rate)."""
+    names = ("dispatch_store_fixed_ns", "dispatch_store_l2_ns_per_byte", "dispatch_store_ns_per_byte",
+             "dispatch_store_knee_bytes")
+    in_layer = [(f"in layer: dispatch share, T={c['tokens']}, {c['inflight_bytes'] / 2 ** 20:.1f} MiB in flight",
+                 c["inflight_bytes"] / c["first_round_shares"], c["inflight_bytes"], c["dispatch_ns"]["median"])
+                for c in layers]
+    if len(layers) >= IN_LAYER_MIN:
+        knee, fixed, l2, hbm = _fixed_and_rates(in_layer)
+        how = (f"{origin}: the dispatch shares inside the megakernel at {_tokens(layers)} tokens (layers no measured "
+               "run uses, one GPU), least squares of relative residuals of time = fixed + bytes x (L2 rate x held + "
+               "HBM rate x (1 - held)), held = min(1, knee / the bytes in flight), the knee where it halves one rate's")
+    elif len(pts) >= 2:
+        a = np.array([(1.0, d["rows"]["median"] * d["bytes_per_row"]) for d in pts])
+        (fixed, hbm), *_ = np.linalg.lstsq(a, np.array([d["ns_per_tile"]["median"] for d in pts]), rcond=None)
+        knee = l2 = 0.0
+        how = (f"{origin}: a share of a stored dispatch tile at {len(pts)} layer sizes ({_tokens(pts)} tokens, all "
+               "processors at once, one GPU), least squares of time = fixed + bytes x per byte")
+    else:
         for name in names:
             f.set(name, getattr(hw, name), f"{origin}: no store-path dispatch timed on one GPU alone (a file from "
                   "before it): the base preset's")
         return
-    a = np.array([(1.0, d["rows"]["median"] * d["bytes_per_row"]) for d in pts])
-    coef, *_ = np.linalg.lstsq(a, np.array([d["ns_per_tile"]["median"] for d in pts]), rcond=None)
-    coef = np.maximum(coef, 0.0)
-    for name, c in zip(names, coef):
-        f.set(name, float(c), f"{origin}: a share of a stored dispatch tile at {len(pts)} layer sizes "
-              f"({', '.join(str(d['tokens']) for d in pts)} tokens, all processors at once, one GPU), least squares of "
-              "time = fixed + bytes x per byte")
+    for name, v in zip(names, (fixed, l2, hbm, knee)):
+        f.set(name, max(float(v), 0.0), how)
+    model = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in names})
+    for point, nbytes, inflight, y in in_layer:
+        f.check(f"{point} (ns)", y, costs.store_dispatch_ns(model, nbytes, inflight))
+
+
+def _tokens(points: list[dict]) -> str:
+    return ", ".join(str(p["tokens"]) for p in points)
+
+
+def _fixed_and_rates(points: list[tuple[str, float, float, float]]) -> tuple[float, float, float, float]:
+    """(knee, fixed, L2 rate, HBM rate) of time = fixed + x x (L2 rate x held + HBM rate x (1 -
+    held)), held = min(1, knee / total), over (name, x, total, time) points: least squares of
+    the relative residuals with every figure >= 0; where one rate for all bytes (knee 0) misses
+    a point by more than LINE_MISS, the knee among KNEES (below some point's total) that at
+    least halves its squared residuals."""
+    x, total, y = (np.array([p[i] for p in points], np.float64) for i in (1, 2, 3))
+
+    def solve(cols: list[np.ndarray]) -> tuple[float, np.ndarray, float]:
+        a = np.column_stack(cols) / y[:, None]
+        coef, *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
+        miss = a @ coef - 1.0
+        return float((miss ** 2).sum()), coef, float(np.abs(miss).max())
+
+    err, (fixed, rate), miss = solve([np.ones_like(x), x])
+    if rate <= 0:
+        raise CalibrationError("in_layer", [p[0] for p in points], "times that grow with the bytes moved")
+    if fixed < 0:
+        err, (fixed, rate), miss = solve([np.zeros_like(x), x])
+    best = (err / 2, 0.0, float(fixed), 0.0, float(rate))
+    for knee in KNEES[1:] if miss > LINE_MISS else ():
+        if knee >= total.max():
+            break
+        held = np.minimum(1.0, knee / total)
+        got_err, coef, _ = solve([np.ones_like(x), x * held, x * (1.0 - held)])
+        if (coef >= 0).all() and got_err < best[0]:
+            best = (got_err, float(knee), *map(float, coef))
+    return best[1:]
 
 
 def _fit_gate(f: Fit, raw: dict, blocks: int, origin: str) -> None:

@@ -237,7 +237,11 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     measured store dispatch (a gather where the preset has none), and no sooner than a share of
     its size to an NVLink peer while any goes there (measured: a GPU's stores queue behind the
     port, its local shares as slow as its NVLink ones); into an NVLink peer's, the block's loads
-    and remote stores (a put's rate and the port's share); otherwise packed and put (pack_ns)."""
+    and remote stores (a put's rate and the port's share); otherwise packed and put (pack_ns).
+
+    The measured store dispatch charges every share the mean share of the bytes in flight, not
+    its own: a share's fence waits for the stores queued ahead of its own, so in the megakernel a
+    layer's shares of half and of full size take the same time."""
     inflight = nbytes if inflight is None else inflight
     over = over or {}
     if not stores_dispatch(path, link):
@@ -245,11 +249,20 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     if link == NVLINK:
         return put_ns(hw, link, nbytes, inflight, over.get(NVLINK, 1)) + hw.task_overhead_ns
     if hw.dispatch_store_ns_per_byte:  # measured at the layer's concurrency, one GPU alone
-        own = hw.dispatch_store_fixed_ns + nbytes * hw.dispatch_store_ns_per_byte
+        own = store_dispatch_ns(hw, inflight / sum(over.values()) if over else nbytes, inflight)
     else:
         own = gather_ns(hw, nbytes, inflight)
     queued = put_ns(hw, NVLINK, nbytes, inflight, over[NVLINK]) if over.get(NVLINK) else 0.0
     return max(own, queued) + hw.task_overhead_ns
+
+
+def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float) -> float:
+    """A share of `nbytes` stored into this GPU's inbox while all blocks store `inflight` bytes:
+    fixed + bytes x per byte, the L2's rate for the share of the bytes in flight it holds
+    (dispatch_store_knee_bytes of them), HBM's for the rest."""
+    held = l2_held(hw.dispatch_store_knee_bytes, inflight)
+    rate = hw.dispatch_store_l2_ns_per_byte * held + hw.dispatch_store_ns_per_byte * (1.0 - held)
+    return hw.dispatch_store_fixed_ns + nbytes * rate
 
 
 def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:
@@ -260,21 +273,25 @@ def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:
 
 def reduce_ns(hw: Hardware, cfg: Config, processors: int) -> float:
     """One processor's share of the final ordered combine: its tokens' k returned rows read and
-    the sum written (0 when the preset does not model it), at reduce_ns_per_byte_at."""
+    the sum written (0 when the preset does not model it), a fixed time + its bytes at
+    reduce_ns_per_byte_at."""
+    if not hw.reduce_ns_per_byte:
+        return 0.0
     warps = processors * REDUCE_WARPS
     tokens = math.ceil(cfg.tokens / warps) * REDUCE_WARPS
     rows = cfg.top_k + cfg.shared_experts
     total = reduce_bytes(cfg.tokens, rows, cfg.hidden, cfg.dtype_bytes)
-    return reduce_bytes(tokens, rows, cfg.hidden, cfg.dtype_bytes) * reduce_ns_per_byte_at(hw, total)
+    moved = reduce_bytes(tokens, rows, cfg.hidden, cfg.dtype_bytes)
+    return hw.reduce_fixed_ns + moved * reduce_ns_per_byte_at(hw, total)
 
 
 def reduce_ns_per_byte_at(hw: Hardware, total: float) -> float:
     """The final combine's time per byte when all processors move `total` bytes: the share of
-    them the L2 holds (l2_knee_bytes of the rows GEMM1 just wrote) at reduce_l2_ns_per_byte,
+    them the L2 holds (reduce_knee_bytes of the rows GEMM1 just wrote) at reduce_l2_ns_per_byte,
     the rest from HBM at reduce_ns_per_byte (one rate where the preset measured one size)."""
     if not hw.reduce_l2_ns_per_byte:
         return hw.reduce_ns_per_byte
-    held = l2_held(hw.l2_knee_bytes, total)
+    held = l2_held(hw.reduce_knee_bytes, total)
     return hw.reduce_l2_ns_per_byte * held + hw.reduce_ns_per_byte * (1.0 - held)
 
 

@@ -90,11 +90,18 @@ class Hardware:
     put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
     # a processor's share of a dispatched tile gathered straight into its own GPU's inbox (the store
     # path), all processors at once as in the layer: fixed + bytes x per byte (its stores drain before
-    # the tile's count and signal: slower per byte than copy_rows, which does not wait for them)
+    # the tile's count and signal: slower per byte than copy_rows, which does not wait for them), the
+    # per byte at the L2's rate for the share of the bytes in flight up to a knee, the rest at HBM's
     dispatch_store_fixed_ns: float
-    dispatch_store_ns_per_byte: float
-    reduce_ns_per_byte: float  # one block in the final ordered combine, per byte read or written (from HBM)
-    reduce_l2_ns_per_byte: float  # the same for the bytes the L2 still holds (0: one rate for all)
+    dispatch_store_ns_per_byte: float  # beyond the knee (all of them where the knee is 0)
+    dispatch_store_l2_ns_per_byte: float  # up to the knee
+    dispatch_store_knee_bytes: float  # the dispatch bytes in flight the L2 holds (0: one rate for all)
+    # the final ordered combine, one block: fixed + bytes read or written x per byte, the share of
+    # them the L2 still holds (reduce_knee_bytes of all blocks' bytes) at its own rate
+    reduce_fixed_ns: float
+    reduce_ns_per_byte: float  # from HBM
+    reduce_l2_ns_per_byte: float  # from the L2 (0: one rate for all)
+    reduce_knee_bytes: float  # the combine's bytes the L2 holds
     handoff_ns: float  # a processor idle between two tasks: scheduler sees it idle, mails the next one
     # with processors idle: a landed tile's first task starts wake_ns after the subscriber's turn (the
     # scheduler's poll of the queue, the mailbox), each task of a burst assign_ns after the one before
@@ -249,8 +256,9 @@ _H100 = {
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
                                          "put_nvlink_ns_per_byte", "dispatch_store_fixed_ns",
-                                         "dispatch_store_ns_per_byte",
-                                         "reduce_ns_per_byte", "reduce_l2_ns_per_byte", "handoff_ns",
+                                         "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
+                                         "dispatch_store_knee_bytes", "reduce_fixed_ns", "reduce_ns_per_byte",
+                                         "reduce_l2_ns_per_byte", "reduce_knee_bytes", "handoff_ns",
                                          "wake_ns", "assign_ns", "stop_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),

@@ -159,7 +159,7 @@ def test_a_file_from_before_the_small_scheduler_layer_stops_a_hand_off_after_the
 def test_the_final_combine_at_several_sizes_fits_an_l2_and_an_hbm_rate(tmp_path):
     """Rows the L2 still holds (l2_knee_bytes of them) are combined at one rate, the rest at another."""
     raw = synthetic()
-    hw = hardware.PRESETS["h200-sxm"].replace(l2_knee_bytes=TRUE["l2_knee_bytes"], reduce_ns_per_byte=0.08,
+    hw = hardware.PRESETS["h200-sxm"].replace(reduce_knee_bytes=TRUE["l2_knee_bytes"], reduce_ns_per_byte=0.08,
                                               reduce_l2_ns_per_byte=0.05)
     raw["combine"] = []
     for tokens in (1024, 4096, 8192, 16384):
@@ -170,6 +170,7 @@ def test_the_final_combine_at_several_sizes_fits_an_l2_and_an_hbm_rate(tmp_path)
     v = fits["float32"].values
     assert v["reduce_ns_per_byte"] == pytest.approx(0.08, rel=1e-6)
     assert v["reduce_l2_ns_per_byte"] == pytest.approx(0.05, rel=1e-6)
+    assert (v["reduce_knee_bytes"], v["reduce_fixed_ns"]) == (TRUE["l2_knee_bytes"], 0.0)  # the copies' knee
     knee = TRUE["l2_knee_bytes"]
     small, large = (costs.reduce_ns_per_byte_at(hw, b) for b in (knee / 2, 100 * knee))
     assert small == pytest.approx(0.05) and 0.05 < large < 0.08

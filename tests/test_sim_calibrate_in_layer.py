@@ -1,0 +1,96 @@
+"""The dispatch's and the final combine's figures fitted on the megakernel's own layers (the
+in_layer section: token counts no measured run uses): the fit recovers known figures, prefers
+them to the microbenchmarks', leaves two-GPU layers out, and the model charges every stored
+share the first round's mean share."""
+
+import numpy as np
+import pytest
+from test_sim_calibrate import TRUE, _write, synthetic
+
+from reference import presets
+from reference.plan import LOCAL
+from sim import calibrate, costs, hardware
+
+KNEES = calibrate.KNEES
+FIGURES = dict(dispatch_store_fixed_ns=3000.0, dispatch_store_l2_ns_per_byte=0.03, dispatch_store_ns_per_byte=0.16,
+               dispatch_store_knee_bytes=float(KNEES[30]), reduce_fixed_ns=1500.0, reduce_l2_ns_per_byte=0.06,
+               reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]))
+TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
+
+
+def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
+    """The in_layer section of layers whose times follow `hw` (shares of a 64-expert layer split 4 ways)."""
+    out = []
+    for t in tokens:
+        cfg = presets.get("flashmoe").replace(ranks=1, tokens=t)
+        shares = 256
+        inflight = t * cfg.top_k * cfg.hidden * 4
+        out.append({"tokens": t, "world": world, "n_proc": n_proc, "top_k": 2, "hidden": 2048, "bytes_per_value": 4,
+                    "inflight_bytes": inflight, "first_round_shares": shares,
+                    "dispatch_ns": _stat(costs.store_dispatch_ns(hw, inflight / shares, inflight)),
+                    "combine_tokens_per_block": int(np.ceil(t / (n_proc * 4)) * 4),
+                    "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc))})
+    return out
+
+
+def _stat(v):
+    return {"median": v, "p10": v, "p90": v, "min": v, "max": v, "n": 1}
+
+
+def _fit(tmp_path, raw):
+    _, fits = calibrate.calibrate(_write(tmp_path, raw), out=tmp_path / "calibrated-h200.json")
+    return fits["float32"]
+
+
+def test_the_in_layer_fit_recovers_the_dispatch_and_combine_figures(tmp_path):
+    raw = synthetic()
+    raw["in_layer"] = in_layer(hardware.PRESETS["h200-sxm"].replace(**FIGURES))
+    fit = _fit(tmp_path, raw)
+    for name, want in FIGURES.items():
+        assert fit.values[name] == pytest.approx(want, rel=1e-6), name
+    assert "inside the megakernel" in fit.sources["dispatch_store_ns_per_byte"]
+    assert "inside the megakernel" in fit.sources["reduce_fixed_ns"]
+    # the microbenchmark's shares (another straight line) are checked against the fit, not fitted
+    assert any("not fitted" in point for point, *_ in fit.residuals if point.startswith("dispatch (store)"))
+
+
+def test_one_rate_is_kept_unless_a_knee_halves_the_residuals(tmp_path):
+    raw = synthetic()
+    flat = dict(FIGURES, dispatch_store_knee_bytes=0.0, dispatch_store_l2_ns_per_byte=0.0)
+    raw["in_layer"] = in_layer(hardware.PRESETS["h200-sxm"].replace(**flat))
+    v = _fit(tmp_path, raw).values
+    assert (v["dispatch_store_knee_bytes"], v["dispatch_store_l2_ns_per_byte"]) == (0.0, 0.0)
+    assert v["dispatch_store_ns_per_byte"] == pytest.approx(0.16, rel=1e-6)
+    assert v["dispatch_store_fixed_ns"] == pytest.approx(3000.0, rel=1e-6)
+
+
+def test_two_gpu_layers_and_too_few_layers_leave_the_microbenchmark_fit(tmp_path):
+    hw = hardware.PRESETS["h200-sxm"].replace(**FIGURES)
+    for layers in (in_layer(hw, world=2), in_layer(hw, tokens=TOKENS[:calibrate.IN_LAYER_MIN - 1])):
+        raw = synthetic()
+        raw["in_layer"] = layers
+        v = _fit(tmp_path, raw).values
+        assert v["dispatch_store_ns_per_byte"] == pytest.approx(TRUE["dispatch_store_ns_per_byte"], rel=1e-6)
+        assert v["dispatch_store_knee_bytes"] == 0.0
+        assert v["reduce_fixed_ns"] == 0.0
+
+
+def test_layers_whose_times_do_not_grow_with_their_bytes_are_refused(tmp_path):
+    raw = synthetic()
+    raw["in_layer"] = in_layer(hardware.PRESETS["h200-sxm"].replace(**FIGURES))
+    for c, ns in zip(raw["in_layer"], np.linspace(9e4, 1e4, len(TOKENS))):
+        c["dispatch_ns"] = _stat(float(ns))
+    with pytest.raises(calibrate.CalibrationError, match="in_layer.*grow with the bytes"):
+        _fit(tmp_path, raw)
+
+
+def test_every_stored_share_of_a_round_takes_the_mean_shares_time():
+    """A share's fence waits for the stores queued ahead of it: a half share is no quicker."""
+    hw = hardware.PRESETS["h200-sxm"].replace(**FIGURES)
+    inflight = 256 * 65536.0
+    half, full = (costs.dispatch_ns(hw, b, LOCAL, "store", inflight, {LOCAL: 256}) for b in (32768.0, 65536.0))
+    assert half == full == pytest.approx(costs.store_dispatch_ns(hw, 65536.0, inflight) + hw.task_overhead_ns)
+    # beyond the knee the bytes in flight move at HBM's rate: slower per byte than within it
+    small, large = (costs.store_dispatch_ns(hw, 65536.0, w) - hw.dispatch_store_fixed_ns
+                    for w in (hw.dispatch_store_knee_bytes / 2, hw.dispatch_store_knee_bytes * 8))
+    assert small == pytest.approx(65536.0 * 0.03) and large > 4 * small
