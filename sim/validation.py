@@ -25,10 +25,13 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
 - **dispatch**, the path the measured kernel took (the trace's meta `dispatch`): each tile's rows
   are stored straight into the owner's inbox (its own GPU, or an NVLink peer's through
   `nvshmem_ptr`), shared by up to 4 processors when the tile slots are fewer than the processors.
-  A local share costs a fixed time + its bytes at the rate the dispatch microbenchmark measures
-  with every processor at once on one GPU alone (`dispatch_store_fixed_ns`,
-  `dispatch_store_ns_per_byte`: its stores drain before the tile's signal, so it moves ~8 GB/s
-  per block on the H200, not copy_rows' 20-45); a share to an NVLink peer costs a put's rate and
+  A local share costs a fixed time + the round's mean share of bytes (its fence waits for the
+  stores queued ahead of its own: a layer's half and full shares take the same time) at the L2's
+  rate for the bytes in flight up to a knee and HBM's beyond, timed inside the megakernel on one
+  GPU on seven layers no measured run uses (768 to 12288 tokens: `dispatch_store_fixed_ns`,
+  `dispatch_store_l2_ns_per_byte`, `dispatch_store_ns_per_byte`, `dispatch_store_knee_bytes`; a
+  calibration from before those layers, the H200's of 965330c, fits fixed + bytes x one rate on
+  the dispatch microbenchmark); a share to an NVLink peer costs a put's rate and
   its share of the port (`put_nvlink_ns_per_byte`, `nvlink_gbps`); and while any share goes over
   NVLink, a local share takes no less than an NVLink share of its size (the GPU's stores queue
   behind the port). The kernel's older put path (before 432d279: one block packs a tile with
@@ -54,8 +57,10 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   processor idle and stops them);
 - **combine**: the per-tile weighting task (a copy by one block; the bf16 kernel's only marks the
   tile's arrival), then, once every task of the GPU is done, every processor's share of the final
-  ordered combine, per byte at `reduce_l2_ns_per_byte` for the share of the rows the L2 still
-  holds (`l2_knee_bytes` of them) and `reduce_ns_per_byte` for the rest (fitted at 1K-16K tokens).
+  ordered combine: a fixed time + its bytes at `reduce_l2_ns_per_byte` for the share of all
+  blocks' bytes the L2 still holds (`reduce_knee_bytes` of them) and `reduce_ns_per_byte` for the
+  rest (`reduce_fixed_ns`; timed inside the megakernel on the same seven layers, the busiest
+  blocks; the H200's of 965330c: its microbenchmark at 1K-16K tokens, no fixed time, the copies' knee).
 
 Each kernel build is calibrated on its own microbenchmarks: a bf16 run is predicted with the
 figures of the bf16 build's section (`dtypes.bfloat16`: the tensor-core tile GEMM against the BF16
@@ -68,27 +73,40 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **Every layer latency holds, and 50 of 54 runs hold every bound**: 34 of 36 on 2 H200s (1 and
-  2 GPUs per layer) and 16 of 18 on one H100; the H200s ran the kernel of 965330c, the H100 that
-  of 92205e7 (the float32 tile GEMM's weights on a cp.async ring, 16-deep slices), each predicted
-  with its own commit's microbenchmarks. Latency errors: bf16 -6.9% to +7.0%, float32 -9.1% to
-  +5.1% (the H100's float32 +0.8% to +5.1%). The layer is a queue of equal tile tasks on 263
-  processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's loads,
-  with a hand-off between tasks and the scheduler's latencies around idle processors.
+- **Every layer latency holds, and 52 of 54 runs hold every bound**: all 18 on one H100 (the
+  kernel of 58cca54, the first calibrated on the megakernel's own dispatch and combine) and 34
+  of 36 on 2 H200s (1 and 2 GPUs per layer, the kernel of 965330c), each predicted with its own
+  commit's microbenchmarks. Latency errors: H100 float32 +0.4% to +6.4%, bf16 -4.4% to +6.1%;
+  H200 float32 -9.0% to -1.6%, bf16 -6.9% to +6.1%. The layer is a queue of equal tile tasks on
+  263 processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's
+  loads, with a hand-off between tasks and the scheduler's latencies around idle processors.
+- **The dispatch and the final combine are timed where they run** (58cca54): their
+  microbenchmarks launch them alone, and the layer's differ from them both ways: at 1K tokens the
+  layer's bf16 shares take 6.5 us against the microbenchmark's 5.5, its float32 final combine 6.7
+  us against 9.8 (H100). The calibration now times both inside the megakernel, on seven layers no
+  measured run uses (768 to 12288 tokens), and fits them there (within 8% on those layers); the
+  H100's dispatch and combine then hold on every run (1K bf16 dispatch +0.5% and combine -4.0%,
+  before -30% and -22%; 2K float32 dispatch +6.9%, before +25%). Two H100s gave the same in-layer
+  times within 3%.
+- **A stored share's time is its round's, not its own**: the 1K float32 layer's shares of 32 to
+  64 KiB all take 9.7-10.0 us, the 2K one's of 80 to 128 KiB 16.6-16.7 us (H100). Each share fences its
+  stores before its count, and the fence waits for what the whole GPU has queued: the model
+  charges every share the round's mean. The round moves at 0.03 ns per byte (float32; bf16 0.11)
+  while the L2 holds its bytes in flight (up to 15 MiB float32, 44 MiB bf16: fitted knees, loosely
+  set by seven layers) and ~0.15 beyond, after a fixed 7 us (bf16 3.5: the fence and the count).
 - **The microbenchmark measures the layer's own GEMM again** (found at 3b6acac): its build of the
   float32 tile GEMM made each A-row load wait for the one before (ptxas zeroed the registers
   before each guarded load and made the zeroing wait on the loads' scoreboard; the megakernel's
   build did not), so its tasks ran 36-57% longer than the layer's (Nsight Compute put 71% of its
   warps' unissued samples on those zeroings). With the loads predicated (92205e7) both builds
-  issue them back to back: on the H100 the microbenchmark's 128-row task takes 240 us at the
+  issue them back to back: on the H100 the microbenchmark's 128-row task takes 241 us at the
   megakernel's grid, the layers' 226-235 us.
 - **The float32 GEMM's time follows its active warps, not its FLOPs**: its 4 warps take 32 rows
   each and skip the arithmetic past the tile's rows; a 32-row task takes 154 us, a 64-row one
-  234, a 128-row one 240 (H100, microbenchmark at the megakernel's grid; the layers' 139, 225,
+  234, a 128-row one 241 (H100, microbenchmark at the megakernel's grid; the layers' 139, 225,
   230). A straight line over the heights missed the 64-row task by 18% and put the float32
-  layers 8-13% slow and the 2K one 10% fast; the fit now takes a knee at 64 rows (each row past
-  it 0.0005 ns per FLOP) and the float32 layers hold within +0.8% to +5.1%. The bf16 build's
-  heights lie on its line (no knee).
+  layers 8-13% slow and the 2K one 10% fast; the fit takes a knee at 64 rows (each row past it
+  0.0005 ns per FLOP). The bf16 build's heights lie on its line (no knee).
 - **A two-GPU dispatch is the NVLink port's** (found at c796050): a GPU's local store shares take
   as long as its NVLink ones (bf16 default on 2 H200s: 88 vs 91 us median in the layer, 92 vs 92
   in the microbenchmark, against 32 us on one GPU alone); 32 MiB each way at ~370 GB/s. The
@@ -127,23 +145,19 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
   count signal per task); the model adds those stores over NVLink to each task at a block's put
   rate;
 - the **gate reads cold tokens** in a layer, so its microbenchmark evicts the L2 before each launch;
-- **every processor ends with the ordered combine** of its share of tokens (~40-60 us at 8K), at a
-  lower cost per byte while the L2 holds the returned rows (H200 bf16: 0.062 ns per byte of those,
-  0.081 from HBM; 4 us per block at 1K tokens, 81 at 16K).
+- **every processor ends with the ordered combine** of its share of tokens (~50-80 us at 8K), at a
+  lower cost per byte while the L2 holds the returned rows (H100 inside the megakernel: 0.064 ns
+  per byte of those, 0.108 from HBM, float32; 5 us per block at 1K tokens bf16, 156 at 16K
+  float32).
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **The store dispatch's small shares**: fitted linear in a share's bytes over four layer sizes
-  on one GPU; the 8-row shares of the 1K-token layers fall off the line (H200 bf16: 5.0 us in the
-  microbenchmark, 4.0 on the line) and take longer still in the layer (6.3 us per block on the
-  H200, 6.9 on the H100): dispatch busy time -28% to -43% at 1K bf16; on the H100 the 2K float32
-  layer's 128 KiB shares are overpredicted by 25%. A few microseconds of a 0.5 ms layer: its
-  latency holds.
-- **The H100's 1K combine**: the final combine's L2 rate is fitted on the microbenchmark, which
-  combines the rows after the dispatch microbenchmark ran, not right after GEMM1 wrote them; on
-  the H100 the 1K-token layers' combine differs from it both ways (bf16 5.0 us per block,
-  predicted 3.9, a miss; float32 10.2 us, predicted 12.1, inside the bound).
-
+- **The H200's 1K bf16 dispatch** (the kernel of 965330c, on 1 and 2 GPUs): its calibration
+  predates the in-layer timings, so its store dispatch is fitted linear in a share's bytes on the
+  dispatch microbenchmark, whose 1K-token shares take 5.0 us where the layer's take 6.3: dispatch
+  busy time -43% (1 GPU) and -28% (2 GPUs). A few microseconds of a 0.5 ms layer: its latency
+  holds. The H100's runs, calibrated inside the megakernel, hold at every size; the H200's
+  figures move there with its next 2-GPU measurement.
 """
 
 

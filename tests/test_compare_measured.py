@@ -18,27 +18,19 @@ EVERY_RUN = compare.measured_runs(calibrated_only=False)
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
 # (run, quantity) misses of the calibrations committed in measurements/calibration-<gpu>.json, each
 # with its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list.
-# Measured at 965330c on 1 and 2 H200s and at 92205e7 on 1 H100.
-SMALL_SHARES = ("the store dispatch is fitted linear in a share's bytes over four layer sizes on one GPU; the "
-                "1K-token layers' 8-row shares fall off the line (the H200 microbenchmark's 5.0 us, the fit's 4.0) "
-                "and take longer still in the layer (bf16: 6.3 us per block on the H200, 6.9 on the H100): the "
-                "dispatch is underpredicted by 28-43%; the H100's 2K float32 shares are overpredicted by 25%")
-COMBINE_L2 = ("the final combine's rate for rows the L2 still holds is fitted on the microbenchmark, which "
-              "combines rows after the dispatch microbenchmark has run, not right after GEMM1 wrote them; on "
-              "the H100 the 1K-token layers' combine differs from it both ways (bf16 5.0 us per block, "
-              "predicted 3.9; float32 10.2, predicted 12.1, inside the bound)")
+# Measured at 965330c on 1 and 2 H200s and at 58cca54 on 1 H100.
+SMALL_SHARES = ("the H200 calibration of 965330c predates the in-layer timings (in_layer): its store dispatch is "
+                "fitted linear in a share's bytes on the dispatch microbenchmark, whose 1K-token shares take 5.0 us "
+                "where the layer's take 6.3 (bf16): dispatch busy time -28% and -43%; the H100's, fitted inside the "
+                "megakernel, holds at every size")
 
 
 def _misses(gpu: str, by_run: dict[str, dict[str, str]]) -> dict[tuple[str, str], str]:
     return {(f"{gpu}-trace-flashmoe-{run}", q): why for run, qs in by_run.items() for q, why in qs.items()}
 
 
-D, C = SMALL_SHARES, COMBINE_L2
-KNOWN_MISSES: dict[tuple[str, str], str] = {
-    **_misses("h200x2", {"tokens-1k-bf16-p1": {"dispatch": D}, "tokens-1k-bf16-p2": {"dispatch": D}}),
-    **_misses("h100x1", {"tokens-1k-bf16-p1": {"dispatch": D, "combine": C},
-                         "tokens-2k-p1": {"dispatch": D}}),
-}
+KNOWN_MISSES: dict[tuple[str, str], str] = _misses(
+    "h200x2", {"tokens-1k-bf16-p1": {"dispatch": SMALL_SHARES}, "tokens-1k-bf16-p2": {"dispatch": SMALL_SHARES}})
 
 
 def test_there_are_measured_runs():
