@@ -1,7 +1,10 @@
 // The tile GEMM of a processor task: acc[BM x BN] = A[rows x K] . B[K x BN], float32 SIMT.
 // 128 threads as 16 (rows) x 8 (columns); each thread holds a (BM/16) x (BN/8) register block, its
 // columns in groups of four spaced 32 apart, so the eight threads that share a 16-byte shared-memory
-// read of B touch 128 contiguous bytes (one wavefront, no bank conflict).
+// read of B touch 128 contiguous bytes (one wavefront, no bank conflict), and its rows in groups of
+// four spaced 64 apart (one 16-byte read of A each), so a tile of 64 rows or fewer keeps every warp
+// busy on the first group alone: the task's time follows its warps' own pace, not the SM's FLOPs
+// (a 64-row task took 97% of a 128-row one's time when its rows were two warps' whole blocks).
 // K is walked in BK-deep slices. The weights (B, streamed from HBM: the long wait) come through
 // B_STAGES cp.async stages, B_STAGES - 1 slices ahead of the multiply; A (the tokens, in L2) is
 // loaded one slice ahead into registers and stored transposed, so a thread's rows are one 16-byte
@@ -12,7 +15,7 @@
 // and its tasks ran 36-57% longer than the layer's. Loading min(m, rows - 1) instead cost the
 // 1K/2K layers 4-6%; a zero-initialised ra, spills. Against the old form in the layer this one
 // costs full tiles 0-1.6% and the 1K/2K layers 3% (one H100, side by side).
-// Warps whose rows are all past `rows` skip the arithmetic (short tiles cost less).
+// Threads whose rows are all past `rows` skip the arithmetic, and all skip the row groups past it.
 // The float32 kernel's GEMM; the bf16 kernel's is WgmmaTileGemm (tile_gemm_bf16.cuh), the tf32
 // option's Tf32TileGemm.
 // Measured on one H100 against the two register-staged stages before it: layers from 4K tokens
@@ -39,6 +42,8 @@ struct SimtTileGemm {
   static constexpr int THREADS = 128, TY = 16, TX = 8;
   static constexpr int TM = BM / TY, TN = BN / TX;
   static constexpr int CG = TN % 4 == 0 ? 4 : TN;  // a thread's columns per group (16-byte reads where 4)
+  static constexpr int RG = TM % 4 == 0 ? 4 : TM;  // a thread's rows per group (16-byte reads where 4)
+  static constexpr int ROW_GROUPS = TM / RG;
   static constexpr int B_STAGES = 4;
   static constexpr int AS_LD = BM + 4;  // padding: the transposed A stores hit different banks
   static constexpr int A_STAGE = BK * AS_LD, B_STAGE = BK * BN;
@@ -49,7 +54,26 @@ struct SimtTileGemm {
   static_assert(BM % TY == 0 && BN % TX == 0 && BK % 4 == 0 && BN % 4 == 0,
                 "tile shape: BM % 16, BN % 8 and BK % 4 must be 0");
 
-  __device__ static int row_of(int i) { return (threadIdx.x / TX) * TM + i; }
+  // row of a thread's i-th output in the tile: the multiply's A reads and the epilogue's stores agree
+  __device__ static int row_in_tile(int ty, int i) { return (i / RG) * (TY * RG) + ty * RG + i % RG; }
+  __device__ static int row_of(int i) { return row_in_tile(threadIdx.x / TX, i); }
+
+  // slice k-steps of the thread's first `GROUPS` row groups (the rest stay zero)
+  template <int GROUPS>
+  __device__ static void multiply(const float* a_s, const float* b_s, int tx, int ty, float (&acc)[TM][TN]) {
+#pragma unroll
+    for (int k = 0; k < BK; ++k) {
+      float a[GROUPS * RG], b[TN];
+#pragma unroll
+      for (int i = 0; i < GROUPS * RG; ++i) a[i] = a_s[k * AS_LD + row_in_tile(ty, i)];
+#pragma unroll
+      for (int j = 0; j < TN; ++j) b[j] = b_s[k * BN + col_in_tile(tx, j)];
+#pragma unroll
+      for (int i = 0; i < GROUPS * RG; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+  }
   // column of a thread's j-th output in the tile: the multiply's B reads and the epilogue's stores agree
   __device__ static int col_in_tile(int tx, int j) { return (j / CG) * (TX * CG) + tx * CG + j % CG; }
   __device__ static int col_of(int j) { return col_in_tile(threadIdx.x % TX, j); }
@@ -106,7 +130,7 @@ struct SimtTileGemm {
         }
       }
     };
-    const bool active = ty * TM < rows;
+    const bool active = ty * RG < rows, first_group_only = rows <= TY * RG;
 #pragma unroll
     for (int s = 0; s < B_STAGES - 1; ++s) copy_b(s);
     load_a(0);
@@ -122,18 +146,10 @@ struct SimtTileGemm {
       if (active) {
         const float* a_s = As + (s & 1) * A_STAGE;
         const float* b_s = Bs + (s % B_STAGES) * B_STAGE;
-#pragma unroll
-        for (int k = 0; k < BK; ++k) {
-          float a[TM], b[TN];
-#pragma unroll
-          for (int i = 0; i < TM; ++i) a[i] = a_s[k * AS_LD + ty * TM + i];
-#pragma unroll
-          for (int j = 0; j < TN; ++j) b[j] = b_s[k * BN + col_in_tile(tx, j)];
-#pragma unroll
-          for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-        }
+        if (ROW_GROUPS > 1 && first_group_only)
+          multiply<1>(a_s, b_s, tx, ty, acc);
+        else
+          multiply<ROW_GROUPS>(a_s, b_s, tx, ty, acc);
       }
       if (more) store_a((s + 1) & 1);
     }
