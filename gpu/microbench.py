@@ -28,8 +28,9 @@ fails or a job cut short still leaves the others:
 - in_layer: the dispatch shares and the final ordered combine as the megakernel runs them (right
   after the gate, the scheduler and subscriber polling beside them; the combine right after the
   last GEMM1), from its telemetry on layers of IN_LAYER_TOKENS, none a measured run's size: each
-  layer's share times and sizes, the shares and bytes its first round has in flight, and the
-  final-combine times of the processors with the most tokens.
+  layer's share times and sizes, the shares and bytes its first round has in flight, the
+  final-combine times of the processors with the most tokens, and its GEMM tasks' times by
+  kind, tile height and tiles per expert.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
 configs size NVSHMEM's heap and give the dtype.
@@ -413,7 +414,33 @@ def sec_in_layer(b: Bench) -> list[dict]:
                     "bytes_per_value": b.elem_bytes, "inflight_bytes": int(nbytes[first].sum()),
                     "first_round_shares": len(first), "share_bytes": stats(nbytes), "dispatch_ns": stats(dur),
                     "combine_tokens_per_block": int(held.max()),
-                    "final_combine_ns": stats((tr["end"][final] - tr["start"][final])[most])})
+                    "final_combine_ns": stats((tr["end"][final] - tr["start"][final])[most]),
+                    "gemm": layer_gemm_tasks(b, cfg, tr, proc, disp, n_proc)})
+    return out
+
+
+def layer_gemm_tasks(b: Bench, cfg: Config, tr, proc: np.ndarray, disp: np.ndarray, n_proc: int) -> list[dict]:
+    """A traced layer's GEMM tasks by (kind, tile rows, tiles of the expert), in sec_gemm's form: a
+    tile's rows are its dispatch shares' rows, its expert's tiles the tiles its shares went to
+    (rank 0's own tiles: on two GPUs the peer's arrive without rank 0's shares)."""
+    from sim.trace import KIND
+
+    rows_of: dict[int, int] = {}
+    tiles_of: dict[int, set] = {}
+    for t, e, nbytes in zip(tr["tile"][disp], tr["expert"][disp], tr["bytes"][disp]):
+        rows_of[int(t)] = rows_of.get(int(t), 0) + int(nbytes) // (cfg.hidden * b.elem_bytes)
+        tiles_of.setdefault(int(e), set()).add(int(t))
+    out = []
+    for task, k in (("gemm0", cfg.hidden), ("gemm1", cfg.ffn)):
+        sel = proc & (tr["kind"] == KIND[task])
+        groups: dict[tuple[int, int], list[float]] = {}
+        for t, e, d in zip(tr["tile"][sel], tr["expert"][sel], tr["end"][sel] - tr["start"][sel]):
+            if int(t) in rows_of:
+                groups.setdefault((rows_of[int(t)], len(tiles_of[int(e)])), []).append(float(d))
+        out += [{"tokens": cfg.tokens, "task": task, "blocks": n_proc + 1, "rows": rows, "k": k, "n": cfg.tile_n,
+                 "flops": 2 * rows * k * cfg.tile_n, "tiles_per_expert": n,
+                 "weight_bytes": k * cfg.tile_n * b.elem_bytes, "ns_per_task": stats(ds)}
+                for (rows, n), ds in sorted(groups.items())]
     return out
 
 

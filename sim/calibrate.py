@@ -5,10 +5,12 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 `moelab compare` predicts):
 
 - blocks_per_sm: the megakernel's resident blocks per SM (its grid over the SMs);
-- matrix_efficiency, gemm_fixed_ns, weight_load_ns_per_byte: the tile GEMM task as fixed cost +
-  flops / block rate + its weight slice's bytes over the tiles sharing it x per byte, least
-  squares over tile heights at the megakernel's grid (full and short tiles, GEMM0 and GEMM1);
-  task_overhead_ns is 0 (each microbenchmark times a whole task body);
+- matrix_efficiency, gemm_fixed_ns, weight_load_ns_per_byte, gemm_row_group: the tile GEMM task
+  as fixed cost + flops / block rate (its rows in whole groups where the multiply computes them
+  so) + its weight slice's bytes over the tiles sharing it x per byte, least squares over tile
+  heights (GEMM0 and GEMM1): the megakernel's own tasks on the in_layer layers, or, in files
+  without them, the microbenchmark's at the megakernel's grid; task_overhead_ns is 0 (each
+  measurement times a whole task body);
 - l2_knee_bytes, copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by
   1 to all blocks at once: time per byte = alone while the bytes all blocks move at once fit in
   the L2 (up to the knee), + extra x beyond / (beyond + half) for the bytes beyond it;
@@ -150,36 +152,47 @@ def tile_of(raw: dict, where: str) -> list[int]:
     return shape
 
 
-# a knee in tile rows is looked for only where the straight line misses a measured task by more than
-# this (the microbenchmark's medians repeat within 1-2% between calls)
+# a row group is looked for only where the straight line misses a measured task by more than this
+# (the microbenchmark's medians repeat within 1-2% between calls)
 LINE_MISS = 0.02
+ROW_GROUPS = (16, 32, 64)  # the row groups a tile GEMM may compute in (its threads' rows x their count)
+IN_LAYER_TASKS = 4  # tasks of one (kind, height, sharing) in a layer that make it a point of the fit
+
+
+def _gemm_points(raw: dict, blocks: int) -> tuple[list[dict], str]:
+    """The tile GEMM tasks the fit takes: the megakernel's own, on the in_layer layers of one GPU
+    where IN_LAYER_MIN or more timed them (tasks out of step, as in a measured layer), else the
+    microbenchmark's at the megakernel's grid (every block in step)."""
+    layers = [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1 and c.get("gemm")]
+    if len(layers) >= IN_LAYER_MIN:
+        pts = [g for c in layers for g in c["gemm"] if g["ns_per_task"]["n"] >= IN_LAYER_TASKS]
+        return pts, f"the megakernel's own tasks on layers of {_tokens(layers)} tokens (no measured run's size)"
+    pts = [g for g in _need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks]
+    return pts, "the microbenchmark's tasks at the megakernel's grid"
 
 
 def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> None:
     """time = fixed + flops / block rate + weight bytes alone x per byte, least squares over the
-    tile heights and the tiles per expert sharing each weight slice at the megakernel's grid (the
-    rate at most the dtype's peak; weight bytes alone: the task's slice over the tiles sharing
-    it). Where the time stops growing with the rows past a height, the rows beyond that knee cost
-    their own time per FLOP: the float32 SIMT GEMM gives each of its 4 warps 32 rows and takes as
-    long with 2 active warps as with 4. A knee among the measured heights is kept where the line
-    misses a task by more than LINE_MISS and the knee at least halves its squared residuals (the
-    bf16 build's heights lie near the line).
-    Every block starting its tasks at once, as the isolated microbenchmark's do, is how a
-    layer's GEMM phases start; the megakernel's own median task on the scheduler layer (full
-    tiles, blocks out of step) is printed beside the fit, not fitted: anchoring the fixed cost
-    there priced short tiles below what they cost. Files from before the sharing points (2 tiles
-    per expert throughout) fit no weight term: their fixed cost holds it."""
-    pts = sorted((g for g in _need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks),
-                 key=lambda g: g["flops"])
+    tile heights and the tiles per expert sharing each weight slice (the rate at most the
+    dtype's peak; weight bytes alone: the task's slice over the tiles sharing it), the rows
+    computed in whole groups where the kernel's multiply does: the float32 SIMT GEMM gives each
+    thread 4 rows of every 64 (f85bd25), so its 32-row tasks take about as long as its 64-row
+    ones. A group among ROW_GROUPS is kept where the straight line misses a task by more than
+    LINE_MISS and the group at least halves its squared residuals (the bf16 build's heights lie
+    near the line). The tasks: _gemm_points; the microbenchmark's, where those are fitted, start
+    in step on every block and ran their short tiles 10-13% longer than a layer's (H100, f85bd25).
+    Files from before the sharing points (2 tiles per expert throughout) fit no weight term:
+    their fixed cost holds it."""
+    pts, which = _gemm_points(raw, blocks)
+    pts = sorted(pts, key=lambda g: g["flops"])
     if len({g["flops"] for g in pts}) < 2:
         raise CalibrationError("gemm", len(pts), "tasks of two tile heights at the megakernel's grid")
 
     def alone(g):
         return g.get("weight_bytes", 0) / g.get("tiles_per_expert", 2)
 
-    def split(g_flops, g_rows, knee):  # a task's FLOPs up to the knee and beyond it
-        below = np.minimum(g_flops, knee * g_flops / g_rows) if knee else g_flops
-        return below, g_flops - below
+    def computed(g_flops, g_rows, group):  # a task's FLOPs with its rows in whole groups
+        return np.ceil(np.round(np.asarray(g_rows, np.float64) / group, 9)) * group * (g_flops / g_rows)
 
     x = np.array([g["flops"] for g in pts], np.float64)
     rows = np.array([g["rows"] for g in pts], np.float64)
@@ -188,36 +201,36 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     shared = len(set(w.tolist())) > 1
     one = np.ones_like(x)
 
-    def solve(knee):
-        below, beyond = split(x, rows, knee)
-        a = np.column_stack([one, below] + ([beyond] if knee else []) + ([w] if shared else []))
+    def solve(group):
+        a = np.column_stack([one, computed(x, rows, group)] + ([w] if shared else []))
         coef, *_ = np.linalg.lstsq(a, y, rcond=None)
         return coef, float(np.sum((a @ coef - y) ** 2)), float(np.max(np.abs(a @ coef - y) / y))
 
+    tile_m = max(g["rows"] for g in pts)
     heights = sorted({g["rows"] for g in pts})
-    coef, line_sse, line_miss = solve(0)
-    knee, sse = 0, line_sse
-    for h in heights[1:-1] if line_miss > LINE_MISS else ():
-        c, e, _ = solve(h)
-        if c[1] > 0 and c[2] >= 0 and e <= line_sse / 2 and e < sse:
-            knee, coef, sse = h, c, e
+    coef, line_sse, line_miss = solve(1)
+    group, sse = 1, line_sse
+    for gr in ROW_GROUPS if line_miss > LINE_MISS else ():
+        if gr < tile_m:
+            c, e, _ = solve(gr)
+            if c[1] > 0 and e <= line_sse / 2 and e < sse:
+                group, coef, sse = gr, c, e
     peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
     rate = min(1.0 / coef[1], peak) if coef[1] > 0 else peak
-    below, beyond = split(x, rows, knee)
+    work = computed(x, rows, group)
     # the other terms again with the rate as capped
-    rest = [one] + ([beyond] if knee else []) + ([w] if shared else [])
-    sol, *_ = np.linalg.lstsq(np.column_stack(rest), y - below / rate, rcond=None)
-    fixed, per_flop, per_byte = sol[0], (sol[1] if knee else 0.0), (sol[-1] if shared else 0.0)
+    rest = [one] + ([w] if shared else [])
+    sol, *_ = np.linalg.lstsq(np.column_stack(rest), y - work / rate, rcond=None)
+    fixed, per_byte = sol[0], (sol[-1] if shared else 0.0)
     sharing = sorted({g.get("tiles_per_expert", 2) for g in pts})
-    upto = [h for h in heights if not knee or h <= knee]
-    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {upto} "
-          f"at the megakernel's grid: {rate:.0f} FLOP/ns per block (capped at the {dtype} peak, {peak:.0f})")
-    f.set("gemm_knee_rows", float(knee), f"{origin}: the height among {heights} past which the task time grows "
-          f"at its own rate (the straight line missed a task by {100 * line_miss:.0f}%; the knee halves its squared "
-          "residuals or more)" if knee else f"{origin}: none (the straight line misses no task by more than "
-          f"{100 * LINE_MISS:.0f}%, or no height among {heights} halves its squared residuals)")
-    f.set("gemm_beyond_knee_ns_per_flop", max(float(per_flop), 0.0),
-          f"{origin}: the same least squares, the rows past {knee}" if knee else f"{origin}: 0 (no knee)")
+    span = f"{heights[0]} to {heights[-1]}" if len(heights) > 4 else str(heights)
+    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {span} "
+          f"({which}): {rate:.0f} FLOP/ns per block (capped at the {dtype} peak, {peak:.0f})")
+    f.set("gemm_row_group", float(group) if group > 1 else 0.0,
+          f"{origin}: the group of least squares among {list(ROW_GROUPS)} rows (the straight line missed a task by "
+          f"{100 * line_miss:.0f}%; the group halves its squared residuals or more)" if group > 1 else
+          f"{origin}: none (the straight line misses no task by more than {100 * LINE_MISS:.0f}%, or no group among "
+          f"{list(ROW_GROUPS)} rows halves its squared residuals)")
     f.set("gemm_fixed_ns", max(float(fixed), 0.0), f"{origin}: the same tasks' time beyond their FLOPs at that rate"
           + (" and their weight loads" if shared else ""))
     f.set("weight_load_ns_per_byte", max(float(per_byte), 0.0),
@@ -227,19 +240,20 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
           "included); the gap between tasks is handoff_ns")
 
     def model(g):
-        lo, hi = split(g["flops"], g["rows"], f.values["gemm_knee_rows"])
-        return (f.values["gemm_fixed_ns"] + lo / rate + hi * f.values["gemm_beyond_knee_ns_per_flop"]
+        return (f.values["gemm_fixed_ns"] + computed(g["flops"], g["rows"], group) / rate
                 + f.values["weight_load_ns_per_byte"] * alone(g))
 
-    for g in raw["gemm"]:
-        note = "" if g["blocks"] >= blocks else ", alone; not fitted"
+    fitted = {id(g) for g in pts}
+    for g in raw["gemm"] + [g for c in raw.get("in_layer") or [] for g in c.get("gemm", [])]:
+        where = f"in layer T={g['tokens']}, " if "tokens" in g else ""
+        note = "" if id(g) in fitted else ", alone; not fitted" if g["blocks"] < blocks else "; not fitted"
         share = f", {g['tiles_per_expert']} tiles per expert" if g.get("tiles_per_expert", 2) != 2 else ""
-        f.check(f"{g['task']} {g['rows']} rows{share}, {g['blocks']} blocks (ns{note})", g["ns_per_task"]["median"],
-                model(g))
+        f.check(f"{where}{g['task']} {g['rows']} rows{share}, {g['blocks']} blocks (ns{note})",
+                g["ns_per_task"]["median"], float(model(g)))
     layer = (raw.get("scheduler") or {}).get("task_ns")
     if layer:
         full = max(pts, key=lambda g: (g["flops"], g.get("tiles_per_expert", 2) == 2))
-        f.check("megakernel task on the scheduler layer, median (ns; not fitted)", layer["median"], model(full))
+        f.check("megakernel task on the scheduler layer, median (ns; not fitted)", layer["median"], float(model(full)))
 
 
 # grids of the moves' fit: the knee (0: slower from the first byte) and the half point, in bytes

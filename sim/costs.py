@@ -12,8 +12,8 @@ calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP6
 one block per expert scans its row counts per (choice, item) for its slots; a tile GEMM task costs
 `gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole), and
 `weight_load_ns_per_byte` per byte of its weight slice over the tiles of its expert that share the
-slice at once (a slice one tile uses alone comes from HBM), and its rows beyond `gemm_knee_rows`
-(where measured) `gemm_beyond_knee_ns_per_flop` instead of the block's rate; a block copies token rows
+slice at once (a slice one tile uses alone comes from HBM), its rows computed in whole groups of
+`gemm_row_group` (where measured); a block copies token rows
 at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched
 tile's rows are gathered straight into the owner's inbox (its GPU, or an NVLink peer at the block's
 put rate and the port's share), shared by up to 4 processors when the tiles are fewer than they
@@ -90,15 +90,15 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
             weight_alone: np.ndarray | float = 0.0, row_flops: np.ndarray | float = 0.0) -> np.ndarray:
     """Duration of each task (arrays of the tile plan's task_kind, task_flops, task_bytes,
     `weight_alone` from weight_bytes_alone where the preset measures the weights' loads, and
-    `row_flops` from flops_per_row where it measures a knee in tile rows)."""
+    `row_flops` from flops_per_row where it measures a row group)."""
     combine = kind == COMBINE
-    beyond = np.zeros_like(flops)
-    if hw.gemm_knee_rows:
+    if hw.gemm_row_group > 1:
         if not np.any(row_flops):
-            raise ValueError(f"row_flops = {row_flops!r}: {hw.name} has a knee at {hw.gemm_knee_rows:g} tile rows, "
-                             "so task_ns needs each task's FLOPs per row (flops_per_row)")
-        beyond = np.where(combine, 0.0, np.maximum(flops - hw.gemm_knee_rows * row_flops, 0.0))
-        flops = flops - beyond
+            raise ValueError(f"row_flops = {row_flops!r}: {hw.name} computes tile rows in groups of "
+                             f"{hw.gemm_row_group:g}, so task_ns needs each task's FLOPs per row (flops_per_row)")
+        rows = np.divide(flops, row_flops, out=np.zeros_like(flops, dtype=float), where=np.asarray(row_flops) > 0)
+        whole = np.ceil(np.round(rows / hw.gemm_row_group, 9)) * hw.gemm_row_group * row_flops
+        flops = np.where(combine, flops, whole)
     if hw.copy_ns_per_byte and not WEIGHTED_IN_TASK[cfg.dtype]:
         # moelab's measured bf16 kernel: the combine task only marks the arrival (the roofline
         # presets keep FlashMoE's weighting task)
@@ -112,7 +112,7 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
         # place: rows x H values of the plan's (nb + 4) bytes each)
         memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * hw.copy_ns_per_byte, memory)
     fixed = np.where(combine, 0.0, hw.gemm_fixed_ns + hw.weight_load_ns_per_byte * weight_alone)
-    return np.maximum(compute, memory) + beyond * hw.gemm_beyond_knee_ns_per_flop + fixed + hw.task_overhead_ns
+    return np.maximum(compute, memory) + fixed + hw.task_overhead_ns
 
 
 def gate_roofline_ns(hw: Hardware, cfg: Config) -> float:

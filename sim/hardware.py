@@ -70,11 +70,10 @@ class Hardware:
     gate_fixed_ns: float  # the gate phase's fixed cost (its grid barriers, launch skew)
     gate_split_ns: float  # with an item's H split over blocks: the third barrier and the partials' sum
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
-    # tile rows beyond which a task's rows cost gemm_beyond_knee_ns_per_flop instead of the block's
-    # matrix rate (0: no knee): the float32 SIMT GEMM gives each warp 32 rows and is as slow with 2
-    # active warps of 4 as with 4 (one H100: 32 rows 154 us, 64 rows 234, 128 rows 240)
-    gemm_knee_rows: float
-    gemm_beyond_knee_ns_per_flop: float
+    # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row):
+    # the float32 SIMT GEMM of f85bd25 gives each thread 4 rows of every 64, so a tile of 32 rows
+    # takes about as long as one of 64, and one of 96 as one of 128 (one H100: 155, 168, 237, 240 us)
+    gemm_row_group: float
     # per byte of the task's weight slice over the tiles of its expert that share it at once (a
     # slice one tile uses alone comes from HBM; shared, from L2 for all but the first)
     weight_load_ns_per_byte: float
@@ -250,7 +249,7 @@ _H100 = {
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
-                                         "gemm_fixed_ns", "gemm_knee_rows", "gemm_beyond_knee_ns_per_flop",
+                                         "gemm_fixed_ns", "gemm_row_group",
                                          "weight_load_ns_per_byte",
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",

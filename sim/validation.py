@@ -41,11 +41,12 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   `l2_knee_bytes`, fitted on 1 to 264 blocks of 256 KiB to 1 MiB);
 - **GEMM0/GEMM1 tasks**: fixed cost + FLOPs over the block's rate at the megakernel's occupancy
   of 2 blocks per SM + the task's weight slice over the tiles sharing it at once, at a per-byte
-  cost (`gemm_fixed_ns`, `matrix_efficiency`, `weight_load_ns_per_byte`, fitted over tile heights
-  and 1, 2 and 8 tiles per expert, and 32- and 64-row tiles alone on their expert), the rows
-  past a knee in tile height at their own cost per FLOP where the straight line misses
-  (`gemm_knee_rows`, `gemm_beyond_knee_ns_per_flop`: the float32 SIMT GEMM since 52f62a2, each of
-  its 4 warps 32 rows, as slow with 2 active warps as with 4); the tiles that share a slice are
+  cost (`gemm_fixed_ns`, `matrix_efficiency`, `weight_load_ns_per_byte`), the rows computed in
+  whole groups where the kernel's multiply does (`gemm_row_group`: the float32 SIMT GEMM of
+  f85bd25 gives each thread 4 rows of every 64, so a 32-row tile costs about as much as a 64-row
+  one), fitted on the megakernel's own tasks in the in-layer layers (tile heights from a few rows
+  to 128, 1 to 3 tiles per expert), or, in a calibration from before those, on the
+  microbenchmark's tile heights and 1, 2 and 8 tiles per expert; the tiles that share a slice are
   those of its expert from the same source GPU (they land and queue together); each GEMM1 task
   also stores its output into the source GPU's memory (over NVLink at a block's put rate);
 - **scheduling**: a processor is free again `handoff_ns` after a task (the median gap between a

@@ -23,7 +23,7 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, handoff_ns=5000.0,
             nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
             weight_load_ns_per_byte=0.03, wake_ns=4000.0, assign_ns=60.0, stop_ns=7000.0,
-            gemm_knee_rows=0.0, gemm_beyond_knee_ns_per_flop=0.0)
+            gemm_row_group=0.0)
 # the bf16 build's: its own GEMM (against the BF16 peak), copies of 2-byte rows, gate, combine and
 # scheduler; the knee, puts and link are the float32 job's byte moves, shared
 TRUE_BF16 = dict(TRUE, matrix_efficiency=0.2, gemm_fixed_ns=60000.0, copy_ns_per_byte=0.05,
@@ -43,10 +43,9 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
     rate = hw.tflops(dtype) * 1e3 * t["matrix_efficiency"] / blocks
     nb = 2 if dtype == "bfloat16" else 4
 
-    def task(r, n=2):  # r rows, n tiles per expert sharing the 2048 x 64 weight slice
-        knee = t["gemm_knee_rows"] or r
-        return (t["gemm_fixed_ns"] + 2 * min(r, knee) * 2048 * 64 / rate
-                + 2 * max(r - knee, 0) * 2048 * 64 * t["gemm_beyond_knee_ns_per_flop"]
+    def task(r, n=2):  # r rows (in whole groups), n tiles per expert sharing the 2048 x 64 weight slice
+        group = t["gemm_row_group"] or 1
+        return (t["gemm_fixed_ns"] + 2 * math.ceil(r / group) * group * 2048 * 64 / rate
                 + t["weight_load_ns_per_byte"] * 2048 * 64 * nb / n)
 
     gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64, "tiles_per_expert": n,
@@ -129,21 +128,20 @@ def test_fit_recovers_the_figures_the_microbenchmarks_were_made_from(tmp_path):
     assert sim.simulate(cfg, hardware=hw).metrics["latency_ns"] > sim.simulate(cfg, "h200-sxm").metrics["latency_ns"]
 
 
-def test_a_task_time_that_stops_growing_past_a_height_is_fitted_with_its_knee(tmp_path):
-    """The float32 SIMT GEMM's shape: 64 rows (2 active warps of 4) take nearly as long as 128."""
-    want = dict(TRUE, gemm_knee_rows=64.0, gemm_beyond_knee_ns_per_flop=2e-4)
+def test_tasks_whose_rows_are_computed_in_groups_are_fitted_with_the_group(tmp_path):
+    """The float32 SIMT GEMM's shape: 32 rows cost as 64, 96 as 128 (each thread 4 rows of every 64)."""
+    want = dict(TRUE, gemm_row_group=64.0)
     _, fits = calibrate.calibrate(_write(tmp_path, synthetic(t=want)), out=tmp_path / "calibrated-h200.json")
-    for name in ("gemm_knee_rows", "gemm_beyond_knee_ns_per_flop", "matrix_efficiency", "gemm_fixed_ns",
-                 "weight_load_ns_per_byte"):
+    for name in ("gemm_row_group", "matrix_efficiency", "gemm_fixed_ns", "weight_load_ns_per_byte"):
         assert fits["float32"].values[name] == pytest.approx(want[name], rel=1e-6, abs=1e-9), name
-    # and the cost model charges the rows past the knee at that cost, not at the block's rate
-    figures = ("blocks_per_sm", "matrix_efficiency", "gemm_knee_rows", "gemm_beyond_knee_ns_per_flop")
-    hw = hardware.PRESETS["h200-sxm"].replace(**{k: want[k] for k in figures})
+    # and the cost model charges a task its rows in whole groups
+    hw = hardware.PRESETS["h200-sxm"].replace(**{k: want[k] for k in ("blocks_per_sm", "matrix_efficiency",
+                                                                        "gemm_row_group")})
     row = 2.0 * 2048 * 64
-    ns = costs.task_ns(hw, presets.get("flashmoe"), np.array([0, 0, 0]), np.array([32, 64, 128]) * row,
-                       np.zeros(3), 0.0, row)
-    assert ns[2] - ns[1] == pytest.approx(64 * row * 2e-4)
-    assert ns[1] - ns[0] == pytest.approx(32 * row / costs.block_flops_per_ns(hw, "float32"))
+    ns = costs.task_ns(hw, presets.get("flashmoe"), np.zeros(4, int), np.array([32, 64, 96, 128]) * row,
+                       np.zeros(4), 0.0, row)
+    assert ns[0] == pytest.approx(ns[1]) and ns[2] == pytest.approx(ns[3])
+    assert ns[3] - ns[1] == pytest.approx(64 * row / costs.block_flops_per_ns(hw, "float32"))
     with pytest.raises(ValueError, match="row_flops"):
         costs.task_ns(hw, presets.get("flashmoe"), np.array([0]), np.array([row]), np.zeros(1))
 

@@ -1,21 +1,27 @@
-"""The dispatch's and the final combine's figures fitted on the megakernel's own layers (the
-in_layer section: token counts no measured run uses): the fit recovers known figures, prefers
-them to the microbenchmarks', leaves two-GPU layers out, and the model charges every stored
-share the first round's mean share."""
+"""The dispatch's, the final combine's and the tile GEMM's figures fitted on the megakernel's own
+layers (the in_layer section: token counts no measured run uses): the fit recovers known
+figures, prefers them to the microbenchmarks', leaves two-GPU layers out, and the model charges
+every stored share the first round's mean share; the microbenchmark reads a traced layer's GEMM
+tasks by tile height."""
+
+import math
 
 import numpy as np
 import pytest
 from test_sim_calibrate import TRUE, _write, synthetic
 
+from gpu import microbench
 from reference import presets
 from reference.plan import LOCAL
 from sim import calibrate, costs, hardware
+from sim.trace import KIND, ROLE, TraceBuilder
 
 KNEES = calibrate.KNEES
 FIGURES = dict(dispatch_store_fixed_ns=3000.0, dispatch_store_l2_ns_per_byte=0.03, dispatch_store_ns_per_byte=0.16,
                dispatch_store_knee_bytes=float(KNEES[30]), reduce_fixed_ns=1500.0, reduce_l2_ns_per_byte=0.06,
                reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]))
 TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
+GEMM = dict(matrix_efficiency=0.8, gemm_fixed_ns=90000.0, weight_load_ns_per_byte=0.02, gemm_row_group=64.0)
 
 
 def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
@@ -29,8 +35,21 @@ def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
                     "inflight_bytes": inflight, "first_round_shares": shares,
                     "dispatch_ns": _stat(costs.store_dispatch_ns(hw, inflight / shares, inflight)),
                     "combine_tokens_per_block": int(np.ceil(t / (n_proc * 4)) * 4),
-                    "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc))})
+                    "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc)),
+                    "gemm": [gemm_task(hw, t, kind, rows, n) for kind in ("gemm0", "gemm1")
+                             for rows, n in ((t // 32, 1), (t // 32 - 7, 1), (128, 3), (t // 64, 2))]})
     return out
+
+
+def gemm_task(hw, tokens, kind, rows, n):
+    """A layer's GEMM tasks of `rows`-row tiles, `n` tiles per expert, timed by `hw`'s model."""
+    rows = min(rows, 128)
+    flops = 2 * rows * 2048 * 64
+    group = hw.gemm_row_group or 1
+    ns = (hw.gemm_fixed_ns + 2 * math.ceil(rows / group) * group * 2048 * 64 / costs.block_flops_per_ns(hw, "float32")
+          + hw.weight_load_ns_per_byte * 2048 * 64 * 4 / n)
+    return {"tokens": tokens, "task": kind, "blocks": 264, "rows": rows, "k": 2048, "n": 64, "flops": flops,
+            "tiles_per_expert": n, "weight_bytes": 2048 * 64 * 4, "ns_per_task": {**_stat(ns), "n": 16}}
 
 
 def _stat(v):
@@ -52,6 +71,37 @@ def test_the_in_layer_fit_recovers_the_dispatch_and_combine_figures(tmp_path):
     assert "inside the megakernel" in fit.sources["reduce_fixed_ns"]
     # the microbenchmark's shares (another straight line) are checked against the fit, not fitted
     assert any("not fitted" in point for point, *_ in fit.residuals if point.startswith("dispatch (store)"))
+
+
+def test_the_in_layer_tasks_fit_the_tile_gemm_in_place_of_the_microbenchmark(tmp_path):
+    raw = synthetic()  # its microbenchmark follows TRUE: a straight line, no row group
+    hw = hardware.PRESETS["h200-sxm"].replace(blocks_per_sm=2, **FIGURES, **GEMM)
+    raw["in_layer"] = in_layer(hw)
+    fit = _fit(tmp_path, raw)
+    for name, want in GEMM.items():
+        assert fit.values[name] == pytest.approx(want, rel=1e-6), name
+    assert "the megakernel's own tasks" in fit.sources["matrix_efficiency"]
+    assert any("not fitted" in point for point, *_ in fit.residuals if point.startswith("gemm0 128 rows"))
+
+
+def test_a_traced_layers_gemm_tasks_are_grouped_by_tile_height_and_sharing():
+    """Tile rows from the dispatch shares' bytes, tiles per expert from the tiles they went to."""
+    cfg = presets.get("flashmoe").replace(ranks=1, tokens=2048)
+    row = cfg.hidden * 4
+    tb = TraceBuilder()
+    # expert 3: tiles 7 (2 shares: 100 rows) and 8 (1 share: 20 rows); expert 5: tile 9 (64 rows)
+    for tile, expert, rows in ((7, 3, 60), (7, 3, 40), (8, 3, 20), (9, 5, 64)):
+        tb.add(0, 0, tile, "processor", "dispatch", 0.0, 5.0, expert=expert, tile=tile, peer=0, nbytes=rows * row)
+    for lane, (kind, tile, expert, ns) in enumerate((("gemm0", 7, 3, 100.0), ("gemm0", 7, 3, 120.0),
+                                                     ("gemm1", 8, 3, 50.0), ("gemm0", 9, 5, 70.0))):
+        tb.add(0, 0, lane, "processor", kind, 10.0, 10.0 + ns, expert=expert, tile=tile)
+    tr = tb.build()
+    proc = tr["role"] == ROLE["processor"]
+    disp = proc & (tr["kind"] == KIND["dispatch"])
+    bench = type("B", (), {"elem_bytes": 4})()
+    got = {(g["task"], g["rows"], g["tiles_per_expert"]): (g["ns_per_task"]["median"], g["ns_per_task"]["n"])
+           for g in microbench.layer_gemm_tasks(bench, cfg, tr, proc, disp, 263)}
+    assert got == {("gemm0", 100, 2): (110.0, 2), ("gemm1", 20, 2): (50.0, 1), ("gemm0", 64, 1): (70.0, 1)}
 
 
 def test_one_rate_is_kept_unless_a_knee_halves_the_residuals(tmp_path):
