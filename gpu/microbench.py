@@ -425,18 +425,20 @@ def layer_gemm_tasks(b: Bench, cfg: Config, tr, proc: np.ndarray, disp: np.ndarr
     (rank 0's own tiles: on two GPUs the peer's arrive without rank 0's shares)."""
     from sim.trace import KIND
 
-    rows_of: dict[int, int] = {}
+    # a tile by (expert, tile): traced() numbers tiles within their expert
+    rows_of: dict[tuple[int, int], int] = {}
     tiles_of: dict[int, set] = {}
-    for t, e, nbytes in zip(tr["tile"][disp], tr["expert"][disp], tr["bytes"][disp]):
-        rows_of[int(t)] = rows_of.get(int(t), 0) + int(nbytes) // (cfg.hidden * b.elem_bytes)
-        tiles_of.setdefault(int(e), set()).add(int(t))
+    for t, e, nbytes in zip(tr["tile"][disp].tolist(), tr["expert"][disp].tolist(), tr["bytes"][disp].tolist()):
+        rows_of[e, t] = rows_of.get((e, t), 0) + nbytes // (cfg.hidden * b.elem_bytes)
+        tiles_of.setdefault(e, set()).add(t)
     out = []
     for task, k in (("gemm0", cfg.hidden), ("gemm1", cfg.ffn)):
         sel = proc & (tr["kind"] == KIND[task])
         groups: dict[tuple[int, int], list[float]] = {}
-        for t, e, d in zip(tr["tile"][sel], tr["expert"][sel], tr["end"][sel] - tr["start"][sel]):
-            if int(t) in rows_of:
-                groups.setdefault((rows_of[int(t)], len(tiles_of[int(e)])), []).append(float(d))
+        for t, e, d in zip(tr["tile"][sel].tolist(), tr["expert"][sel].tolist(),
+                           (tr["end"][sel] - tr["start"][sel]).tolist()):
+            if (e, t) in rows_of:
+                groups.setdefault((rows_of[e, t], len(tiles_of[e])), []).append(d)
         out += [{"tokens": cfg.tokens, "task": task, "blocks": n_proc + 1, "rows": rows, "k": k, "n": cfg.tile_n,
                  "flops": 2 * rows * k * cfg.tile_n, "tiles_per_expert": n,
                  "weight_bytes": k * cfg.tile_n * b.elem_bytes, "ns_per_task": stats(ds)}

@@ -89,11 +89,12 @@ def test_a_traced_layers_gemm_tasks_are_grouped_by_tile_height_and_sharing():
     cfg = presets.get("flashmoe").replace(ranks=1, tokens=2048)
     row = cfg.hidden * 4
     tb = TraceBuilder()
-    # expert 3: tiles 7 (2 shares: 100 rows) and 8 (1 share: 20 rows); expert 5: tile 9 (64 rows)
-    for tile, expert, rows in ((7, 3, 60), (7, 3, 40), (8, 3, 20), (9, 5, 64)):
-        tb.add(0, 0, tile, "processor", "dispatch", 0.0, 5.0, expert=expert, tile=tile, peer=0, nbytes=rows * row)
-    for lane, (kind, tile, expert, ns) in enumerate((("gemm0", 7, 3, 100.0), ("gemm0", 7, 3, 120.0),
-                                                     ("gemm1", 8, 3, 50.0), ("gemm0", 9, 5, 70.0))):
+    # tiles numbered within their expert, as traced() numbers them: expert 3's tiles 0 (2 shares:
+    # 100 rows) and 1 (1 share: 20 rows); expert 5's tile 0 (64 rows)
+    for lane, (tile, expert, rows) in enumerate(((0, 3, 60), (0, 3, 40), (1, 3, 20), (0, 5, 64))):
+        tb.add(0, 0, lane, "processor", "dispatch", 0.0, 5.0, expert=expert, tile=tile, peer=0, nbytes=rows * row)
+    for lane, (kind, tile, expert, ns) in enumerate((("gemm0", 0, 3, 100.0), ("gemm0", 0, 3, 120.0),
+                                                     ("gemm1", 1, 3, 50.0), ("gemm0", 0, 5, 70.0))):
         tb.add(0, 0, lane, "processor", kind, 10.0, 10.0 + ns, expert=expert, tile=tile)
     tr = tb.build()
     proc = tr["role"] == ROLE["processor"]
