@@ -201,10 +201,13 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     shared = len(set(w.tolist())) > 1
     one = np.ones_like(x)
 
+    # each point weighs as many tasks as it holds (a layer's typical tasks, not its rare heights)
+    sw = np.sqrt(np.array([g["ns_per_task"].get("n", 1) for g in pts], np.float64))
+
     def solve(group):
         a = np.column_stack([one, computed(x, rows, group)] + ([w] if shared else []))
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        return coef, float(np.sum((a @ coef - y) ** 2)), float(np.max(np.abs(a @ coef - y) / y))
+        coef, *_ = np.linalg.lstsq(a * sw[:, None], y * sw, rcond=None)
+        return coef, float(np.sum(((a @ coef - y) * sw) ** 2)), float(np.max(np.abs(a @ coef - y) / y))
 
     tile_m = max(g["rows"] for g in pts)
     heights = sorted({g["rows"] for g in pts})
@@ -220,7 +223,7 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     work = computed(x, rows, group)
     # the other terms again with the rate as capped
     rest = [one] + ([w] if shared else [])
-    sol, *_ = np.linalg.lstsq(np.column_stack(rest), y - work / rate, rcond=None)
+    sol, *_ = np.linalg.lstsq(np.column_stack(rest) * sw[:, None], (y - work / rate) * sw, rcond=None)
     fixed, per_byte = sol[0], (sol[-1] if shared else 0.0)
     sharing = sorted({g.get("tiles_per_expert", 2) for g in pts})
     span = f"{heights[0]} to {heights[-1]}" if len(heights) > 4 else str(heights)

@@ -74,40 +74,43 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **Every layer latency holds, and 52 of 54 runs hold every bound**: all 18 on one H100 (the
-  kernel of 58cca54, the first calibrated on the megakernel's own dispatch and combine) and 34
+- **Every layer latency holds, and 51 of 54 runs hold every bound**: 17 of 18 on one H100 (the
+  kernel of b88709b, calibrated on the megakernel's own dispatch, GEMM tasks and combine) and 34
   of 36 on 2 H200s (1 and 2 GPUs per layer, the kernel of 965330c), each predicted with its own
-  commit's microbenchmarks. Latency errors: H100 float32 +0.4% to +6.4%, bf16 -4.4% to +6.1%;
-  H200 float32 -9.0% to -1.6%, bf16 -6.9% to +6.1%. The layer is a queue of equal tile tasks on
-  263 processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's
-  loads, with a hand-off between tasks and the scheduler's latencies around idle processors.
-- **The dispatch and the final combine are timed where they run** (58cca54): their
-  microbenchmarks launch them alone, and the layer's differ from them both ways: at 1K tokens the
-  layer's bf16 shares take 6.5 us against the microbenchmark's 5.5, its float32 final combine 6.7
-  us against 9.8 (H100). The calibration now times both inside the megakernel, on seven layers no
-  measured run uses (768 to 12288 tokens), and fits them there (within 8% on those layers); the
-  H100's dispatch and combine then hold on every run (1K bf16 dispatch +0.5% and combine -4.0%,
-  before -30% and -22%; 2K float32 dispatch +6.9%, before +25%). Two H100s gave the same in-layer
+  commit's measurements. Latency errors: H100 float32 -0.8% to +9.3%, bf16 -3.9% to +5.4%; H200
+  float32 -9.0% to -1.6%, bf16 -6.9% to +6.1%. The layer is a queue of equal tile tasks on 263
+  processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's loads,
+  with a hand-off between tasks and the scheduler's latencies around idle processors.
+- **The dispatch, the GEMM tasks and the final combine are timed where they run** (since
+  58cca54): their microbenchmarks launch them alone, and the layer's differ from them both ways:
+  at 1K tokens the layer's bf16 shares take 6.7 us against the microbenchmark's 5.5, its float32
+  final combine 7.0 us against 9.6; the layer's 32- to 48-row float32 tasks 137-145 us against
+  the microbenchmark's 154 (every block in step there). The calibration times all three inside
+  the megakernel, on seven layers no measured run uses (768 to 12288 tokens), and fits them
+  there: the dispatch within 9% and the combine within 2% on those layers, the GEMM tasks
+  weighted by their count (a layer's typical tasks, not its rare heights). The H100's 1K bf16
+  dispatch and combine, -30% and -22% when fitted on the microbenchmarks, now hold (-3.1%,
+  -6.4%); so does its 2K float32 dispatch (+5.3%, before +25%). Two H100s gave the same in-layer
   times within 3%.
 - **A stored share's time is its round's, not its own**: the 1K float32 layer's shares of 32 to
-  64 KiB all take 9.7-10.0 us, the 2K one's of 80 to 128 KiB 16.6-16.7 us (H100). Each share fences its
+  64 KiB take 9.3-9.6 us, the 2K one's of 80 to 128 KiB 16.6-16.7 us (H100). Each share fences its
   stores before its count, and the fence waits for what the whole GPU has queued: the model
-  charges every share the round's mean. The round moves at 0.03 ns per byte (float32; bf16 0.11)
-  while the L2 holds its bytes in flight (up to 15 MiB float32, 44 MiB bf16: fitted knees, loosely
-  set by seven layers) and ~0.15 beyond, after a fixed 7 us (bf16 3.5: the fence and the count).
+  charges every share the round's mean. The round moves at 0.02 ns per byte (float32; bf16 0.07)
+  while the L2 holds its bytes in flight (up to 15 MiB float32, 12 MiB bf16: fitted knees,
+  loosely set by seven layers) and 0.13-0.15 beyond, after a fixed 7 us (bf16 4.6: the fence and
+  the count).
+- **The float32 GEMM computes its rows in groups of 64** (f85bd25): each thread holds 4 rows of
+  every 64, so a tile of 64 rows or fewer keeps all four warps on the first group and a taller
+  one computes both. In the layers a 32-row task takes 140 us, a 64-row one 150, a 128-row one
+  226-235 (H100); the fit finds the group of 64 among 16, 32 and 64 (`gemm_row_group`). Before
+  it each warp took 32 whole rows and a 64-row task cost 225 us, as much as a full one: the 2K
+  float32 layer went from 3.76 to 2.59 ms.
 - **The microbenchmark measures the layer's own GEMM again** (found at 3b6acac): its build of the
   float32 tile GEMM made each A-row load wait for the one before (ptxas zeroed the registers
   before each guarded load and made the zeroing wait on the loads' scoreboard; the megakernel's
   build did not), so its tasks ran 36-57% longer than the layer's (Nsight Compute put 71% of its
   warps' unissued samples on those zeroings). With the loads predicated (92205e7) both builds
-  issue them back to back: on the H100 the microbenchmark's 128-row task takes 241 us at the
-  megakernel's grid, the layers' 226-235 us.
-- **The float32 GEMM's time follows its active warps, not its FLOPs**: its 4 warps take 32 rows
-  each and skip the arithmetic past the tile's rows; a 32-row task takes 154 us, a 64-row one
-  234, a 128-row one 241 (H100, microbenchmark at the megakernel's grid; the layers' 139, 225,
-  230). A straight line over the heights missed the 64-row task by 18% and put the float32
-  layers 8-13% slow and the 2K one 10% fast; the fit takes a knee at 64 rows (each row past it
-  0.0005 ns per FLOP). The bf16 build's heights lie on its line (no knee).
+  issue them back to back.
 - **A two-GPU dispatch is the NVLink port's** (found at c796050): a GPU's local store shares take
   as long as its NVLink ones (bf16 default on 2 H200s: 88 vs 91 us median in the layer, 92 vs 92
   in the microbenchmark, against 32 us on one GPU alone); 32 MiB each way at ~370 GB/s. The
@@ -132,12 +135,13 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 - the megakernel fits **2 blocks per SM** (up to 255 registers, 97 KiB of dynamic shared memory
   for the bf16 128 x 128 x 64 tile GEMM's three stages), not 4;
-- **short tiles are not proportionally cheaper**: a float32 task carries ~130 us of fixed cost
-  (its 2048 x 64 weight slice loads whole however few rows the tile has), a bf16 one ~20 us plus
-  its weight slice's share (above); a 32-row bf16 tile alone on its expert takes 45 us, as long
-  as a 96-row one that shares its slice. The FLOPs run at the slope over tile heights (float32:
-  97% of the FP32 peak per block; bf16: the slope passes the BF16 peak and is capped there,
-  because the wgmma GEMM issues whole 64-row blocks);
+- **short tiles are not proportionally cheaper**: a float32 task carries ~74 us of fixed cost
+  (its 2048 x 64 weight slice loads whole however few rows the tile has) and computes its rows in
+  groups of 64 (above), a bf16 one ~23 us plus its weight slice's share (above); a 32-row bf16
+  tile alone on its expert takes 45 us, as long as a 96-row one that shares its slice. The FLOPs
+  run at the slope over tile heights (float32: 82% of the FP32 peak per block, H100 in the
+  layers; bf16: the slope passes the BF16 peak and is capped there, because the wgmma GEMM
+  issues whole 64-row blocks);
 - the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.05 to
   0.23 ms with its capacity phase at 965330c (0.05 to 0.15 ms on the H100 with 1458e09's m16n8k8
   mmas), not the microseconds of the matrix roofline; with fewer items
@@ -153,12 +157,17 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
+- **The float32 per-tile weighting** (H100, 16K tokens): the float32 kernel weights each returned
+  tile with one block's copy, beside the GEMMs; in the layer that copy takes 63, 81 and 103 us
+  per tile at 4K, 8K and 16K tokens (it slows as the layer's traffic grows), the model prices it
+  at copy_rows' rate alone (42 us). The float32 combine's busy time is -7% to -20%, the 16K
+  layer's at the bound: the in-layer timings do not yet cover this task.
 - **The H200's 1K bf16 dispatch** (the kernel of 965330c, on 1 and 2 GPUs): its calibration
   predates the in-layer timings, so its store dispatch is fitted linear in a share's bytes on the
   dispatch microbenchmark, whose 1K-token shares take 5.0 us where the layer's take 6.3: dispatch
   busy time -43% (1 GPU) and -28% (2 GPUs). A few microseconds of a 0.5 ms layer: its latency
   holds. The H100's runs, calibrated inside the megakernel, hold at every size; the H200's
-  figures move there with its next 2-GPU measurement.
+  figures move there with its next measurement.
 """
 
 

@@ -5,6 +5,8 @@
 // four spaced 64 apart (one 16-byte read of A each), so a tile of 64 rows or fewer keeps every warp
 // busy on the first group alone: the task's time follows its warps' own pace, not the SM's FLOPs
 // (a 64-row task took 97% of a 128-row one's time when its rows were two warps' whole blocks).
+// One H100, in the layers: 64-row tasks 225 -> 150 us, the 2K-token layer 3.76 -> 2.59 ms; full
+// tiles unchanged per task, the full-tile layers 0.3-2% slower.
 // K is walked in BK-deep slices. The weights (B, streamed from HBM: the long wait) come through
 // B_STAGES cp.async stages, B_STAGES - 1 slices ahead of the multiply; A (the tokens, in L2) is
 // loaded one slice ahead into registers and stored transposed, so a thread's rows are one 16-byte
