@@ -29,8 +29,8 @@ fails or a job cut short still leaves the others:
   after the gate, the scheduler and subscriber polling beside them; the combine right after the
   last GEMM1), from its telemetry on layers of IN_LAYER_TOKENS, none a measured run's size: each
   layer's share times and sizes, the shares and bytes its first round has in flight, the
-  final-combine times of the processors with the most tokens, and its GEMM tasks' times by
-  kind, tile height and tiles per expert.
+  final-combine times of the processors with the most tokens, its per-tile combine tasks' times
+  and bytes, and its GEMM tasks' times by kind, tile height and tiles per expert.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
 configs size NVSHMEM's heap and give the dtype.
@@ -406,6 +406,7 @@ def sec_in_layer(b: Bench) -> list[dict]:
         # the final combine of the blocks with the most tokens (warp w of block q takes tokens
         # q x warps + w, stepping by all processors' warps: processor.cuh combine_tokens)
         final = proc & (tr["kind"] == KIND["combine"]) & (tr["expert"] < 0)
+        weighting = proc & (tr["kind"] == KIND["combine"]) & (tr["expert"] >= 0)
         warps = layout.block_threads(layout.compile_options(cfg)) // 32
         held = np.array([sum(len(range(q * warps + w, tokens, n_proc * warps)) for w in range(warps))
                          for q in tr["lane"][final]])
@@ -415,6 +416,8 @@ def sec_in_layer(b: Bench) -> list[dict]:
                     "first_round_shares": len(first), "share_bytes": stats(nbytes), "dispatch_ns": stats(dur),
                     "combine_tokens_per_block": int(held.max()),
                     "final_combine_ns": stats((tr["end"][final] - tr["start"][final])[most]),
+                    "tile_combine_ns": stats(tr["end"][weighting] - tr["start"][weighting]),
+                    "tile_combine_bytes": stats(tr["bytes"][weighting]),
                     "gemm": layer_gemm_tasks(b, cfg, tr, proc, disp, n_proc)})
     return out
 

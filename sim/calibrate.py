@@ -24,6 +24,11 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   megakernel on layers no measured run uses (the in_layer section: 768 to 12288 tokens): fixed
   + the round's mean share x (the L2's rate up to a knee in the bytes in flight, HBM's beyond);
   files without those layers fit fixed + bytes x one rate on the dispatch microbenchmark;
+- tile_combine_fixed_ns, tile_combine_ns_per_byte, tile_combine_l2_ns_per_byte,
+  tile_combine_knee_bytes: the float32 kernel's per-tile combine task on the same in-layer layers
+  (one block weights a returned tile beside the GEMMs), fixed + its bytes at the L2's rate for
+  the share of the layer's returned bytes the L2 holds and HBM's for the rest; 0 (copy_rows'
+  rate alone) for the bf16 build and files without those layers;
 - reduce_fixed_ns, reduce_ns_per_byte, reduce_l2_ns_per_byte, reduce_knee_bytes: the final
   ordered combine's time per block, fixed + the bytes it moves at the L2's rate for the share of
   all blocks' bytes the L2 holds and HBM's for the rest, on the same in-layer layers (the rows
@@ -124,7 +129,7 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     f.set("blocks_per_sm", grid // sms, f"{origin}: the megakernel's occupancy, grid {grid} over {sms} SMs")
     blocks = grid // sms * sms
     _fit_gemm(f, raw, hw, blocks, origin, dtype)
-    _fit_moves(f, raw, hw, base, origin)
+    _fit_moves(f, raw, hw, base, origin, dtype)
     _fit_gate(f, raw, blocks, origin)
     _fit_scheduler(f, raw, hw, origin)
     _fit_link(f, raw, origin)
@@ -285,7 +290,7 @@ def _saturating(points: list[tuple[float, float]], knee: float) -> tuple[float, 
     return best
 
 
-def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
+def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str, dtype: str) -> None:
     """copy_rows and puts: time per byte against the bytes all blocks have in flight at once
     (blocks x bytes): flat while the L2 holds them, then slower, with one knee for copies and
     local puts alike (the same L2; the knee of least total relative error); puts over NVLink: a
@@ -362,7 +367,37 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str) -> None:
             f.values["dispatch_store_ns_per_byte"]
         f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{world(d)} GPU(s), "
                 f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
+    _fit_tile_combine(f, layers, dtype, origin)
     _fit_reduce(f, _need(raw, "combine", "the final combine's time per block"), layers, origin)
+
+
+def _fit_tile_combine(f: Fit, layers: list[dict], dtype: str, origin: str) -> None:
+    """The float32 kernel's per-tile combine task, timed inside the megakernel where IN_LAYER_MIN
+    or more layers were: its median time = fixed + its median tile bytes x (L2 rate x held + HBM
+    rate x (1 - held)), held = min(1, knee / the layer's returned bytes), the knee searched
+    (_fixed_and_rates). Elsewhere (a bf16 build, whose task only marks the tile's arrival, or a
+    file without those layers) 0: the model prices the task at copy_rows' rate alone."""
+    names = ("tile_combine_fixed_ns", "tile_combine_l2_ns_per_byte", "tile_combine_ns_per_byte",
+             "tile_combine_knee_bytes")
+    timed = [c for c in layers if c.get("tile_combine_ns", {}).get("n")]
+    if not costs.WEIGHTED_IN_TASK.get(dtype, True) or len(timed) < IN_LAYER_MIN:
+        why = ("the bf16 build's task only marks its tile's arrival" if not costs.WEIGHTED_IN_TASK.get(dtype, True)
+               else "no per-tile combine timed in the layers (a file from before it)")
+        for name in names:
+            f.set(name, 0.0, f"{origin}: 0, {why}: copy_rows' rate alone")
+        return
+    points = [(f"in layer: per-tile combine, T={c['tokens']}", c["tile_combine_bytes"]["median"],
+               c["tokens"] * c["top_k"] * c["hidden"] * c["bytes_per_value"], c["tile_combine_ns"]["median"])
+              for c in timed]
+    knee, fixed, l2, hbm = _fixed_and_rates(points)
+    how = (f"{origin}: the per-tile combine tasks inside the megakernel at {_tokens(timed)} tokens (layers no measured "
+           "run uses), least squares of relative residuals of time = fixed + the tile's bytes x (L2 rate x held + HBM "
+           "rate x (1 - held)), held = min(1, knee / the layer's returned bytes), the knee where it halves one rate's")
+    for name, v in zip(names, (fixed, l2, hbm, knee)):
+        f.set(name, max(float(v), 0.0), how)
+    hw = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in names})
+    for point, nbytes, total, y in points:
+        f.check(f"{point} (ns)", y, hw.tile_combine_fixed_ns + nbytes * costs.tile_combine_ns_per_byte_at(hw, total))
 
 
 def _fit_reduce(f: Fit, points: list[dict], layers: list[dict], origin: str) -> None:

@@ -107,12 +107,29 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
     # the GEMM tasks multiply in the GEMM precision; a combine's few flops (its weighting) in dtype
     compute = flops / np.where(combine, block_flops_per_ns(hw, cfg.dtype), block_flops_per_ns(hw, cfg.gemm_precision))
     memory = hbm_bytes / block_bytes_per_ns(hw)
+    combine_fixed = 0.0
     if hw.copy_ns_per_byte:
-        # a measured copy rate replaces the even HBM share for the combine (it weights its rows in
-        # place: rows x H values of the plan's (nb + 4) bytes each)
-        memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * hw.copy_ns_per_byte, memory)
-    fixed = np.where(combine, 0.0, hw.gemm_fixed_ns + hw.weight_load_ns_per_byte * weight_alone)
+        # a measured rate replaces the even HBM share for the combine (it weights its rows in
+        # place: rows x H values of the plan's (nb + 4) bytes each): the task's own, timed in the
+        # layers, where the preset has it, else copy_rows' alone
+        rate = hw.copy_ns_per_byte
+        if hw.tile_combine_ns_per_byte and WEIGHTED_IN_TASK[cfg.dtype]:
+            rate, combine_fixed = tile_combine_ns_per_byte_at(hw, returned_bytes(cfg)), hw.tile_combine_fixed_ns
+        memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * rate, memory)
+    fixed = np.where(combine, combine_fixed, hw.gemm_fixed_ns + hw.weight_load_ns_per_byte * weight_alone)
     return np.maximum(compute, memory) + fixed + hw.task_overhead_ns
+
+
+def returned_bytes(cfg: Config) -> float:
+    """The bytes of the rows a GPU's tokens get back from their experts (k + shared per token)."""
+    return float(cfg.tokens * (cfg.top_k + cfg.shared_experts) * cfg.hidden * cfg.dtype_bytes)
+
+
+def tile_combine_ns_per_byte_at(hw: Hardware, total: float) -> float:
+    """The per-tile combine's time per byte of its tile while the layer returns `total` bytes: the
+    L2's rate for the share of them it holds (tile_combine_knee_bytes), HBM's for the rest."""
+    held = l2_held(hw.tile_combine_knee_bytes, total)
+    return hw.tile_combine_l2_ns_per_byte * held + hw.tile_combine_ns_per_byte * (1.0 - held)
 
 
 def gate_roofline_ns(hw: Hardware, cfg: Config) -> float:

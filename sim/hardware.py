@@ -95,6 +95,14 @@ class Hardware:
     dispatch_store_ns_per_byte: float  # beyond the knee (all of them where the knee is 0)
     dispatch_store_l2_ns_per_byte: float  # up to the knee
     dispatch_store_knee_bytes: float  # the dispatch bytes in flight the L2 holds (0: one rate for all)
+    # the float32 kernel's per-tile combine task (one block weights a returned tile's rows in place,
+    # beside the GEMMs): fixed + the tile's bytes x per byte, at the L2's rate for the share of the
+    # layer's returned bytes it holds (tile_combine_knee_bytes of them), HBM's for the rest (0:
+    # copy_rows' rate alone)
+    tile_combine_fixed_ns: float
+    tile_combine_ns_per_byte: float
+    tile_combine_l2_ns_per_byte: float
+    tile_combine_knee_bytes: float
     # the final ordered combine, one block: fixed + bytes read or written x per byte, the share of
     # them the L2 still holds (reduce_knee_bytes of all blocks' bytes) at its own rate
     reduce_fixed_ns: float
@@ -256,7 +264,9 @@ _H100 = {
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
                                          "put_nvlink_ns_per_byte", "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
-                                         "dispatch_store_knee_bytes", "reduce_fixed_ns", "reduce_ns_per_byte",
+                                         "dispatch_store_knee_bytes", "tile_combine_fixed_ns",
+                                         "tile_combine_ns_per_byte", "tile_combine_l2_ns_per_byte",
+                                         "tile_combine_knee_bytes", "reduce_fixed_ns", "reduce_ns_per_byte",
                                          "reduce_l2_ns_per_byte", "reduce_knee_bytes", "handoff_ns",
                                          "wake_ns", "assign_ns", "stop_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),

@@ -12,7 +12,7 @@ from test_sim_calibrate import TRUE, _write, synthetic
 
 from gpu import microbench
 from reference import presets
-from reference.plan import LOCAL
+from reference.plan import COMBINE, LOCAL
 from sim import calibrate, costs, hardware
 from sim.trace import KIND, ROLE, TraceBuilder
 
@@ -22,6 +22,8 @@ FIGURES = dict(dispatch_store_fixed_ns=3000.0, dispatch_store_l2_ns_per_byte=0.0
                reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]))
 TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
 GEMM = dict(matrix_efficiency=0.8, gemm_fixed_ns=90000.0, weight_load_ns_per_byte=0.02, gemm_row_group=64.0)
+TILE_COMBINE = dict(tile_combine_fixed_ns=2000.0, tile_combine_l2_ns_per_byte=0.03, tile_combine_ns_per_byte=0.09,
+                    tile_combine_knee_bytes=float(KNEES[40]))
 
 
 def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
@@ -36,6 +38,10 @@ def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
                     "dispatch_ns": _stat(costs.store_dispatch_ns(hw, inflight / shares, inflight)),
                     "combine_tokens_per_block": int(np.ceil(t / (n_proc * 4)) * 4),
                     "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc)),
+                    **({"tile_combine_bytes": _stat(min(t // 32, 128) * 2048 * 4),
+                        "tile_combine_ns": _stat(hw.tile_combine_fixed_ns + min(t // 32, 128) * 2048 * 4
+                                                 * costs.tile_combine_ns_per_byte_at(hw, costs.returned_bytes(cfg)))}
+                       if hw.tile_combine_ns_per_byte else {}),
                     "gemm": [gemm_task(hw, t, kind, rows, n) for kind in ("gemm0", "gemm1")
                              for rows, n in ((t // 32, 1), (t // 32 - 7, 1), (128, 3), (t // 64, 2))]})
     return out
@@ -103,6 +109,23 @@ def test_a_traced_layers_gemm_tasks_are_grouped_by_tile_height_and_sharing():
     got = {(g["task"], g["rows"], g["tiles_per_expert"]): (g["ns_per_task"]["median"], g["ns_per_task"]["n"])
            for g in microbench.layer_gemm_tasks(bench, cfg, tr, proc, disp, 263)}
     assert got == {("gemm0", 100, 2): (110.0, 2), ("gemm1", 20, 2): (50.0, 1), ("gemm0", 64, 1): (70.0, 1)}
+
+
+def test_the_per_tile_combine_is_fitted_in_the_layers_and_priced_for_float32_only(tmp_path):
+    raw = synthetic()
+    hw = hardware.PRESETS["h200-sxm"].replace(**FIGURES, **TILE_COMBINE)
+    raw["in_layer"] = in_layer(hw)
+    for name, want in TILE_COMBINE.items():
+        assert _fit(tmp_path, raw).values[name] == pytest.approx(want, rel=1e-6), name
+    # the task slows as the layer returns more bytes than the L2 holds; the bf16 task only marks arrival
+    hw = hw.replace(copy_ns_per_byte=0.04)
+    small, large = (presets.get("flashmoe").replace(ranks=1, tokens=t) for t in (1024, 16384))
+    one = np.array([COMBINE]), np.array([1.0]), np.array([128 * 2048 * 8.0])  # a combine task of a 128-row tile
+    ns = [costs.task_ns(hw, cfg, one[0], one[1], one[2])[0] for cfg in (small, large)]
+    assert ns[0] < ns[1] == pytest.approx(hw.task_overhead_ns + 2000.0 + 128 * 2048 * 4
+                                          * costs.tile_combine_ns_per_byte_at(hw, costs.returned_bytes(large)))
+    bf16 = large.replace(dtype="bfloat16")
+    assert costs.task_ns(hw, bf16, one[0], one[1], np.array([128 * 2048 * 6.0]))[0] == hw.task_overhead_ns
 
 
 def test_one_rate_is_kept_unless_a_knee_halves_the_residuals(tmp_path):
