@@ -56,8 +56,10 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   preset's estimate), a burst of tasks goes out one each `assign_ns` (the scheduler warp's
   pace), and the final combine starts `stop_ns` after the last task (the scheduler sees every
   processor idle and stops them);
-- **combine**: the per-tile weighting task (a copy by one block; the bf16 kernel's only marks the
-  tile's arrival), then, once every task of the GPU is done, every processor's share of the final
+- **combine**: the per-tile weighting task (a copy by one block, fixed + its tile's bytes at the
+  L2's rate for the share of the layer's returned rows the L2 holds and HBM's beyond, timed on
+  the same in-layer layers: `tile_combine_*`; the bf16 kernel's only marks the tile's arrival),
+  then, once every task of the GPU is done, every processor's share of the final
   ordered combine: a fixed time + its bytes at `reduce_l2_ns_per_byte` for the share of all
   blocks' bytes the L2 still holds (`reduce_knee_bytes` of them) and `reduce_ns_per_byte` for the
   rest (`reduce_fixed_ns`; timed inside the megakernel on the same seven layers, the busiest
@@ -74,37 +76,41 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **Every layer latency holds, and 51 of 54 runs hold every bound**: 17 of 18 on one H100 (the
-  kernel of b88709b, calibrated on the megakernel's own dispatch, GEMM tasks and combine) and 34
-  of 36 on 2 H200s (1 and 2 GPUs per layer, the kernel of 965330c), each predicted with its own
-  commit's measurements. Latency errors: H100 float32 -0.8% to +9.3%, bf16 -3.9% to +5.4%; H200
-  float32 -9.0% to -1.6%, bf16 -6.9% to +6.1%. The layer is a queue of equal tile tasks on 263
-  processors, each task a fixed cost plus its FLOPs plus its share of its weight slice's loads,
-  with a hand-off between tasks and the scheduler's latencies around idle processors.
-- **The dispatch, the GEMM tasks and the final combine are timed where they run** (since
-  58cca54): their microbenchmarks launch them alone, and the layer's differ from them both ways:
-  at 1K tokens the layer's bf16 shares take 6.7 us against the microbenchmark's 5.5, its float32
-  final combine 7.0 us against 9.6; the layer's 32- to 48-row float32 tasks 137-145 us against
-  the microbenchmark's 154 (every block in step there). The calibration times all three inside
-  the megakernel, on seven layers no measured run uses (768 to 12288 tokens), and fits them
-  there: the dispatch within 9% and the combine within 2% on those layers, the GEMM tasks
-  weighted by their count (a layer's typical tasks, not its rare heights). The H100's 1K bf16
-  dispatch and combine, -30% and -22% when fitted on the microbenchmarks, now hold (-3.1%,
-  -6.4%); so does its 2K float32 dispatch (+5.3%, before +25%). Two H100s gave the same in-layer
-  times within 3%.
+- **Every layer latency holds, and 52 of 54 runs hold every bound**: all 18 on one H100 (the
+  kernel of 7ebaf93, calibrated on the megakernel's own dispatch, GEMM tasks, per-tile and final
+  combines) and 34 of 36 on 2 H200s (1 and 2 GPUs per layer, the kernel of 965330c), each
+  predicted with its own commit's measurements. Latency errors: H100 float32 +0.6% to +8.7%, bf16
+  -1.9% to +5.0%; H200 float32 -9.0% to -1.6%, bf16 -6.9% to +6.1%. The layer is a queue of equal
+  tile tasks on 263 processors, each task a fixed cost plus its FLOPs plus its share of its
+  weight slice's loads, with a hand-off between tasks and the scheduler's latencies around idle
+  processors.
+- **The layer's pieces are timed where they run** (since 58cca54): their microbenchmarks launch
+  them alone, and the layer's differ from them both ways: at 1K tokens the layer's bf16 dispatch
+  shares take 7.3 us against the microbenchmark's 5.5, its float32 final combine 6.9 us against
+  9.7; its 32-row float32 tasks 140 us against the microbenchmark's 155 (every block in step
+  there). The calibration times the dispatch, the GEMM tasks, the per-tile and the final combine
+  inside the megakernel, on seven layers no measured run uses (768 to 12288 tokens), and fits them
+  there (the GEMM tasks weighted by their count: a layer's typical tasks, not its rare heights).
+  The H100's 1K bf16 dispatch and combine, -30% and -22% when fitted on the microbenchmarks, hold
+  (-9.9%, -5.5%); so do its 2K float32 dispatch (+7.7%, before +25%) and its float32 combines
+  (-11% to +9%, before down to -20%). Two H100s gave the same in-layer times within 3%.
 - **A stored share's time is its round's, not its own**: the 1K float32 layer's shares of 32 to
-  64 KiB take 9.3-9.6 us, the 2K one's of 80 to 128 KiB 16.6-16.7 us (H100). Each share fences its
+  64 KiB take 9.2-9.5 us, the 2K one's of 80 to 128 KiB 16.9 us (H100). Each share fences its
   stores before its count, and the fence waits for what the whole GPU has queued: the model
-  charges every share the round's mean. The round moves at 0.02 ns per byte (float32; bf16 0.07)
-  while the L2 holds its bytes in flight (up to 15 MiB float32, 12 MiB bf16: fitted knees,
-  loosely set by seven layers) and 0.13-0.15 beyond, after a fixed 7 us (bf16 4.6: the fence and
-  the count).
+  charges every share the round's mean, a fixed time (float32 1.4 us, bf16 3.6) and its bytes at
+  0.14-0.15 ns each, bf16's at 0.11 while the L2 holds the round (a knee at 44 MiB; the float32
+  fit finds none in this call, 15 MiB in the two before: seven layers set it loosely).
+- **The float32 per-tile combine slows as the layer grows**: one block weights each returned tile
+  beside the GEMMs; in the layers it takes 14, 32, 66, 80 and 97 us per tile at 1K to 16K tokens,
+  against copy_rows' 42 us alone. Fitted in the in-layer layers (4.2 us + 0.051 ns per byte while
+  the L2 holds the layer's returned rows, up to 152 MiB, 0.18 beyond), the float32 combine's busy
+  time went from -7% to -20% to within -11% to +9%.
 - **The float32 GEMM computes its rows in groups of 64** (f85bd25): each thread holds 4 rows of
   every 64, so a tile of 64 rows or fewer keeps all four warps on the first group and a taller
   one computes both. In the layers a 32-row task takes 140 us, a 64-row one 150, a 128-row one
-  226-235 (H100); the fit finds the group of 64 among 16, 32 and 64 (`gemm_row_group`). Before
+  227-239 (H100); the fit finds the group of 64 among 16, 32 and 64 (`gemm_row_group`). Before
   it each warp took 32 whole rows and a 64-row task cost 225 us, as much as a full one: the 2K
-  float32 layer went from 3.76 to 2.59 ms.
+  float32 layer went from 3.76 to 2.60 ms.
 - **The microbenchmark measures the layer's own GEMM again** (found at 3b6acac): its build of the
   float32 tile GEMM made each A-row load wait for the one before (ptxas zeroed the registers
   before each guarded load and made the zeroing wait on the loads' scoreboard; the megakernel's
@@ -157,11 +163,6 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **The float32 per-tile weighting** (H100, 16K tokens): the float32 kernel weights each returned
-  tile with one block's copy, beside the GEMMs; in the layer that copy takes 63, 81 and 103 us
-  per tile at 4K, 8K and 16K tokens (it slows as the layer's traffic grows), the model prices it
-  at copy_rows' rate alone (42 us). The float32 combine's busy time is -7% to -20%, the 16K
-  layer's at the bound: the in-layer timings do not yet cover this task.
 - **The H200's 1K bf16 dispatch** (the kernel of 965330c, on 1 and 2 GPUs): its calibration
   predates the in-layer timings, so its store dispatch is fitted linear in a share's bytes on the
   dispatch microbenchmark, whose 1K-token shares take 5.0 us where the layer's take 6.3: dispatch
