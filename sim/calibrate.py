@@ -197,7 +197,7 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
         return g.get("weight_bytes", 0) / g.get("tiles_per_expert", 2)
 
     def computed(g_flops, g_rows, group):  # a task's FLOPs with its rows in whole groups
-        return np.ceil(np.round(np.asarray(g_rows, np.float64) / group, 9)) * group * (g_flops / g_rows)
+        return costs.grouped_rows(g_rows, group) * (g_flops / g_rows)
 
     x = np.array([g["flops"] for g in pts], np.float64)
     rows = np.array([g["rows"] for g in pts], np.float64)
@@ -267,7 +267,7 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
 # grids of the moves' fit: the knee (0: slower from the first byte) and the half point, in bytes
 KNEES = np.concatenate([[0.0], np.geomspace(2 ** 20, 2 ** 28, 65)])
 HALVES = np.geomspace(2 ** 16, 2 ** 31, 61)
-IN_LAYER_MIN = 3  # layers of the in_layer section that the dispatch's and the combine's fits need
+IN_LAYER_MIN = 3  # layers of the in_layer section that a fit from them needs (dispatch, GEMM, combines)
 
 
 def _saturating(points: list[tuple[float, float]], knee: float) -> tuple[float, float, float, float]:
@@ -387,7 +387,8 @@ def _fit_tile_combine(f: Fit, layers: list[dict], dtype: str, origin: str) -> No
             f.set(name, 0.0, f"{origin}: 0, {why}: copy_rows' rate alone")
         return
     points = [(f"in layer: per-tile combine, T={c['tokens']}", c["tile_combine_bytes"]["median"],
-               c["tokens"] * c["top_k"] * c["hidden"] * c["bytes_per_value"], c["tile_combine_ns"]["median"])
+               costs.returned_bytes(c["tokens"], c["top_k"], c["hidden"], c["bytes_per_value"]),
+               c["tile_combine_ns"]["median"])
               for c in timed]
     knee, fixed, l2, hbm = _fixed_and_rates(points)
     how = (f"{origin}: the per-tile combine tasks inside the megakernel at {_tokens(timed)} tokens (layers no measured "
@@ -431,7 +432,8 @@ def _fit_reduce(f: Fit, points: list[dict], layers: list[dict], origin: str) -> 
         fitted = rows
     else:
         knee, fixed = f.values["l2_knee_bytes"], 0.0
-        a = np.array([(1.0 - costs.l2_held(knee, total), costs.l2_held(knee, total)) for _, _, total, _ in rows])
+        held = [costs.l2_held(knee, total) for _, _, total, _ in rows]
+        a = np.array([(1.0 - h, h) for h in held])
         (hbm, l2), *_ = np.linalg.lstsq(a, np.array([y / moved for _, moved, _, y in rows]), rcond=None)
         how = (f"{origin}: the ordered combine microbenchmark at {_tokens(points)} tokens, least squares of time per "
                "byte = L2 rate x held + HBM rate x (1 - held), held = min(1, l2_knee_bytes / all blocks' bytes)")

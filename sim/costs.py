@@ -97,8 +97,7 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
             raise ValueError(f"row_flops = {row_flops!r}: {hw.name} computes tile rows in groups of "
                              f"{hw.gemm_row_group:g}, so task_ns needs each task's FLOPs per row (flops_per_row)")
         rows = np.divide(flops, row_flops, out=np.zeros_like(flops, dtype=float), where=np.asarray(row_flops) > 0)
-        whole = np.ceil(np.round(rows / hw.gemm_row_group, 9)) * hw.gemm_row_group * row_flops
-        flops = np.where(combine, flops, whole)
+        flops = np.where(combine, flops, grouped_rows(rows, hw.gemm_row_group) * row_flops)
     if hw.copy_ns_per_byte and not WEIGHTED_IN_TASK[cfg.dtype]:
         # moelab's measured bf16 kernel: the combine task only marks the arrival (the roofline
         # presets keep FlashMoE's weighting task)
@@ -114,22 +113,28 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
         # layers, where the preset has it, else copy_rows' alone
         rate = hw.copy_ns_per_byte
         if hw.tile_combine_ns_per_byte and WEIGHTED_IN_TASK[cfg.dtype]:
-            rate, combine_fixed = tile_combine_ns_per_byte_at(hw, returned_bytes(cfg)), hw.tile_combine_fixed_ns
+            returned = returned_bytes(cfg.tokens, cfg.top_k + cfg.shared_experts, cfg.hidden, cfg.dtype_bytes)
+            rate, combine_fixed = tile_combine_ns_per_byte_at(hw, returned), hw.tile_combine_fixed_ns
         memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * rate, memory)
     fixed = np.where(combine, combine_fixed, hw.gemm_fixed_ns + hw.weight_load_ns_per_byte * weight_alone)
     return np.maximum(compute, memory) + fixed + hw.task_overhead_ns
 
 
-def returned_bytes(cfg: Config) -> float:
-    """The bytes of the rows a GPU's tokens get back from their experts (k + shared per token)."""
-    return float(cfg.tokens * (cfg.top_k + cfg.shared_experts) * cfg.hidden * cfg.dtype_bytes)
+def grouped_rows(rows, group: float):
+    """A tile's rows as its multiply computes them: in whole groups of `group` (1: each row)."""
+    return np.ceil(np.round(np.asarray(rows, np.float64) / group, 9)) * group
+
+
+def returned_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:
+    """The bytes of the rows `tokens` tokens get back from their experts (`rows` per token)."""
+    return tokens * rows * hidden * dtype_bytes
 
 
 def tile_combine_ns_per_byte_at(hw: Hardware, total: float) -> float:
     """The per-tile combine's time per byte of its tile while the layer returns `total` bytes: the
     L2's rate for the share of them it holds (tile_combine_knee_bytes), HBM's for the rest."""
-    held = l2_held(hw.tile_combine_knee_bytes, total)
-    return hw.tile_combine_l2_ns_per_byte * held + hw.tile_combine_ns_per_byte * (1.0 - held)
+    return held_ns_per_byte(hw.tile_combine_l2_ns_per_byte, hw.tile_combine_ns_per_byte, hw.tile_combine_knee_bytes,
+                            total)
 
 
 def gate_roofline_ns(hw: Hardware, cfg: Config) -> float:
@@ -277,9 +282,8 @@ def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float) -> float:
     """A share of `nbytes` stored into this GPU's inbox while all blocks store `inflight` bytes:
     fixed + bytes x per byte, the L2's rate for the share of the bytes in flight it holds
     (dispatch_store_knee_bytes of them), HBM's for the rest."""
-    held = l2_held(hw.dispatch_store_knee_bytes, inflight)
-    rate = hw.dispatch_store_l2_ns_per_byte * held + hw.dispatch_store_ns_per_byte * (1.0 - held)
-    return hw.dispatch_store_fixed_ns + nbytes * rate
+    return hw.dispatch_store_fixed_ns + nbytes * held_ns_per_byte(
+        hw.dispatch_store_l2_ns_per_byte, hw.dispatch_store_ns_per_byte, hw.dispatch_store_knee_bytes, inflight)
 
 
 def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:
@@ -308,13 +312,19 @@ def reduce_ns_per_byte_at(hw: Hardware, total: float) -> float:
     the rest from HBM at reduce_ns_per_byte (one rate where the preset measured one size)."""
     if not hw.reduce_l2_ns_per_byte:
         return hw.reduce_ns_per_byte
-    held = l2_held(hw.reduce_knee_bytes, total)
-    return hw.reduce_l2_ns_per_byte * held + hw.reduce_ns_per_byte * (1.0 - held)
+    return held_ns_per_byte(hw.reduce_l2_ns_per_byte, hw.reduce_ns_per_byte, hw.reduce_knee_bytes, total)
 
 
 def l2_held(knee_bytes: float, total: float) -> float:
     """The share of `total` bytes just written that the L2 still holds (`knee_bytes` of them)."""
     return min(1.0, knee_bytes / total) if total > 0 else 1.0
+
+
+def held_ns_per_byte(l2_rate: float, hbm_rate: float, knee_bytes: float, total: float) -> float:
+    """Time per byte of a move among `total` bytes: the L2's rate for the share of them it holds
+    (`knee_bytes`), HBM's for the rest."""
+    held = l2_held(knee_bytes, total)
+    return l2_rate * held + hbm_rate * (1.0 - held)
 
 
 def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool) -> float:

@@ -38,13 +38,17 @@ def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
                     "dispatch_ns": _stat(costs.store_dispatch_ns(hw, inflight / shares, inflight)),
                     "combine_tokens_per_block": int(np.ceil(t / (n_proc * 4)) * 4),
                     "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc)),
-                    **({"tile_combine_bytes": _stat(min(t // 32, 128) * 2048 * 4),
-                        "tile_combine_ns": _stat(hw.tile_combine_fixed_ns + min(t // 32, 128) * 2048 * 4
-                                                 * costs.tile_combine_ns_per_byte_at(hw, costs.returned_bytes(cfg)))}
-                       if hw.tile_combine_ns_per_byte else {}),
+                    **(tile_combine(hw, t) if hw.tile_combine_ns_per_byte else {}),
                     "gemm": [gemm_task(hw, t, kind, rows, n) for kind in ("gemm0", "gemm1")
                              for rows, n in ((t // 32, 1), (t // 32 - 7, 1), (128, 3), (t // 64, 2))]})
     return out
+
+
+def tile_combine(hw, tokens):
+    """A layer's per-tile combines (its tiles' rows: the capacity, at most 128), timed by `hw`'s model."""
+    nbytes = min(tokens // 32, 128) * 2048 * 4
+    per_byte = costs.tile_combine_ns_per_byte_at(hw, costs.returned_bytes(tokens, 2, 2048, 4))
+    return {"tile_combine_bytes": _stat(nbytes), "tile_combine_ns": _stat(hw.tile_combine_fixed_ns + nbytes * per_byte)}
 
 
 def gemm_task(hw, tokens, kind, rows, n):
@@ -122,8 +126,7 @@ def test_the_per_tile_combine_is_fitted_in_the_layers_and_priced_for_float32_onl
     small, large = (presets.get("flashmoe").replace(ranks=1, tokens=t) for t in (1024, 16384))
     one = np.array([COMBINE]), np.array([1.0]), np.array([128 * 2048 * 8.0])  # a combine task of a 128-row tile
     ns = [costs.task_ns(hw, cfg, one[0], one[1], one[2])[0] for cfg in (small, large)]
-    assert ns[0] < ns[1] == pytest.approx(hw.task_overhead_ns + 2000.0 + 128 * 2048 * 4
-                                          * costs.tile_combine_ns_per_byte_at(hw, costs.returned_bytes(large)))
+    assert ns[0] < ns[1] == pytest.approx(hw.task_overhead_ns + tile_combine(hw, 16384)["tile_combine_ns"]["median"])
     bf16 = large.replace(dtype="bfloat16")
     assert costs.task_ns(hw, bf16, one[0], one[1], np.array([128 * 2048 * 6.0]))[0] == hw.task_overhead_ns
 
