@@ -76,6 +76,9 @@ def table(raw: dict, label: str = "") -> str:
                      "µs/share", c["dispatch_ns"]["median"] / 1e3))
         rows.append((f"in layer T={c['tokens']}, {c['world']} GPU(s): final combine", "µs/block",
                      c["final_combine_ns"]["median"] / 1e3))
+        if c.get("tile_combine_ns", {}).get("n"):
+            rows.append((f"in layer T={c['tokens']}, {c['world']} GPU(s): per-tile combine", "µs/task",
+                         c["tile_combine_ns"]["median"] / 1e3))
     s = raw.get("scheduler") or {}
     if s.get("gap_ns"):
         rows.append(("scheduler hand-off gap", "µs", s["gap_ns"]["median"] / 1e3))

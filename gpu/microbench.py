@@ -73,7 +73,8 @@ SCHED_CONFIG = dict(tokens=12288)
 # is the scheduler's pace, not the subscriber's, and its processors idle before the final combine
 SCHED_SMALL = dict(tokens=1536)
 # FlashMoE-default layers at token counts no measured run uses (those are powers of two): shares
-# of 6 to 128 rows with 6 to 190 MiB of float32 dispatch in flight, across the L2 (50 MiB)
+# of 6 to 128 rows with 11 to 187 MiB of float32 dispatch in flight (half that in bf16), across
+# the L2 (50 MiB)
 IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
 
 
@@ -391,7 +392,8 @@ def sec_scheduler(b: Bench) -> dict:
 
 
 def sec_in_layer(b: Bench) -> list[dict]:
-    """Rank 0's dispatch shares and final combines in the megakernel on each layer of IN_LAYER_TOKENS."""
+    """Rank 0's dispatch shares, GEMM tasks, per-tile and final combines in the megakernel on each
+    layer of IN_LAYER_TOKENS."""
     from sim.trace import KIND, ROLE
 
     out = []

@@ -72,7 +72,8 @@ class Hardware:
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
     # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row):
     # the float32 SIMT GEMM of f85bd25 gives each thread 4 rows of every 64, so a tile of 32 rows
-    # takes about as long as one of 64, and one of 96 as one of 128 (one H100: 155, 168, 237, 240 us)
+    # takes about as long as one of 64, and one of 96 as one of 128 (one H100, microbenchmark at the
+    # megakernel's grid: 155, 173, 240, 243 us)
     gemm_row_group: float
     # per byte of the task's weight slice over the tiles of its expert that share it at once (a
     # slice one tile uses alone comes from HBM; shared, from L2 for all but the first)

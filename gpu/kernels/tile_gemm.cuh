@@ -17,7 +17,8 @@
 // and its tasks ran 36-57% longer than the layer's. Loading min(m, rows - 1) instead cost the
 // 1K/2K layers 4-6%; a zero-initialised ra, spills. Against the old form in the layer this one
 // costs full tiles 0-1.6% and the 1K/2K layers 3% (one H100, side by side).
-// Threads whose rows are all past `rows` skip the arithmetic, and all skip the row groups past it.
+// Threads whose rows are all past `rows` skip the arithmetic; a tile of 64 rows or fewer skips the
+// second row group on every thread.
 // The float32 kernel's GEMM; the bf16 kernel's is WgmmaTileGemm (tile_gemm_bf16.cuh), the tf32
 // option's Tf32TileGemm.
 // Measured on one H100 against the two register-staged stages before it: layers from 4K tokens
