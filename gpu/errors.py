@@ -20,6 +20,7 @@ _WHAT = {
     7: ("bad_count", "source rank {a} announced {value} rows for local expert {b}, over the capacity {expected}"),
     8: ("queue_full", "a task queue slot ({a} needed, capacity {b})"),
     9: ("start", "the kernel of rank {a} to start (launch {expected}; is every rank launching the layer?)"),
+    10: ("slice", "the bf16 tile GEMM's slice {c} (TMA: A rows from {a}, weight rows from {b}) to land"),
 }
 
 

@@ -34,7 +34,7 @@ SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per bloc
 # H100/H200: 228 KiB of shared memory per SM, of which the driver keeps 1 KiB per resident block;
 # 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)
 SMEM_PER_SM = 228 * 1024
-BF16_MAX_STAGES = 8  # cp.async stages of the tensor-core tile GEMM, at most (seven slices copied ahead)
+BF16_MAX_STAGES = 8  # TMA stages of the tensor-core tile GEMM, at most (seven slices copied ahead)
 BF16_MIN_STAGES = 3  # two slices of copies in flight while the wgmmas of one finish and the next run
 BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
 BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / block threads: the whole tile in registers
@@ -97,7 +97,7 @@ def check_supported(cfg: Config) -> None:
 def _check_tensor_core_tiles(cfg: Config) -> None:
     """The bf16 tile GEMM's shape (kernels/tile_gemm_bf16.cuh, WgmmaTileGemm): one warpgroup's
     wgmma.m64nNk16 per 64 rows, N = tile_n, the whole tile's accumulators in registers, slices of K
-    64 deep (one 128-byte swizzled line per row), and at least BF16_MIN_STAGES cp.async stages in a
+    64 deep (one 128-byte swizzled line per row), and at least BF16_MIN_STAGES TMA stages in a
     block's shared memory (less the 1 KiB the stages' 1024-byte alignment may take). (hidden and
     ffn are multiples of tile_n, so every bf16 row and column block starts on 16 bytes, as the
     16-byte copies need.)"""
@@ -117,20 +117,20 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
                                 "swizzled layout)")
     if bf16_stages(cfg) < BF16_MIN_STAGES:
         need = BF16_MIN_STAGES * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
-        raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} cp.async "
+        raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} TMA "
                                 f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit "
                                 f"{smem_per_block(cfg)} B of shared memory per block (need {need} B)")
 
 
 def bf16_stage_bytes(cfg: Config) -> int:
-    """Shared memory of one cp.async stage of the bf16 tile GEMM (WgmmaTileGemm::STAGE_BYTES): the
+    """Shared memory of one TMA stage of the bf16 tile GEMM (WgmmaTileGemm::STAGE_BYTES): the
     A slice (tile_m rows) and the B slice (tile_n rows of the K-major weights), tile_k deep, unpadded
     (wgmma's swizzled layout has no bank conflicts to pad away)."""
     return 2 * (cfg.tile_m + cfg.tile_n) * cfg.tile_k
 
 
 def bf16_stages(cfg: Config) -> int:
-    """cp.async stages of the bf16 tile GEMM: as many as fit a block's shared memory less the
+    """TMA stages of the bf16 tile GEMM: as many as fit a block's shared memory less the
     stages' alignment room (BF16_ALIGN_BYTES), at most BF16_MAX_STAGES (passed to the build as
     GEMM_STAGES)."""
     return min(BF16_MAX_STAGES, (smem_per_block(cfg) - BF16_ALIGN_BYTES) // bf16_stage_bytes(cfg))

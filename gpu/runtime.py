@@ -23,7 +23,7 @@ import numpy as np
 
 from reference import Config, weights
 
-from . import build, errors, layout, telemetry
+from . import build, errors, layout, telemetry, tma
 from .layout import MAX_PROCESSORS, OS_WARPS, TLOG_CAP, Sizes
 
 LINE_UP_CYCLES = 4_000_000  # ~2 ms at an H100/H200's ~2 GHz: longer than a host takes to enqueue a launch
@@ -280,6 +280,11 @@ class Layer:
             # memory, kernels/tile_gemm_bf16.cuh): a transposed copy, taken once, held by the layer
             self._weights_k_major = {k: tensors[k].transpose(1, 2).contiguous() for k in ("w1", "w2")}
             tensors.update(self._weights_k_major)
+            # and reads its A and weight slices through the TMA: the operands' tensor maps (gpu/tma.py)
+            self._tensor_maps = torch.from_numpy(tma.maps_block(tma.operand_specs(tensors, cfg.tile_n))).to(dev)
+            tensors["tmaps"] = self._tensor_maps
+        else:
+            sizes["tmaps"] = 0
         fields = layout.param_fields()
         block = np.zeros(len(fields), np.int64)
         for i, name in enumerate(fields):

@@ -105,6 +105,12 @@ struct Waiter {
     }
     return false;
   }
+  // expired() that records nothing: for a loop that must call nothing (the bf16 tile GEMM's, whose
+  // accumulators would be spilled around the call), which records the error after it
+  __device__ bool spent(const Params& p) {
+    if ((++spins & 63u) != 0) return false;
+    return aborted(p) || (long long)(now_ns() - start) > p.timeout_ns * patience;
+  }
 };
 
 // Telemetry: one log per processor block and per OS warp; 4 words per event.

@@ -28,12 +28,14 @@
 // Each task is the megakernel's own gemm_task on a Params pointing at these buffers: kind 0
 // (GEMM0) out = act(A.W + bias) with A as inbox (K = H) and out as hidden (N = I); kind 1
 // (GEMM1) out = A.W + bias with A as hidden (K = I) and out as outbuf (N = H). ns[block] = total.
+// The bf16 build reads A and W through the TMA tensor maps at tmaps (gpu/tma.py OPERANDS order).
 MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, const elem_t* __restrict__ W,
                   const float* __restrict__ bias, int experts, int tiles_per_expert, int K, int N, elem_t* out,
-                  int reps, unsigned long long* ns) {
+                  int reps, const unsigned char* tmaps, unsigned long long* ns) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Params q;
   q.act_kind = act;
+  q.tmaps = tmaps;  // bf16: A's map as both inbox's and hidden's, W's as both w1's and w2's
   if (kind == TASK_GEMM0) {
     q.H = K, q.I = N, q.inbox = const_cast<elem_t*>(A), q.w1 = W, q.b1 = bias, q.hidden = out;
   } else {

@@ -63,6 +63,8 @@ struct Params {
   long long* error;            // ERROR_WORDS: the first failed wait
   unsigned long long* tlog;    // [logs][tlog_cap][4] telemetry events
   int* tlog_count;             // [logs] events written (may exceed tlog_cap: dropped)
+  const unsigned char* tmaps;  // bf16: [4][128 B] TMA tensor maps of inbox, hidden, w1, w2 (TMAP_*, gpu/tma.py);
+                               //       null in the other builds
   // sizes
   long long T, H, I, E, K, P, L, C, TM;
   long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
@@ -70,6 +72,9 @@ struct Params {
                                //    (dispatch into the owner's inbox, GEMM1 into the source's combox); 0: puts
   long long gate_splits;       // most blocks one gate item's H may be split over (gate_partial's size)
 };
+
+// the bf16 GEMM's tensor maps in Params.tmaps (gpu/tma.py OPERANDS), 128 bytes each
+enum { TMAP_INBOX = 0, TMAP_HIDDEN = 1, TMAP_W1 = 2, TMAP_W2 = 3, TMAP_BYTES = 128 };
 
 // state[] words
 enum { ST_BARRIER = 0, ST_ABORT = 1, ST_QTAIL = 2, STATE_WORDS = 8 };
@@ -93,6 +98,7 @@ enum {
   BAD_COUNT = 7,         // source a announced more rows for local expert b than the capacity
   QUEUE_FULL = 8,        // the task queue overflowed (a = index, b = capacity)
   WAIT_START = 9,        // the kernel of rank a to start (this launch's epoch)
+  WAIT_SLICE = 10,       // bf16 tile GEMM: slice c of A rows a.. and weight rows b.. (TMA) to land
 };
 
 // telemetry: event kinds (sim.trace KINDS indices) and log roles

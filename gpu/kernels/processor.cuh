@@ -155,21 +155,27 @@ __device__ void dispatch_tiles(const Params& p, uint64_t epoch, int tel, int n) 
 template <int BM, int BN, int BK>
 using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES, BLOCK_WARPGROUPS>;
 #define TENSOR_TASK __noinline__
-// the bf16 kernel's weights are K-major ([L][N][K], params.cuh): column block col0 of expert le
-// is N-rows col0.. of its transpose, K apart
-__device__ __forceinline__ const elem_t* weight_block(const elem_t* w, int le, long long K, long long N, int col0,
-                                                      long long& ld) {
-  ld = K;
-  return w + ((long long)le * N + col0) * K;
+// the task's tile GEMM through the TMA: A is rows s0.. of inbox or hidden; the weights are
+// K-major ([L][N][K], params.cuh), so column block col0 of expert le is rows le * N + col0.. of
+// its tensor map. False if a slice never landed.
+template <class Gemm>
+__device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long s0, int rows, int le, int col0,
+                                          long long K, long long N, void* smem, typename Gemm::Acc& acc) {
+  const unsigned char* map_a = p.tmaps + (first ? TMAP_INBOX : TMAP_HIDDEN) * TMAP_BYTES;
+  const unsigned char* map_b = p.tmaps + (first ? TMAP_W1 : TMAP_W2) * TMAP_BYTES;
+  return Gemm::run(p, map_a, (int)s0, rows, map_b, (int)(le * N + col0), (int)K, smem, acc);
 }
 #else
 template <int BM, int BN, int BK>
 using TensorCoreGemm = Tf32TileGemm<BM, BN, BK>;
 #define TENSOR_TASK
-__device__ __forceinline__ const elem_t* weight_block(const elem_t* w, int le, long long K, long long N, int col0,
-                                                      long long& ld) {
-  ld = N;
-  return w + (long long)le * K * N + col0;
+// the task's tile GEMM: A is rows s0.. of inbox or hidden, the weights [L][K][N]; always true
+template <class Gemm>
+__device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long s0, int rows, int le, int col0,
+                                          long long K, long long N, void* smem, typename Gemm::Acc& acc) {
+  const elem_t* w = (first ? p.w1 : p.w2) + (long long)le * K * N + col0;
+  Gemm::run((first ? p.inbox : p.hidden) + s0 * K, K, rows, w, N, (int)K, smem, acc);
+  return true;
 }
 #endif
 // two adjacent outputs stored as elements: bf16 rounds to nearest even, float32 is kept
@@ -196,9 +202,7 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   // one GEMM for both kinds (one copy of the main loop in the code), two epilogues
   const bool first = kind == TASK_GEMM0;
   const long long K = first ? p.H : p.I, N = first ? p.I : p.H;
-  long long ldw;
-  const elem_t* w = weight_block(first ? p.w1 : p.w2, le, K, N, col0, ldw);
-  Gemm::run((first ? p.inbox : p.hidden) + s0 * K, K, rows, w, ldw, (int)K, smem, acc);
+  if (!tile_gemm<Gemm>(p, first, s0, rows, le, col0, K, N, smem, acc)) return;
   const float* b = (first ? p.b1 : p.b2) + (long long)le * N + col0;
   if (first) {
     elem_t* out = p.hidden + s0 * p.I + col0;
@@ -207,6 +211,7 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
         store_pair(out + r * p.I + c, activate(v0 + b[c]), activate(v1 + b[c + 1]));
       });
     });
+    fence_async_global();  // GEMM1 tasks read these rows through the TMA (the async proxy)
   } else {
     elem_t* out = out1() + col0;
     Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {

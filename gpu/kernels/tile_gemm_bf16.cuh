@@ -8,31 +8,34 @@
 // on one H100, a 128 x 256 task (twice the FLOPs) took as long as a 128 x 128 one with two blocks
 // per SM (52.5 against 52.4 us, tensor pipe 42% either way), the layer 0-4% faster: L2 bytes are
 // not what binds (docs/gpu-measurements.md).
-// K is walked in 64-deep slices (one 128-byte row per operand row) that cp.async stages STAGES deep
-// (gpu/layout.py picks STAGES from the room two blocks per SM leave), STAGES - 1 slices ahead of
-// the wgmmas. Slice kt's wgmmas are committed as one group and run on while slice kt - 1's are
-// waited for, whose stage then takes the next copy. (Refilling only the stage of slice kt - 2,
-// with one barrier a slice, left one slice of copies in flight: at 3 stages of 128 x 128 x 64 a
-// GEMM1 task took 56 us in the layer, against 46 us now.)
-// Operands sit in shared memory in wgmma's 128-byte-swizzled K-major layout: 8-row groups of
-// 1024 bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
+// K is walked in 64-deep slices (one 128-byte row per operand row) that the tensor memory
+// accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES from the room two blocks
+// per SM leave), STAGES - 1 slices ahead of the wgmmas: one thread asks for a slice's boxes (64 A
+// rows each, BN weight rows) from the operands' tensor maps (gpu/tma.py) and the stage's mbarrier
+// counts its bytes in; every thread waits on that barrier, not on copies of its own. Slice kt's
+// wgmmas are committed as one group and run on while slice kt - 1's are waited for, whose stage
+// then takes the next slice. (Before, every thread issued 16-byte cp.async copies: 16 a slice at
+// 128 x 128, plus their addresses, a wait and a barrier more per slice.)
+// The copy engine writes wgmma's 128-byte-swizzled K-major layout itself: 8-row groups of 1024
+// bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
 // tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
-// one chunk 128 bytes apart, measured 2-2.6x slower per task). Eight threads copy one row's 128
-// bytes. A tile's rows past `rows` are not copied and their 64-row wgmmas are not issued (short
-// tiles cost less); rows past `rows` inside an issued 64-row block compute garbage that the
-// epilogue never stores (a row of the product depends on that row of A only).
+// one chunk 128 bytes apart, measured 2-2.6x slower per task). Only the 64-row blocks of A that
+// hold a row are copied and multiplied (short tiles cost less); rows past `rows` inside one (or
+// past the operand's end, which the TMA fills with zeros) compute garbage that the epilogue never
+// stores (a row of the product depends on that row of A only).
 // Accumulator element q of 8-column group j of 64-row block mb is row mb*64 + 16*warp + lane/4 +
 // 8*(q/2), column 8j + 2*(lane%4) + q%2 (wgmma's D fragment; warp within the warpgroup, columns
 // from the warpgroup's first).
 #pragma once
 #include <stdint.h>
+#include "common.cuh"
 #include "tile_gemm.cuh"
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-// cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy
+// shared memory written through the generic proxy (the gate's phase) before the TMA (async proxy) writes it
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // shared-memory matrix descriptor, 128-byte swizzle, K-major: 8-row groups 1024 bytes apart (the
@@ -97,64 +100,103 @@ struct Wgmma<128> {
         : "l"(a), "l"(b));
   }
 };
+// mbarrier and TMA helpers (shared::cta addresses; a CTA launched without a cluster is its own)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_inval(unsigned bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// the one arrival of a stage's phase, with the bytes its copies will bring
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done;
+}
+// rows row.. of the box at column k of the tensor map `map` (global memory), into shared memory at dst
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int k, int row, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+      ::"r"(dst), "l"(map), "r"(k), "r"(row), "r"(bar)
+      : "memory");
+}
+// what this thread wrote (or saw written) through the generic proxy is seen by its later TMA reads
+__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
 template <int BM, int BN, int BK, int STAGES, int WGS = 1>
 struct WgmmaTileGemm {
   static constexpr int THREADS = 128 * WGS, WN = BN / WGS, MB = BM / 64, NREG = WN / 2, KS = BK / 16;
-  static constexpr int ROWS_PER_PASS = THREADS / 8;  // rows the block's threads copy at once, 8 per row
-  static constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = A_BYTES + BN * BK * 2;
+  static constexpr int A_BOX_BYTES = 64 * BK * 2;  // one TMA box: 64 rows of A (gpu/tma.py A_BOX_ROWS)
+  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to start the stages on 1024 bytes
-  static_assert(BM % 64 == 0 && (WN == 32 || WN == 64 || WN == 128) && BN % ROWS_PER_PASS == 0 && BK == 64 &&
-                    STAGES >= 3,
-                "bf16 tile shape: BM % 64 == 0, BN / WGS of 32, 64 or 128, BK = 64, 3 stages or more");
+  static_assert(BM % 64 == 0 && (WN == 32 || WN == 64 || WN == 128) && BN <= 256 && BK == 64 && STAGES >= 3,
+                "bf16 tile shape: BM % 64 == 0, BN / WGS of 32, 64 or 128 (a TMA box of at most 256 rows), "
+                "BK = 64, 3 stages or more");
   using Acc = float[MB][NREG];
 
-  // A row-major (lda), written earlier in this launch by other blocks or peers: cp.async.cg reads
-  // it from L2, never a stale L1 line. Bt: the weights' BN rows of this column block, K each (ldb).
-  __device__ static void run(const __nv_bfloat16* A, long long lda, int rows, const __nv_bfloat16* __restrict__ Bt,
-                             long long ldb, int K, void* smem, Acc& acc) {
+  // A: rows a_row.. of the tensor map map_a, written earlier in this launch by other blocks or
+  // peers (the TMA reads L2, never a stale L1 line); B: rows b_row.. of map_b, this column block's
+  // BN weight rows, K each. False if a slice never landed (the error is recorded).
+  __device__ static bool run(const Params& p, const void* map_a, int a_row, int rows, const void* map_b, int b_row,
+                             int K, void* smem, Acc& acc) {
 #pragma unroll
     for (int m = 0; m < MB; ++m)
 #pragma unroll
       for (int q = 0; q < NREG; ++q) acc[m][q] = 0.f;
-    blocks_of<MB>((rows + 63) / 64, A, lda, rows, Bt, ldb, K, smem, acc);
+    return blocks_of<MB>((rows + 63) / 64, p, map_a, a_row, map_b, b_row, K, smem, acc);
   }
 
   // the main loop for the NB 64-row blocks that have a row to compute, each NB compiled on its
   // own: ptxas serializes wgmmas that sit behind a branch
   template <int NB>
-  __device__ static void blocks_of(int nb, const __nv_bfloat16* A, long long lda, int rows,
-                                   const __nv_bfloat16* __restrict__ Bt, long long ldb, int K, void* smem, Acc& acc) {
+  __device__ static bool blocks_of(int nb, const Params& p, const void* map_a, int a_row, const void* map_b,
+                                   int b_row, int K, void* smem, Acc& acc) {
     if constexpr (NB > 1)
-      if (nb < NB) return blocks_of<NB - 1>(nb, A, lda, rows, Bt, ldb, K, smem, acc);
+      if (nb < NB) return blocks_of<NB - 1>(nb, p, map_a, a_row, map_b, b_row, K, smem, acc);
+    __shared__ uint64_t landed[STAGES];  // a stage's slice has landed: one phase per slice it takes
     const int tid = thread_index();
     // the swizzle is of address bits: its 1024-byte pattern starts on a 1024-byte boundary
-    const unsigned base = (smem_addr(smem) + 1023) & ~1023u;
+    const unsigned base = (smem_addr(smem) + 1023) & ~1023u, bar0 = smem_addr(landed);
     // this warpgroup's columns: B rows wg * WN.., whole 8-row groups of 1024 bytes
     const unsigned b_wg = tid / 128 * (WN / 8) * 1024;
-    // thread tid copies 16-byte chunk tid % 8 of rows r0 + i * ROWS_PER_PASS
-    const int r0 = tid / 8, c = tid % 8;
-    const unsigned dst = (r0 / 8) * 1024 + (r0 % 8) * 128 + ((c ^ (r0 % 8)) * 16), pass = ROWS_PER_PASS * 128;
-    const __nv_bfloat16* a_src = A + r0 * lda + c * 8;
-    const __nv_bfloat16* b_src = Bt + r0 * ldb + c * 8;
+    // one thread asks the copy engine for a slice: NB boxes of A and one of B
     auto load = [&](int stage, int kt) {
-      const unsigned s = base + stage * STAGE_BYTES + dst;
+      const unsigned s = base + stage * STAGE_BYTES, bar = bar0 + stage * 8;
+      mbar_expect_tx(bar, NB * A_BOX_BYTES + B_BYTES);
 #pragma unroll
-      for (int i = 0; i < NB * 64 / ROWS_PER_PASS; ++i)
-        if (r0 + i * ROWS_PER_PASS < rows) cp_async16(s + i * pass, a_src + i * ROWS_PER_PASS * lda + kt * BK, true);
-#pragma unroll
-      for (int i = 0; i < BN / ROWS_PER_PASS; ++i)
-        cp_async16(s + A_BYTES + i * pass, b_src + i * ROWS_PER_PASS * ldb + kt * BK, true);
+      for (int m = 0; m < NB; ++m) tma_load_2d(s + m * A_BOX_BYTES, map_a, kt * BK, a_row + m * 64, bar);
+      tma_load_2d(s + A_BYTES, map_b, kt * BK, b_row, bar);
     };
     const int KT = K / BK;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < KT) load(s, s);
-      cp_async_commit();  // empty groups keep the count uniform, so wait_group<STAGES-2> is exact
+    if (tid == 0) {
+      for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + s * 8, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    for (int kt = 0, rd = 0; kt < KT; ++kt, rd = rd + 1 == STAGES ? 0 : rd + 1) {
-      cp_async_wait<STAGES - 2>();
+    __syncthreads();  // the barriers are set, and every thread is done with the shared memory
+    if (tid == 0) {
+      // the stages were last written through the generic proxy (the gate), A through it too
       fence_async_shared();
-      __syncthreads();  // slice kt has landed for all
+      fence_async_global();
+      for (int s = 0; s < STAGES - 1 && s < KT; ++s) load(s, s);
+    }
+    Waiter w;
+    int kt = 0;
+    bool ok = true;
+    for (int rd = 0; kt < KT; ++kt, rd = rd + 1 == STAGES ? 0 : rd + 1) {
+      // try_wait suspends the thread a while in hardware: the clock starts only if that was not enough
+      const unsigned parity = (kt / STAGES) & 1;
+      if (!mbar_try_wait(bar0 + rd * 8, parity)) {
+        w.restart();
+        while (ok && !mbar_try_wait(bar0 + rd * 8, parity)) ok = !w.spent(p);
+        if (!ok) break;
+      }
       const unsigned a = base + rd * STAGE_BYTES, b = a + A_BYTES;
       wgmma_fence();
 #pragma unroll
@@ -169,12 +211,17 @@ struct WgmmaTileGemm {
       // kt + STAGES - 1, so the copies run STAGES - 1 slices ahead, as L2 and HBM latency need
       __syncthreads();
       const int next = kt + STAGES - 1;
-      if (next < KT) load(next % STAGES, next);
-      cp_async_commit();
+      if (tid == 0 && next < KT) load(next % STAGES, next);
     }
     wgmma_wait<0>();
-    cp_async_wait<0>();
-    __syncthreads();  // the next task's first copies may overwrite any stage
+    if (!ok) {
+      if (!aborted(p)) record_error(p, WAIT_SLICE, a_row, b_row, kt, 0, 1, (long long)(now_ns() - w.start));
+      return false;
+    }
+    __syncthreads();  // every thread is past its waits: the next task sets the barriers anew
+    if (tid == 0)
+      for (int s = 0; s < STAGES; ++s) mbar_inval(bar0 + s * 8);
+    return true;
   }
 
   // f(row, col, v0, v1) for each pair of adjacent output columns this thread holds (rows < `rows`)
