@@ -7,9 +7,9 @@ the same kinds of configs, against the reference's bf16-emulated golden. tf32_ch
 TF32 kernel on such configs, against the reference's tf32 path (and float64). sit_out_case: one
 rank does not launch, the others must time out and raise. bench_cases: the FlashMoE default and
 its token and expert sweeps (random inputs drawn on the GPU, checked against the torch layer),
-each with its telemetry trace, in float32 (FP32_TILE_K: tiles 128 x 64 x 16), bf16 (BF16_TILE, 128 x 128 x 64:
-the tensor-core tile GEMM's 2 x 2 warps of 64 x 64, K in 64-deep slices three cp.async stages
-deep) or tf32 (128 x 64 x 16: three stages of float slices fit the static shared memory).
+each with its telemetry trace, in float32 (FP32_TILE_K: tiles 128 x 64 x 16), bf16 (BF16_TILE,
+128 x 128 x 64: one warpgroup's wgmma.m64n128k16 per 64 rows, K in 64-deep slices three TMA
+stages deep) or tf32 (128 x 64 x 16: three stages of float slices fit the static shared memory).
 """
 
 from __future__ import annotations

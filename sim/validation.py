@@ -77,13 +77,13 @@ FINDINGS = """\
 Right:
 
 - **Every layer latency holds, and 52 of 54 runs hold every bound**: all 18 on one H100 (the
-  kernel of 7ebaf93, calibrated on the megakernel's own dispatch, GEMM tasks, per-tile and final
-  combines) and 34 of 36 on 2 H200s (1 and 2 GPUs per layer, the kernel of 965330c), each
-  predicted with its own commit's measurements. Latency errors: H100 float32 +0.6% to +8.7%, bf16
-  -1.9% to +5.0%; H200 float32 -9.0% to -1.6%, bf16 -6.9% to +6.1%. The layer is a queue of equal
-  tile tasks on 263 processors, each task a fixed cost plus its FLOPs plus its share of its
-  weight slice's loads, with a hand-off between tasks and the scheduler's latencies around idle
-  processors.
+  kernel of 44de2b3, the bf16 GEMM's slices through the TMA, calibrated on the megakernel's own
+  dispatch, GEMM tasks, per-tile and final combines) and 34 of 36 on 2 H200s (1 and 2 GPUs per
+  layer, the kernel of 965330c), each predicted with its own commit's measurements. Latency
+  errors: H100 float32 -0.9% to +7.6%, bf16 -5.1% to +8.2%; H200 float32 -9.0% to -1.6%, bf16
+  -6.9% to +6.1%. The layer is a queue of equal tile tasks on 263 processors, each task a fixed
+  cost plus its FLOPs plus its share of its weight slice's loads, with a hand-off between tasks
+  and the scheduler's latencies around idle processors.
 - **The layer's pieces are timed where they run** (since 58cca54): their microbenchmarks launch
   them alone, and the layer's differ from them both ways: at 1K tokens the layer's bf16 dispatch
   shares take 7.3 us against the microbenchmark's 5.5, its float32 final combine 6.9 us against
@@ -97,14 +97,22 @@ Right:
 - **A stored share's time is its round's, not its own**: the 1K float32 layer's shares of 32 to
   64 KiB take 9.2-9.5 us, the 2K one's of 80 to 128 KiB 16.9 us (H100). Each share fences its
   stores before its count, and the fence waits for what the whole GPU has queued: the model
-  charges every share the round's mean, a fixed time (float32 1.4 us, bf16 3.6) and its bytes at
-  0.14-0.15 ns each, bf16's at 0.11 while the L2 holds the round (a knee at 44 MiB; the float32
-  fit finds none in this call, 15 MiB in the two before: seven layers set it loosely).
+  charges every share the round's mean, a fixed time (float32 7.2 us, bf16 5.6) and its bytes at
+  0.021 and 0.051 ns each while the L2 holds the round (knees at 15 and 13 MiB), 0.15 and 0.14
+  beyond. The knees move between calls (at 7ebaf93 float32's fit found none and bf16's one at 44
+  MiB): seven layers set them loosely, and the fits hold within 9% either way.
 - **The float32 per-tile combine slows as the layer grows**: one block weights each returned tile
   beside the GEMMs; in the layers it takes 14, 32, 66, 80 and 97 us per tile at 1K to 16K tokens,
-  against copy_rows' 42 us alone. Fitted in the in-layer layers (4.2 us + 0.051 ns per byte while
-  the L2 holds the layer's returned rows, up to 152 MiB, 0.18 beyond), the float32 combine's busy
+  against copy_rows' 42 us alone. Fitted in the in-layer layers (3.0 us + 0.054 ns per byte while
+  the L2 holds the layer's returned rows, up to 152 MiB, 0.17 beyond), the float32 combine's busy
   time went from -7% to -20% to within -11% to +9%.
+- **The bf16 GEMM is not bound by issuing its copies** (44de2b3): its slices now come through the
+  TMA (one thread asks for a slice's boxes, an mbarrier per stage counts the bytes in) instead of
+  every thread's 16-byte cp.async copies, a wait and a barrier each. On one H100 a full task in
+  the layers took the same (56 us at 6K tokens, 47-50 at 12K, within 3%), the bf16 layers -4% to
+  +1% (experts-8 0.916 -> 0.882 ms, the default 1.11 -> 1.10); in the microbenchmark, every block
+  in step, 52 -> 55-58 us. What an expert's tiles share of its weight slices sets a task's time:
+  69, 55-58 and 45 us at 1, 2 and 8 tiles per expert.
 - **The float32 GEMM computes its rows in groups of 64** (f85bd25): each thread holds 4 rows of
   every 64, so a tile of 64 rows or fewer keeps all four warps on the first group and a taller
   one computes both. In the layers a 32-row task takes 140 us, a 64-row one 150, a 128-row one

@@ -4,10 +4,12 @@
 // takes BN / WGS of the tile's columns, and each 16-deep k step is one wgmma.m64n(BN/WGS)k16 per 64
 // rows of the tile, reading both operands straight from shared memory (no fragment registers, and
 // no per-warp operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both
-// (one block per SM): 85 multiply-adds per byte copied from L2 against 64 at 128 x 128. Measured
+// (one block per SM): 85 FLOPs per byte copied from L2 against 64 at 128 x 128. Measured
 // on one H100, a 128 x 256 task (twice the FLOPs) took as long as a 128 x 128 one with two blocks
 // per SM (52.5 against 52.4 us, tensor pipe 42% either way), the layer 0-4% faster: L2 bytes are
-// not what binds (docs/gpu-measurements.md).
+// not what binds there (docs/gpu-measurements.md). With the TMA (below) the 128 x 128 tile's grid
+// keeps the L2 at 78% of its throughput and the tensor pipe at 41% (Nsight Compute, one H100),
+// as its cp.async copies did: at two blocks per SM the L2's bytes bind it.
 // K is walked in 64-deep slices (one 128-byte row per operand row) that the tensor memory
 // accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES from the room two blocks
 // per SM leave), STAGES - 1 slices ahead of the wgmmas: one thread asks for a slice's boxes (64 A
