@@ -284,7 +284,7 @@ class Layer:
             self._tensor_maps = torch.from_numpy(tma.maps_block(tma.operand_specs(tensors, cfg.tile_n))).to(dev)
             tensors["tmaps"] = self._tensor_maps
         else:
-            sizes["tmaps"] = 0
+            sizes["tmaps"] = 0  # the float32 and tf32 GEMMs read their operands by address
         fields = layout.param_fields()
         block = np.zeros(len(fields), np.int64)
         for i, name in enumerate(fields):

@@ -96,19 +96,15 @@ struct Waiter {
   __device__ void restart() { start = now_ns(); }
   __device__ bool expired(const Params& p, int what, long long a, long long b, long long c,
                           long long value, long long expected) {
-    if ((++spins & 63u) != 0) return false;  // read the clock and the abort flag now and then
-    if (aborted(p)) return true;
-    uint64_t waited = now_ns() - start;
-    if ((long long)waited > p.timeout_ns * patience) {
-      record_error(p, what, a, b, c, value, expected, (long long)waited);
-      return true;
-    }
-    return false;
+    if (!spent(p)) return false;
+    if (!aborted(p)) record_error(p, what, a, b, c, value, expected, (long long)(now_ns() - start));
+    return true;
   }
-  // expired() that records nothing: for a loop that must call nothing (the bf16 tile GEMM's, whose
-  // accumulators would be spilled around the call), which records the error after it
+  // true once the budget is spent or another thread has aborted, recording nothing: for a loop that
+  // must call nothing (the bf16 tile GEMM's, whose accumulators would be spilled around the call),
+  // which records the error after it
   __device__ bool spent(const Params& p) {
-    if ((++spins & 63u) != 0) return false;
+    if ((++spins & 63u) != 0) return false;  // read the clock and the abort flag now and then
     return aborted(p) || (long long)(now_ns() - start) > p.timeout_ns * patience;
   }
 };
