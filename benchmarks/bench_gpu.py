@@ -3,6 +3,7 @@
     python benchmarks/bench_gpu.py --gpus 1 2 4 --suite checks bench --out OUT_DIR
     python benchmarks/bench_gpu.py --gpus 1 2 --suite bench --dtypes bfloat16 float32 --untraced float32
     python benchmarks/bench_gpu.py --gpus 1 2 --suite checks bench --dtypes tf32
+    python benchmarks/bench_gpu.py --gpus 1 --suite bench --dtypes bfloat16 --tile 128x256x64
 
 `checks`: small configs against the float64 golden (fresh seeds, skewed routing, all tokens to one
 expert, capacity dropping, T not a multiple of tile_m, E = P and E = 8P, every gate and
@@ -33,18 +34,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu import spawn  # noqa: E402
+from gpu import UnsupportedConfig, check_supported, spawn  # noqa: E402
 from gpu.cases import (  # noqa: E402
     PRECISIONS,
     bench_cases,
     bf16_check_cases,
     check_cases,
+    in_dtype,
     sit_out_case,
     tf32_check_cases,
 )
-from reference import Config  # noqa: E402
+from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
 from sim import metrics  # noqa: E402
+
+
+def tile_shape(text: str) -> tuple[int, int, int]:
+    """--tile's MxNxK, e.g. 128x256x64."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(x.isdigit() and int(x) > 0 for x in parts):
+        raise argparse.ArgumentTypeError(f"tile {text!r}: three positive integers MxNxK, e.g. 128x256x64")
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def ceiling_tflops(dtype: str = "float32") -> float:
@@ -162,7 +172,16 @@ def main() -> int:
                     help="how tiles move between GPUs: stores into the peer's memory where it is load/store "
                          "reachable (the kernel's default) or one put per tile (dispatched by one block, returned "
                          "by GEMM1's last task); put points end in -put, untraced")
+    ap.add_argument("--tile", type=tile_shape, help="run every bench point at this tile shape, MxNxK (e.g. "
+                    "128x256x64), instead of its precision's bench tile: names gain -tileMxNxK")
     args = ap.parse_args()
+    if args.tile:
+        for dt in args.dtypes:
+            try:
+                check_supported(in_dtype(presets.get("flashmoe"), dt).replace(
+                    tile_m=args.tile[0], tile_n=args.tile[1], tile_k=args.tile[2]))
+            except (UnsupportedConfig, ConfigError) as e:
+                ap.error(f"--tile {'x'.join(map(str, args.tile))} for {dt}: {e}")
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
     ceilings = {dt: ceiling_tflops(dt) for dt in PRECISIONS}
@@ -183,7 +202,7 @@ def main() -> int:
         if "bench" in args.suite:
             for dt in args.dtypes:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced,
-                                     direct_stores=args.transfers == "store")
+                                     direct_stores=args.transfers == "store", tile=args.tile)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
         for c in cases:

@@ -133,7 +133,7 @@ def in_dtype(cfg: Config, dtype: str) -> Config:
 
 
 def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True,
-                direct_stores: bool = True) -> list[dict]:
+                direct_stores: bool = True, tile: tuple[int, int, int] | None = None) -> list[dict]:
     """Every point is timed beside the torch layer of the same precision `dtype` (float32, bfloat16
     or tf32; float32 points also beside torch bf16, tf32 points beside torch float32) and, with
     `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16|-tf32]-pP.npz); the default
@@ -141,17 +141,22 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
     also the default at their first tile variant), tiles (the default at each tile variant).
     Without `direct_stores` the kernel puts each dispatched tile from one block and each finished
     tile home from one block (its path where a peer is not load/store reachable): names end in -put
-    and keep no trace (the simulator models the direct stores' return path)."""
+    and keep no trace (the simulator models the direct stores' return path). With `tile` (m, n, k)
+    every point runs at that tile shape instead of the precision's own (names gain -tileMxNxK, no
+    tile variants): a sweep of another tile, side by side with the bench tile's."""
     _, tag, baselines, variants = PRECISIONS[dtype]
     if not direct_stores:
         tag, trace = f"{tag}-put", False
+    if tile:
+        tag, variants = f"-tile{'x'.join(map(str, tile))}{tag}", ()
     chosen = []
     for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]:
         if points in ("default", "tiles") and c.name != "flashmoe":
             continue
         if c.experts % p:
             continue
-        chosen.append(in_dtype(c.replace(ranks=p), dtype))
+        c = in_dtype(c.replace(ranks=p), dtype)
+        chosen.append(c.replace(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2]) if tile else c)
     if variants and points in ("sweep", "tiles"):
         # the default at other tile shapes: operand bytes from L2 per FLOP go as (BM + BN) / (BM BN),
         # barriers per task as K / BK

@@ -29,3 +29,10 @@ def test_overlap_efficiency_is_the_two_gpu_latency_over_this_one():
     assert by_name["bench-a-p1"][col["speedup"]] == pytest.approx(2.0)
     assert by_name["bench-a-p1"][col["telemetry +%"]] == pytest.approx(1.0)
     assert "overlap eff T(2)/T(N)" in bench_gpu.table([point("a", 2, 2.5)], {"bfloat16": 783.0})
+
+
+def test_tile_flag_reads_m_n_k_or_says_what_it_wants():
+    assert bench_gpu.tile_shape("128x256x64") == (128, 256, 64)
+    for bad in ("128x256", "128x0x64", "axbxc", "128x256x64x1"):
+        with pytest.raises(Exception, match="three positive integers MxNxK"):
+            bench_gpu.tile_shape(bad)

@@ -85,6 +85,19 @@ def test_bf16_cases_are_supported():
     assert cases.bench_cases(1, "default", "x-", trace=False)[0]["trace"] is None
 
 
+def test_bench_sweep_at_another_tile():
+    from gpu import cases
+
+    own = cases.bench_cases(1, "sweep", "x-", "bfloat16")
+    wide = cases.bench_cases(1, "sweep", "x-", "bfloat16", tile=(128, 256, 64))
+    assert len(wide) == len(own) - 1  # the tile variant point is the tile sweep's own default
+    for c in wide:
+        cfg = Config.from_dict(c["config"])
+        assert (cfg.tile_m, cfg.tile_n, cfg.tile_k) == (128, 256, 64) and "-tile128x256x64-bf16-p1" in c["name"]
+        layout.check_supported(cfg)
+    assert {c["config"]["experts"] for c in wide} == {c["config"]["experts"] for c in own}
+
+
 def test_tf32_tile_shape_is_checked_field_by_field():
     flash = presets.get("flashmoe")
     tf = flash.replace(tf32=True, tile_k=16)
