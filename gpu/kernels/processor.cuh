@@ -258,29 +258,54 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
 }
 #endif
 
+// Processor `me`'s command after number `seq`, if the scheduler has sent it: its task (TASK_STOP
+// for the stop command) into *task, its number into *got. Never waits; *got is the number seen.
+__device__ __forceinline__ bool take_command(const Params& p, int me, int seq, int* got, int4* task) {
+  const unsigned long long cmd = ld_acquire_gpu(p.mailbox + mailbox_slot(me, seq + 1));
+  *got = (int)(cmd >> 32);
+  if (*got <= seq) return false;
+  const unsigned idx = (unsigned)cmd;
+  *task = idx == STOP_INDEX ? make_int4(TASK_STOP, 0, 0, 0) : __ldcg(p.queue + idx);
+  return true;
+}
+
 template <int BM, int BN, int BK>
 __device__ void processor(const Params& p, int tel, void* smem) {
-  __shared__ int4 task;
-  __shared__ int last;
+  __shared__ int4 task, next;
+  __shared__ int task_seq, next_seq, last;
+  __shared__ bool ahead;  // `next` was taken during the task before it: nothing to wait for
   const int me = blockIdx.x, tid = threadIdx.x;
   const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
-  int seq = 0;
+  // The scheduler sends a busy processor its next command (MAILBOX_SLOTS), so it is usually there
+  // when a task's work is done: warp 1 takes it then, its two dependent loads (mailbox, queue) in
+  // flight while thread 0's fence and atomics finish the task. Taken after them, they left ~2 us
+  // between tasks (telemetry, one H100), the SM's tensor cores idle at one block per SM.
+  auto take_ahead = [&](int seq) {
+    if (tid == 32) ahead = take_command(p, me, seq, &next_seq, &next);
+  };
+  if (tid == 0) {
+    task_seq = 0;
+    ahead = false;
+  }
   for (;;) {
-    if (tid == 0) {
+    if (tid == 0 && ahead) {
+      task = next;
+      task_seq = next_seq;
+      ahead = false;
+    } else if (tid == 0) {
       Waiter w(3);
-      unsigned long long cmd;
-      task = make_int4(TASK_STOP, 0, 0, 0);
-      while ((int)((cmd = ld_acquire_gpu(p.mailbox + mailbox_slot(me, seq + 1))) >> 32) <= seq) {
-        if (w.expired(p, WAIT_COMMAND, me, seq + 1, 0, (long long)(cmd >> 32), seq + 1)) break;
+      int got;
+      while (!take_command(p, me, task_seq, &got, &task)) {
+        if (w.expired(p, WAIT_COMMAND, me, task_seq + 1, 0, got, task_seq + 1)) {
+          task = make_int4(TASK_STOP, 0, 0, 0);
+          break;
+        }
       }
-      if ((int)(cmd >> 32) > seq) {
-        seq = (int)(cmd >> 32);
-        unsigned idx = (unsigned)cmd;
-        if (idx != STOP_INDEX) task = __ldcg(p.queue + idx);
-      }
+      task_seq = got;
     }
     __syncthreads();
     const int4 tk = task;
+    const int seq = task_seq;
     if (tk.x == TASK_STOP) break;
     const uint64_t t0 = now_ns();
     const int block = tk.y, tile = tk.z, col0 = tk.w;
@@ -295,6 +320,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
 #endif
       // (bf16: the returned bf16 rows are weighted in float32 by the final combine; this task only
       // marks the tile's arrival, which the scheduler waits for before it stops the processors)
+      take_ahead(seq);
       __syncthreads();
       if (tid == 0) {
         __threadfence();
@@ -325,6 +351,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, out1, smem);
 #endif
     __syncthreads();
+    take_ahead(seq);
     const long long tile_id = (long long)block * p.TM + tile;
     if (tid == 0) {
       __threadfence();
