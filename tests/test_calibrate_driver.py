@@ -18,8 +18,11 @@ REPO = Path(__file__).resolve().parent.parent
 def test_jobs_take_each_build_from_one_place():
     assert microbench.tile_options("float32", 2) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": cases.FP32_TILE_K}
     m, n, k = cases.BF16_TILE
-    assert {key: v for key, v in microbench.tile_options("bfloat16", 2).items() if key != "GEMM_STAGES"} == \
+    bf16 = microbench.tile_options("bfloat16", 2)
+    assert {key: bf16[key] for key in ("TILE_M", "TILE_N", "TILE_K", "MOE_BF16")} == \
         {"TILE_M": m, "TILE_N": n, "TILE_K": k, "MOE_BF16": 1}
+    # the bench tile's blocks (one warpgroup, or two for 256 columns) are the microbenchmark's too
+    assert bf16.get("BLOCK_WARPGROUPS", 1) == (2 if n == 256 else 1)
     assert {c["config"]["dtype"] for c in microbench.job_cases(2, "bfloat16")} == {"bfloat16"}
 
 
