@@ -51,6 +51,11 @@ def blocks(hw: Hardware) -> int:
     return hw.sms * hw.blocks_per_sm
 
 
+def gate_units(hw: Hardware) -> int:
+    """The gate phase's workers: every resident block's 128-thread units (gate.cuh unit_count)."""
+    return blocks(hw) * hw.warpgroups_per_block
+
+
 def chip_flops_per_ns(hw: Hardware, dtype: str) -> float:
     return hw.tflops(dtype) * 1e3 * hw.matrix_efficiency
 
@@ -145,25 +150,26 @@ def gate_roofline_ns(hw: Hardware, cfg: Config) -> float:
 
 
 def gate_splits(tokens: int, hidden: int, grid: int) -> int:
-    """Blocks sharing one gate item's H (gate.cuh gate_splits): as many as leave every block a
-    share when the items are fewer than the blocks, each whole slices of H, none empty."""
+    """Units sharing one gate item's H (gate.cuh gate_splits), `grid` units in all: as many as
+    leave every unit a share when the items are fewer than the units, each whole slices of H,
+    none empty."""
     items, slices = math.ceil(tokens / GATE_TOKENS), math.ceil(hidden / GATE_DEPTH)
     want = max(1, min(grid // items, slices, GATE_MAX_SPLITS))
     return math.ceil(slices / math.ceil(slices / want))
 
 
 def gate_work(tokens: int, hidden: int, experts: int, grid: int) -> int:
-    """The hidden elements one block's gate items span, one after another: its share of the
-    (item, split) units, each GATE_EXPERTS experts per pass over its range of H."""
+    """The hidden elements one unit's gate items span, one after another (`grid` units): its share
+    of the (item, split) pieces, each GATE_EXPERTS experts per pass over its range of H."""
     splits = gate_splits(tokens, hidden, grid)
-    units = math.ceil(tokens / GATE_TOKENS) * splits
+    pieces = math.ceil(tokens / GATE_TOKENS) * splits
     depth = math.ceil(math.ceil(hidden / GATE_DEPTH) / splits) * GATE_DEPTH
-    return math.ceil(units / grid) * math.ceil(experts / GATE_EXPERTS) * min(depth, hidden)
+    return math.ceil(pieces / grid) * math.ceil(experts / GATE_EXPERTS) * min(depth, hidden)
 
 
 def slot_scan(tokens: int, top_k: int, experts: int, grid: int) -> int:
-    """The capacity phase's scan on one block (gate.cuh capacity_phase): its experts' row counts,
-    one per (choice, gate item)."""
+    """The capacity phase's scan on one unit of `grid` (gate.cuh capacity_phase): its experts' row
+    counts, one per (choice, gate item)."""
     return math.ceil(experts / grid) * top_k * math.ceil(tokens / GATE_TOKENS)
 
 
@@ -171,10 +177,10 @@ def gate_ns(hw: Hardware, cfg: Config) -> float:
     """The megakernel's gate phase: the roofline or the kernel's work items and slot scans,
     whichever is longer, and the phase's fixed cost."""
     roofline = gate_roofline_ns(hw, cfg)
-    slots = slot_scan(cfg.tokens, cfg.top_k, cfg.experts, blocks(hw))
-    kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, blocks(hw)) * hw.gate_item_ns_per_h
-              + slots * hw.gate_slot_ns)
-    split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, blocks(hw)) > 1 else 0.0
+    units = gate_units(hw)
+    slots = slot_scan(cfg.tokens, cfg.top_k, cfg.experts, units)
+    kernel = gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
+    split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, units) > 1 else 0.0
     return max(roofline, kernel) + hw.gate_fixed_ns + split
 
 

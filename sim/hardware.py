@@ -45,6 +45,9 @@ class Hardware:
     name: str
     sms: int
     blocks_per_sm: int  # resident blocks of the persistent kernel per SM
+    # 128-thread units (warpgroups) per block: each runs gate items and slot scans of its own, so
+    # the gate phase has blocks x units workers while the tasks have one per block
+    warpgroups_per_block: int
     tflops_float32: float
     tflops_bfloat16: float
     tflops_tf32: float  # float32 data multiplied on tensor cores with TF32 operands
@@ -65,10 +68,10 @@ class Hardware:
     subscriber_ns: float  # subscriber warp: decode one tile's arrival flag, enqueue its tasks
     # mechanisms of moelab's megakernel that the datasheet figures miss; 0 in the presets (not
     # modeled), measured by gpu/microbench.py and set by `moelab calibrate`
-    gate_item_ns_per_h: float  # one block: one gate item (32 tokens x 64 experts) per element of H
-    gate_slot_ns: float  # one block: scan one (choice, gate item) row count of an expert for its slots
+    gate_item_ns_per_h: float  # one unit: one gate item (32 tokens x 64 experts) per element of H
+    gate_slot_ns: float  # one unit: scan one (choice, gate item) row count of an expert for its slots
     gate_fixed_ns: float  # the gate phase's fixed cost (its grid barriers, launch skew)
-    gate_split_ns: float  # with an item's H split over blocks: the third barrier and the partials' sum
+    gate_split_ns: float  # with an item's H split over units: the third barrier and the partials' sum
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
     # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row):
     # the float32 SIMT GEMM of f85bd25 gives each thread 4 rows of every 64, so a tile of 32 rows
@@ -132,7 +135,7 @@ class Hardware:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise HardwareError(f, v, "a finite number >= 0")
-        for f in ("sms", "blocks_per_sm"):
+        for f in ("sms", "blocks_per_sm", "warpgroups_per_block"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise HardwareError(f, v, "a positive integer")
@@ -236,6 +239,7 @@ _H100 = {
     "name": ("h100-sxm", ""),
     "sms": (132, "NVIDIA H100 whitepaper: 132 SMs on H100 SXM5"),
     "blocks_per_sm": (4, "FlashMoE csrc/include/flashmoe/arch.cuh, Hardware<900, 128>: 4 blocks per SM"),
+    "warpgroups_per_block": (1, "FlashMoE csrc/include/flashmoe/arch.cuh, Hardware<900, 128>: 128 threads a block"),
     "tflops_float32": (67.0, _DATASHEET_H100 + ": FP32 67 TFLOPS (FlashMoE computes FP32 on CUDA cores)"),
     "tflops_bfloat16": (989.4, _DATASHEET_H100 + ": BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense"),
     "tflops_tf32": (494.7, _DATASHEET_H100 + ": TF32 Tensor Core 989 TFLOPS with sparsity, 494.7 dense"),

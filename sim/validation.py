@@ -28,7 +28,7 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   A local share costs a fixed time + the round's mean share of bytes (its fence waits for the
   stores queued ahead of its own: a layer's half and full shares take the same time) at the L2's
   rate for the bytes in flight up to a knee and HBM's beyond, timed inside the megakernel on one
-  GPU on seven layers no measured run uses (768 to 12288 tokens: `dispatch_store_fixed_ns`,
+  GPU on eight layers no measured run uses (768 to 24576 tokens: `dispatch_store_fixed_ns`,
   `dispatch_store_l2_ns_per_byte`, `dispatch_store_ns_per_byte`, `dispatch_store_knee_bytes`; a
   calibration from before those layers, the H200's of 965330c, fits fixed + bytes x one rate on
   the dispatch microbenchmark); a share to an NVLink peer costs a put's rate and
@@ -89,7 +89,7 @@ Right:
   shares take 7.3 us against the microbenchmark's 5.5, its float32 final combine 6.9 us against
   9.7; its 32-row float32 tasks 140 us against the microbenchmark's 155 (every block in step
   there). The calibration times the dispatch, the GEMM tasks, the per-tile and the final combine
-  inside the megakernel, on seven layers no measured run uses (768 to 12288 tokens), and fits them
+  inside the megakernel, on eight layers no measured run uses (768 to 24576 tokens), and fits them
   there (the GEMM tasks weighted by their count: a layer's typical tasks, not its rare heights).
   The H100's 1K bf16 dispatch and combine, -30% and -22% when fitted on the microbenchmarks, hold
   (-9.9%, -5.5%); so do its 2K float32 dispatch (+7.7%, before +25%) and its float32 combines

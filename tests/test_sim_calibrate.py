@@ -324,3 +324,25 @@ def assert_calibrate_refuses(raw: dict, field: str, tmp_path, capsys) -> None:
 def test_a_missing_file_is_an_error(tmp_path, capsys):
     assert main(["calibrate", "--calibration", str(tmp_path / "nope.json")]) == 2
     assert "calibration field 'calibration'" in capsys.readouterr().err
+
+
+def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
+    """The bf16 128 x 256 build: one block per SM, each two 128-thread units with gate items of
+    their own. Its gate points, timed on twice the blocks' units, fit back to the same figures."""
+    raw = synthetic(t=TRUE_BF16, dtype="bfloat16")
+    raw["tile"]["BLOCK_WARPGROUPS"] = 2
+    two = hardware.PRESETS["h200-sxm"].replace(**{k: v for k, v in TRUE_BF16.items() if k != "task_overhead_ns"},
+                                               warpgroups_per_block=2)
+    for g in raw["gate"]:
+        cfg = presets.get("flashmoe").replace(tokens=g["tokens"], experts=g["experts"], dtype="bfloat16")
+        g["ns"] = costs.gate_ns(two, cfg)
+    fit = calibrate.fit(raw, "h200-sxm", "synthetic", dtype="bfloat16")
+    assert fit.values["warpgroups_per_block"] == 2
+    for name in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns"):
+        assert fit.values[name] == pytest.approx(TRUE_BF16[name], rel=1e-6), name
+    # 8192 tokens are 256 items: one a unit on 132 blocks of two units, two a unit on 132 of one
+    one_per_sm = two.replace(blocks_per_sm=1)
+    assert costs.gate_work(8192, 2048, 64, costs.gate_units(one_per_sm)) == 2048
+    assert costs.gate_work(8192, 2048, 64, costs.blocks(one_per_sm)) == 4096
+    cfg = presets.get("flashmoe").replace(dtype="bfloat16")
+    assert costs.gate_ns(two, cfg) < costs.gate_ns(two.replace(warpgroups_per_block=1), cfg)
