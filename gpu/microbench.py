@@ -74,8 +74,9 @@ SCHED_CONFIG = dict(tokens=12288)
 SCHED_SMALL = dict(tokens=1536)
 # FlashMoE-default layers at token counts no measured run uses (those are powers of two): shares
 # of 6 to 128 rows with 11 to 187 MiB of float32 dispatch in flight (half that in bf16), across
-# the L2 (50 MiB)
-IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
+# the L2 (50 MiB), and 1 to 6 tiles per expert sharing each weight slice (the 16K-token run has
+# 4: with 3 at most, the bf16 128 x 256 build's fit missed its tasks there by 15%)
+IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288, 24576)
 
 
 def flashmoe(world: int, dtype: str, **changes) -> Config:
@@ -92,7 +93,8 @@ def tile_options(dtype: str, world: int) -> dict[str, int]:
 def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
     cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
-    cfgs += [flashmoe(world, dtype, **SCHED_CONFIG), flashmoe(world, dtype, **SCHED_SMALL)]
+    cfgs += [flashmoe(world, dtype, **SCHED_CONFIG), flashmoe(world, dtype, **SCHED_SMALL),
+             flashmoe(world, dtype, tokens=max(IN_LAYER_TOKENS))]
     return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
 
 
