@@ -274,7 +274,6 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   __shared__ int4 task, next;
   __shared__ int task_seq, next_seq, last;
   __shared__ bool ahead;  // `next` was taken during the task before it: nothing to wait for
-  __shared__ bool late;   // this task's command was taken ahead: the task before is reported done now
   const int me = blockIdx.x, tid = threadIdx.x;
   const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
   // The scheduler sends a busy processor its next command (MAILBOX_SLOTS), so it is usually there
@@ -289,14 +288,11 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     ahead = false;
   }
   for (;;) {
-    if (tid == 0) late = ahead;
     if (tid == 0 && ahead) {
       task = next;
       task_seq = next_seq;
       ahead = false;
     } else if (tid == 0) {
-      // the task before is reported done first: the scheduler may be waiting for that to send one
-      if (task_seq > 0) st_release_gpu(p.mailbox_done + me, task_seq);
       Waiter w(3);
       int got;
       while (!take_command(p, me, task_seq, &got, &task)) {
@@ -310,9 +306,6 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     __syncthreads();
     const int4 tk = task;
     const int seq = task_seq;
-    // the release waits for this block's writes to reach the L2 (~1 us after a task's last
-    // stores): off thread 0, which starts this task's copies, it overlaps their latency
-    if (tid == 32 && late) st_release_gpu(p.mailbox_done + me, seq - 1);
     if (tk.x == TASK_STOP) break;
     const uint64_t t0 = now_ns();
     const int block = tk.y, tile = tk.z, col0 = tk.w;
@@ -332,6 +325,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       if (tid == 0) {
         __threadfence();
         log_event(p, tel, me, EV_COMBINE, t0, now_ns(), e, (int)(e / p.L), rows, tile, 0);
+        st_release_gpu(p.mailbox_done + me, seq);
       }
       continue;
     }
@@ -383,6 +377,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     if (tid == 0) {
       log_event(p, tel, me, tk.x == TASK_GEMM0 ? EV_GEMM0 : EV_GEMM1, t0, now_ns(), (int)(p.rank * p.L + le), src,
                 rows, tile, col0);
+      st_release_gpu(p.mailbox_done + me, seq);
     }
   }
 }
