@@ -73,10 +73,11 @@ class Hardware:
     gate_fixed_ns: float  # the gate phase's fixed cost (its grid barriers, launch skew)
     gate_split_ns: float  # with an item's H split over units: the third barrier and the partials' sum
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
-    # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row):
-    # the float32 SIMT GEMM of f85bd25 gives each thread 4 rows of every 64, so a tile of 32 rows
-    # takes about as long as one of 64, and one of 96 as one of 128 (one H100, microbenchmark at the
-    # megakernel's grid: 155, 173, 240, 243 us)
+    # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row),
+    # a tile of one group or less in its warps' quarters of it (costs.grouped_rows): the float32
+    # SIMT GEMM of f85bd25 gives each thread 4 rows of every 64 and each warp 16 of those, so a tile
+    # of 96 rows takes about as long as one of 128, one of 32 less than one of 64 (one H100,
+    # microbenchmark at the megakernel's grid: 155, 173, 240, 243 us)
     gemm_row_group: float
     # per byte of the task's weight slice over the tiles of its expert that share it at once (a
     # slice one tile uses alone comes from HBM; shared, from L2 for all but the first)

@@ -45,7 +45,7 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
 
     def task(r, n=2):  # r rows (in whole groups), n tiles per expert sharing the 2048 x 64 weight slice
         group = t["gemm_row_group"] or 1
-        return (t["gemm_fixed_ns"] + 2 * math.ceil(r / group) * group * 2048 * 64 / rate
+        return (t["gemm_fixed_ns"] + 2 * float(costs.grouped_rows(r, group)) * 2048 * 64 / rate
                 + t["weight_load_ns_per_byte"] * 2048 * 64 * nb / n)
 
     gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64, "tiles_per_expert": n,
@@ -129,7 +129,8 @@ def test_fit_recovers_the_figures_the_microbenchmarks_were_made_from(tmp_path):
 
 
 def test_tasks_whose_rows_are_computed_in_groups_are_fitted_with_the_group(tmp_path):
-    """The float32 SIMT GEMM's shape: 32 rows cost as 64, 96 as 128 (each thread 4 rows of every 64)."""
+    """The float32 SIMT GEMM's shape: 96 rows cost as 128 (each thread 4 rows of every 64), and a
+    tile of 64 rows or fewer its active warps' 16 rows each: 20 as 32, 40 as 48."""
     want = dict(TRUE, gemm_row_group=64.0)
     _, fits = calibrate.calibrate(_write(tmp_path, synthetic(t=want)), out=tmp_path / "calibrated-h200.json")
     for name in ("gemm_row_group", "matrix_efficiency", "gemm_fixed_ns", "weight_load_ns_per_byte"):
@@ -138,10 +139,11 @@ def test_tasks_whose_rows_are_computed_in_groups_are_fitted_with_the_group(tmp_p
     hw = hardware.PRESETS["h200-sxm"].replace(**{k: want[k] for k in ("blocks_per_sm", "matrix_efficiency",
                                                                         "gemm_row_group")})
     row = 2.0 * 2048 * 64
-    ns = costs.task_ns(hw, presets.get("flashmoe"), np.zeros(4, int), np.array([32, 64, 96, 128]) * row,
-                       np.zeros(4), 0.0, row)
-    assert ns[0] == pytest.approx(ns[1]) and ns[2] == pytest.approx(ns[3])
-    assert ns[3] - ns[1] == pytest.approx(64 * row / costs.block_flops_per_ns(hw, "float32"))
+    ns = costs.task_ns(hw, presets.get("flashmoe"), np.zeros(6, int), np.array([20, 32, 40, 48, 96, 128]) * row,
+                       np.zeros(6), 0.0, row)
+    assert ns[0] == pytest.approx(ns[1]) and ns[2] == pytest.approx(ns[3]) and ns[4] == pytest.approx(ns[5])
+    assert ns[5] - ns[3] == pytest.approx(80 * row / costs.block_flops_per_ns(hw, "float32"))
+    assert ns[3] - ns[1] == pytest.approx(16 * row / costs.block_flops_per_ns(hw, "float32"))
     with pytest.raises(ValueError, match="row_flops"):
         costs.task_ns(hw, presets.get("flashmoe"), np.array([0]), np.array([row]), np.zeros(1))
 

@@ -4,8 +4,6 @@ figures, prefers them to the microbenchmarks', leaves two-GPU layers out, and th
 every stored share the first round's mean share; the microbenchmark reads a traced layer's GEMM
 tasks by tile height."""
 
-import math
-
 import numpy as np
 import pytest
 from test_sim_calibrate import TRUE, _write, synthetic
@@ -56,7 +54,8 @@ def gemm_task(hw, tokens, kind, rows, n):
     rows = min(rows, 128)
     flops = 2 * rows * 2048 * 64
     group = hw.gemm_row_group or 1
-    ns = (hw.gemm_fixed_ns + 2 * math.ceil(rows / group) * group * 2048 * 64 / costs.block_flops_per_ns(hw, "float32")
+    computed = float(costs.grouped_rows(rows, group))
+    ns = (hw.gemm_fixed_ns + 2 * computed * 2048 * 64 / costs.block_flops_per_ns(hw, "float32")
           + hw.weight_load_ns_per_byte * 2048 * 64 * 4 / n)
     return {"tokens": tokens, "task": kind, "blocks": 264, "rows": rows, "k": 2048, "n": 64, "flops": flops,
             "tiles_per_expert": n, "weight_bytes": 2048 * 64 * 4, "ns_per_task": {**_stat(ns), "n": 16}}
