@@ -2,7 +2,7 @@
 # Nsight Compute's view of a build's tile GEMM (bfloat16: gpu/kernels/tile_gemm_bf16.cuh, float32:
 # gpu/kernels/tile_gemm.cuh) as the calibration microbenchmark runs it (mb_gemm: the megakernel's
 # own gemm_task, K = 2048, 128-row tiles): one
-# launch with a single block (the task alone on an SM) and one with the megakernel's grid (two
+# launch with a single block (the task alone on an SM) and one with the megakernel's grid (its
 # blocks per SM, tiles of an expert sharing its weight slices). Prints where the warps stall, the
 # tensor or FMA pipe's and the memories' share of their peaks, shared-memory bank conflicts. Repo
 # root on the GPU machine; carry .whl and .cache as for benchmarks/device_run.sh.

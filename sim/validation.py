@@ -77,10 +77,10 @@ FINDINGS = """\
 Right:
 
 - **Every layer latency holds, and 52 of 54 runs hold every bound**: all 18 on one H100 (the
-  kernel of 44de2b3, the bf16 GEMM's slices through the TMA, calibrated on the megakernel's own
+  kernel of 1cfbaa3, the bf16 128 x 256 tile of two warpgroups, calibrated on the megakernel's own
   dispatch, GEMM tasks, per-tile and final combines) and 34 of 36 on 2 H200s (1 and 2 GPUs per
   layer, the kernel of 965330c), each predicted with its own commit's measurements. Latency
-  errors: H100 float32 -0.9% to +7.6%, bf16 -5.1% to +8.2%; H200 float32 -9.0% to -1.6%, bf16
+  errors: H100 float32 -8.4% to +6.5%, bf16 -6.2% to +6.5%; H200 float32 -9.0% to -1.6%, bf16
   -6.9% to +6.1%. The layer is a queue of equal tile tasks on 263 processors, each task a fixed
   cost plus its FLOPs plus its share of its weight slice's loads, with a hand-off between tasks
   and the scheduler's latencies around idle processors.
@@ -106,6 +106,22 @@ Right:
   against copy_rows' 42 us alone. Fitted in the in-layer layers (3.0 us + 0.054 ns per byte while
   the L2 holds the layer's returned rows, up to 152 MiB, 0.17 beyond), the float32 combine's busy
   time went from -7% to -20% to within -11% to +9%.
+- **A block of two warpgroups runs the gate on both** (1cfbaa3): the bf16 128 x 256 build has
+  132 blocks of 256 threads, and its gate and slot scans run on 264 128-thread units, as the
+  128 x 128 build's 264 blocks did. Fitted over 132 workers, the gate put two of the default's
+  256 items on each and missed the layers' gate by +20% to +36%; over units
+  (`warpgroups_per_block`, from the build's tile options) it holds (-8% to +5% on the
+  microbenchmark). The fit also drops a figure least squares wants negative and fits the rest
+  again: the slot scans, as many per unit at 8 experts as at 128, came out negative, and clipping
+  them to 0 threw the other figures off.
+- **A short float32 tile costs its active warps** (1cfbaa3, in the layers on one H100): tasks of
+  13-15, 17-48, 49-64 and 65-128 rows took 103, 133-137, 166-170 and 208-222 us. Each of the 4
+  warps holds 16 rows of the first group of 64, and a warp whose rows all lie past the tile
+  skips the multiply; the model computes a tile of one group or less in quarters of it
+  (`costs.grouped_rows`). At one level for every short tile the 1K-token run's 32-row tasks were
+  predicted 12% long (layer +10.4%); now the run holds. The in-layer layers reach 24576 tokens (6
+  tiles per expert), past the 16K run's 4: with 3 at most, the bf16 build's 16K tasks were
+  predicted 15% long.
 - **The bf16 GEMM is not bound by issuing its copies** (44de2b3): its slices now come through the
   TMA (one thread asks for a slice's boxes, an mbarrier per stage counts the bytes in) instead of
   every thread's 16-byte cp.async copies, a wait and a barrier each. On one H100 a full task in
@@ -147,15 +163,16 @@ Right:
 
 What the datasheet preset ignored (each now a measured mechanism, none fitted to a layer run):
 
-- the megakernel fits **2 blocks per SM** (up to 255 registers, 97 KiB of dynamic shared memory
-  for the bf16 128 x 128 x 64 tile GEMM's three stages), not 4;
-- **short tiles are not proportionally cheaper**: a float32 task carries ~74 us of fixed cost
+- the megakernel fits **2 blocks per SM** (float32: up to 255 registers), not 4, and the bf16
+  128 x 256 x 64 build one block of two warpgroups (193 KiB of dynamic shared memory for its tile
+  GEMM's four stages), each warpgroup a gate unit of its own;
+- **short tiles are not proportionally cheaper**: a float32 task carries ~88 us of fixed cost
   (its 2048 x 64 weight slice loads whole however few rows the tile has) and computes its rows in
-  groups of 64 (above), a bf16 one ~23 us plus its weight slice's share (above); a 32-row bf16
-  tile alone on its expert takes 45 us, as long as a 96-row one that shares its slice. The FLOPs
-  run at the slope over tile heights (float32: 82% of the FP32 peak per block, H100 in the
-  layers; bf16: the slope passes the BF16 peak and is capped there, because the wgmma GEMM
-  issues whole 64-row blocks);
+  groups of 64, a short tile in its active warps' 16 (above), a bf16 128 x 256 one ~17 us plus
+  its weight slice's share (above). The FLOPs run at the slope over tile heights, which passes
+  the peak in both builds and is capped there (H100, in the layers, 1cfbaa3): the extra rows of a
+  taller tile cost less than their FLOPs at the block's share of the peak, the fixed cost holding
+  the rest;
 - the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.05 to
   0.23 ms with its capacity phase at 965330c (0.05 to 0.15 ms on the H100 with 1458e09's m16n8k8
   mmas), not the microseconds of the matrix roofline; with fewer items
