@@ -155,23 +155,15 @@ __device__ void dispatch_tiles(const Params& p, uint64_t epoch, int tel, int n) 
 template <int BM, int BN, int BK>
 using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES, BLOCK_WARPGROUPS>;
 #define TENSOR_TASK __noinline__
-// a task's operands through the TMA: A is rows s0.. of inbox or hidden; the weights are K-major
-// ([L][N][K], params.cuh), so column block col0 of expert le is rows le * N + col0.. of its map
-struct TaskMaps {
-  const unsigned char *a, *b;
-  int a_row, b_row;
-};
-__device__ __forceinline__ TaskMaps task_maps(const Params& p, bool first, long long s0, int le, int col0,
-                                              long long N) {
-  return {p.tmaps + (first ? TMAP_INBOX : TMAP_HIDDEN) * TMAP_BYTES, p.tmaps + (first ? TMAP_W1 : TMAP_W2) * TMAP_BYTES,
-          (int)s0, (int)(le * N + col0)};
-}
-// the task's tile GEMM. False if a slice never landed.
+// the task's tile GEMM through the TMA: A is rows s0.. of inbox or hidden; the weights are
+// K-major ([L][N][K], params.cuh), so column block col0 of expert le is rows le * N + col0.. of
+// its tensor map. False if a slice never landed.
 template <class Gemm>
 __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long s0, int rows, int le, int col0,
                                           long long K, long long N, void* smem, typename Gemm::Acc& acc) {
-  const TaskMaps m = task_maps(p, first, s0, le, col0, N);
-  return Gemm::run(p, m.a, m.a_row, rows, m.b, m.b_row, (int)K, smem, acc);
+  const unsigned char* map_a = p.tmaps + (first ? TMAP_INBOX : TMAP_HIDDEN) * TMAP_BYTES;
+  const unsigned char* map_b = p.tmaps + (first ? TMAP_W1 : TMAP_W2) * TMAP_BYTES;
+  return Gemm::run(p, map_a, (int)s0, rows, map_b, (int)(le * N + col0), (int)K, smem, acc);
 }
 #else
 template <int BM, int BN, int BK>
@@ -289,21 +281,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   // flight while thread 0's fence and atomics finish the task. Taken after them, they left ~2 us
   // between tasks (telemetry, one H100), the SM's tensor cores idle at one block per SM.
   auto take_ahead = [&](int seq) {
-    if (tid == 32) {
-      ahead = take_command(p, me, seq, &next_seq, &next);
-#if MOE_BF16
-      // and asks the L2 for the next task's first slices, so they land while this one is finished
-      // off and the next one's copies find them there (one block per SM at 128 x 256: nothing
-      // else hides the first slices' HBM latency)
-      const int4 t = next;
-      if (ahead && (t.x == TASK_GEMM0 || t.x == TASK_GEMM1)) {
-        const bool first = t.x == TASK_GEMM0;
-        const long long K = first ? p.H : p.I, N = first ? p.I : p.H;
-        const TaskMaps m = task_maps(p, first, (long long)t.y * p.C + (long long)t.z * BM, (int)(t.y % p.L), t.w, N);
-        TensorCoreGemm<BM, BN, BK>::prefetch(m.a, m.a_row, m.b, m.b_row, (int)K);
-      }
-#endif
-    }
+    if (tid == 32) ahead = take_command(p, me, seq, &next_seq, &next);
   };
   if (tid == 0) {
     task_seq = 0;

@@ -129,11 +129,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int k
       ::"r"(dst), "l"(map), "r"(k), "r"(row), "r"(bar)
       : "memory");
 }
-// the box at column k, rows row.. of `map` brought into the L2 (no shared memory, nothing to wait for)
-__device__ __forceinline__ void tma_prefetch_2d(const void* map, int k, int row) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(map), "r"(k), "r"(row)
-               : "memory");
-}
 // what this thread wrote (or saw written) through the generic proxy is seen by its later TMA reads
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
@@ -229,16 +224,6 @@ struct WgmmaTileGemm {
     if (tid == 0)
       for (int s = 0; s < STAGES; ++s) mbar_inval(bar0 + s * 8);
     return true;
-  }
-
-  // the first slices a task will ask for, brought into the L2 ahead of it by one thread (all
-  // BM rows of A: its row count is not known yet; rows past the operand's end are not read)
-  __device__ static void prefetch(const void* map_a, int a_row, const void* map_b, int b_row, int K) {
-    for (int kt = 0; kt < STAGES - 1 && kt < K / BK; ++kt) {
-#pragma unroll
-      for (int m = 0; m < MB; ++m) tma_prefetch_2d(map_a, kt * BK, a_row + m * 64);
-      tma_prefetch_2d(map_b, kt * BK, b_row);
-    }
   }
 
   // f(row, col, v0, v1) for each pair of adjacent output columns this thread holds (rows < `rows`)
