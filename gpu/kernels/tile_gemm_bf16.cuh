@@ -4,16 +4,16 @@
 // takes BN / WGS of the tile's columns, and each 16-deep k step is one wgmma.m64n(BN/WGS)k16 per 64
 // rows of the tile, reading both operands straight from shared memory (no fragment registers, and
 // no per-warp operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both
-// (one block per SM): 85 FLOPs per byte copied from L2 against 64 at 128 x 128. Measured
-// on one H100, a 128 x 256 task (twice the FLOPs) took as long as a 128 x 128 one with two blocks
-// per SM (52.5 against 52.4 us, tensor pipe 42% either way), the layer 0-4% faster: L2 bytes are
-// not what binds there (docs/gpu-measurements.md). With the TMA (below) the 128 x 128 tile's grid
-// keeps the L2 at 78% of its throughput and the tensor pipe at 41% (Nsight Compute, one H100),
-// as its cp.async copies did: at two blocks per SM the L2's bytes bind it.
+// (one block per SM): 85 FLOPs per byte copied from L2 against 64 at 128 x 128. At 128 x 128 (two
+// blocks per SM) the L2 binds the grid at 78% of its throughput, the tensor pipe at 41%; 128 x 256,
+// the bench tile since 4cee2cb, keeps the L2 at 73% and the tensor pipe at 42%, its warps waiting
+// on the stages' barriers, and its layers are 1-7% faster (Nsight Compute and side by side, one
+// H100; docs/gpu-measurements.md).
 // K is walked in 64-deep slices (one 128-byte row per operand row) that the tensor memory
-// accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES from the room two blocks
-// per SM leave), STAGES - 1 slices ahead of the wgmmas: one thread asks for a slice's boxes (64 A
-// rows each, BN weight rows) from the operands' tensor maps (gpu/tma.py) and the stage's mbarrier
+// accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES from the room a
+// block's share of the SM leaves), STAGES - 1 slices ahead of the wgmmas: one thread asks for a
+// slice's boxes (64 A rows each, BN weight rows) from the operands' tensor maps (gpu/tma.py) and
+// the stage's mbarrier
 // counts its bytes in; every thread waits on that barrier, not on copies of its own. Slice kt's
 // wgmmas are committed as one group and run on while slice kt - 1's are waited for, whose stage
 // then takes the next slice. (Before, every thread issued 16-byte cp.async copies: 16 a slice at
