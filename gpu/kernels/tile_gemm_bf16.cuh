@@ -13,11 +13,11 @@
 // accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES from the room a
 // block's share of the SM leaves), STAGES - 1 slices ahead of the wgmmas: one thread asks for a
 // slice's boxes (64 A rows each, BN weight rows) from the operands' tensor maps (gpu/tma.py) and
-// the stage's mbarrier
-// counts its bytes in; every thread waits on that barrier, not on copies of its own. Slice kt's
-// wgmmas are committed as one group and run on while slice kt - 1's are waited for, whose stage
-// then takes the next slice. (Before, every thread issued 16-byte cp.async copies: 16 a slice at
-// 128 x 128, plus their addresses, a wait and a barrier more per slice.)
+// the stage's mbarrier counts its bytes in; every thread waits on that barrier, not on copies of
+// its own. Slice kt's wgmmas are committed as one group and run on while slice kt - 1's are
+// waited for, whose stage then takes the next slice. (Before, every thread issued 16-byte
+// cp.async copies: 16 a slice at 128 x 128, plus their addresses, a wait and a barrier more per
+// slice.)
 // The copy engine writes wgmma's 128-byte-swizzled K-major layout itself: 8-row groups of 1024
 // bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
 // tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
