@@ -31,6 +31,11 @@ class KernelError(RuntimeError):
         self.record = record
         super().__init__(describe(record))
 
+    def __reduce__(self):
+        # a worker process sends its error to the parent pickled: rebuilt from the record, not
+        # from the message (the default, which __init__ cannot take)
+        return type(self), (self.record,)
+
 
 class KernelTimeout(KernelError):
     """A bounded wait in the kernel ran out: names the rank, block and what it waited for."""
