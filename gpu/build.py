@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import KERNEL_DIR
+from .layout import KERNEL_DIR, MIN_BLOCKS_PER_SM, block_threads
 
 ARCH = "sm_90a"  # wgmma (the bf16 tile GEMM) exists on sm_90a only: H100, H200
 
@@ -91,12 +91,20 @@ def arch_flags(arch: str) -> list[str]:
     return ["-gencode", f"arch=compute_{arch.removeprefix('sm_')},code={arch}"]
 
 
+def register_cap(options: dict[str, int]) -> list[str]:
+    """-maxrregcount where the launch bounds allow fewer than 255 registers a thread: they bind
+    the kernel itself, not the functions it calls (the bf16 task's GEMM is one, gemm_task), which
+    ptxas would otherwise give more than the kernel may have (a block of 384 threads: 168)."""
+    per_thread = 65536 // (block_threads(options) * options.get("MIN_BLOCKS_PER_SM", MIN_BLOCKS_PER_SM)) // 8 * 8
+    return [f"-maxrregcount={per_thread}"] if per_thread < 255 else []
+
+
 def nvcc_commands(nvcc: str, arch: str, options: dict[str, int], nvshmem: Path, obj: Path,
                   cubin: Path, unit: str = "moe.cu") -> list[list[str]]:
     defines = [f"-D{k}={v}" for k, v in sorted(options.items())]
     target = arch_flags(arch)
-    compile_cmd = [nvcc, *target, "-rdc=true", "-O3", "-std=c++17", "-c", str(KERNEL_DIR / unit),
-                   f"-I{nvshmem / 'include'}", *defines, "-o", str(obj)]
+    compile_cmd = [nvcc, *target, "-rdc=true", "-O3", "-std=c++17", *register_cap(options), "-c",
+                   str(KERNEL_DIR / unit), f"-I{nvshmem / 'include'}", *defines, "-o", str(obj)]
     link_cmd = [nvcc, *target, "-dlink", "--cubin", str(obj), str(nvshmem / "lib" / "libnvshmem_device.a"),
                 "-o", str(cubin)]
     return [compile_cmd, link_cmd]

@@ -59,8 +59,9 @@ def put_return_case(name: str, config: dict) -> dict:
 # experts) to -7% (16K tokens, 16 and 32 experts), the default 1.091 -> 1.034 ms.
 BF16_TILE = (128, 256, 64)
 # `tiles` points: the default at these shapes (the first also a `sweep` point): the previous bench
-# tile, narrower and shorter tiles, more of them (slices are 64 deep: wgmma's 128-byte swizzled rows)
-BF16_TILE_VARIANTS = ((128, 128, 64), (128, 64, 64), (64, 128, 64))
+# tile, narrower and shorter tiles, more of them (slices are 64 deep: wgmma's 128-byte swizzled rows),
+# and a taller one: three warpgroups of 64 x 256, 112 FLOPs per L2 byte
+BF16_TILE_VARIANTS = ((128, 128, 64), (128, 64, 64), (64, 128, 64), (192, 256, 64))
 
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
@@ -83,6 +84,9 @@ def bf16_check_cases(p: int, seed: int) -> list[dict]:
         ("wide_tile_128x256", dict(tokens=333, tile_m=128, tile_n=256, hidden=256, ffn=512, experts=8 * p)),
         ("wide_tile_64x256", dict(tokens=600, tile_m=64, tile_n=256, hidden=512, ffn=256, experts=4 * p,
                                   activation="gelu_tanh")),
+        # three warpgroups of 64 rows each (one block per SM): tiles of 1, 2 and 3 bands that hold rows
+        ("tall_wide_tile_192x256", dict(tokens=500, tile_m=192, tile_n=256, hidden=256, ffn=512, experts=4 * p,
+                                        capacity_factor=None, skew=1.0)),
     ]
     return [{"name": f"check-bf16-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
              "baseline_check": True} for n, ch in cases] + \

@@ -38,8 +38,9 @@ BF16_MAX_STAGES = 8  # TMA stages of the tensor-core tile GEMM, at most (seven s
 BF16_MIN_STAGES = 3  # two slices of copies in flight while the wgmmas of one finish and the next run
 BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
 BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / block threads: the whole tile in registers
-BF16_TILE_N = (32, 64, 128, 256)  # wgmma.m64nNk16 shapes the kernel spells out, N <= 128 per warpgroup
-BF16_WIDE_TILE_N = 256  # split over two warpgroups (kernels/tile_gemm_bf16.cuh), one block per SM
+BF16_TILE_N = (32, 64, 128, 256)  # wgmma.m64nNk16 shapes the kernel spells out, N <= 128 per wgmma
+BF16_WIDE_TILE_N = 256  # split over warpgroups (kernels/tile_gemm_bf16.cuh), one block per SM
+BF16_MAX_THREADS = 384  # 65536 registers over a block's threads: 168 each, 128 accumulators and the rest
 TF32_STAGES = 3  # cp.async stages of the TF32 tile GEMM (Tf32TileGemm::STAGES)
 TF32_MAX_TILE_M = 128  # 2 mma row tiles per warp: at 256 rows the TF32 kernel spills registers (ptxas -v)
 TF32_MAX_ACC = 128  # accumulator floats per thread, tile_m x tile_n / 128 threads: more spill
@@ -51,9 +52,18 @@ class UnsupportedConfig(ConfigError):
 
 
 def warpgroups(cfg: Config) -> int:
-    """Warpgroups per block: two for the bf16 tile BF16_WIDE_TILE_N wide (each takes half its
-    columns and both share each A slice, one block per SM), else one (two blocks per SM)."""
-    return 2 if cfg.dtype == "bfloat16" and cfg.tile_n == BF16_WIDE_TILE_N else 1
+    """Warpgroups per block, sharing each slice in one block per SM, for the bf16 tile
+    BF16_WIDE_TILE_N wide: two of half its columns up to 128 rows, else one per 64 rows (each
+    all the columns: 192 x 256 as three of 64 x 256, kernels/tile_gemm_bf16.cuh); else one (two
+    blocks per SM)."""
+    if cfg.dtype != "bfloat16" or cfg.tile_n != BF16_WIDE_TILE_N:
+        return 1
+    return 2 if cfg.tile_m <= 128 else cfg.tile_m // 64
+
+
+def blocks_per_sm(cfg: Config) -> int:
+    """The launch bounds' blocks per SM: MIN_BLOCKS_PER_SM of one warpgroup, one of several."""
+    return max(1, MIN_BLOCKS_PER_SM // warpgroups(cfg))
 
 
 def block_threads(options: dict[str, int]) -> int:
@@ -64,7 +74,7 @@ def block_threads(options: dict[str, int]) -> int:
 def smem_per_block(cfg: Config) -> int:
     """Dynamic shared memory a block may take: its share of the SM at the launch bounds' blocks
     per SM, less the 1 KiB the driver keeps and 1 KiB of the kernel's own __shared__ variables."""
-    return SMEM_PER_SM * warpgroups(cfg) // MIN_BLOCKS_PER_SM - 2 * 1024
+    return SMEM_PER_SM // blocks_per_sm(cfg) - 2 * 1024
 
 
 def check_supported(cfg: Config) -> None:
@@ -107,11 +117,10 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
         raise UnsupportedConfig("tile_n", cfg.tile_n, "32, 64, 128 or 256 for bfloat16 (the wgmma widths the kernel "
                                 "has, 256 as two warpgroups of 128)")
     threads = WARPGROUP_THREADS * warpgroups(cfg)
-    if cfg.tile_m * cfg.tile_n > BF16_MAX_ACC * threads:
-        fits = [n for n in BF16_TILE_N
-                if cfg.tile_m * n <= BF16_MAX_ACC * WARPGROUP_THREADS * (2 if n == BF16_WIDE_TILE_N else 1)]
+    if cfg.tile_m * cfg.tile_n > BF16_MAX_ACC * threads or threads > BF16_MAX_THREADS:
+        fits = [n for n in BF16_TILE_N if _bf16_registers_fit(cfg.replace(tile_n=n))]
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
-                                f"(at most {BF16_MAX_ACC} accumulators per thread)")
+                                f"(at most {BF16_MAX_ACC} accumulators per thread, {BF16_MAX_THREADS} threads a block)")
     if cfg.tile_k != 64:
         raise UnsupportedConfig("tile_k", cfg.tile_k, "64 for bfloat16 (a slice row is the 128 bytes of wgmma's "
                                 "swizzled layout)")
@@ -120,6 +129,11 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
         raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} TMA "
                                 f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit "
                                 f"{smem_per_block(cfg)} B of shared memory per block (need {need} B)")
+
+
+def _bf16_registers_fit(cfg: Config) -> bool:
+    threads = WARPGROUP_THREADS * warpgroups(cfg)
+    return cfg.tile_m * cfg.tile_n <= BF16_MAX_ACC * threads and threads <= BF16_MAX_THREADS
 
 
 def bf16_stage_bytes(cfg: Config) -> int:
@@ -219,12 +233,12 @@ KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {
 
 def compile_options(cfg: Config) -> dict[str, int]:
     """The compile-time part of a config: the tile shape and the GEMM precision (one cubin per pair),
-    the bf16 tile GEMM's stages, and a block of two warpgroups (one per SM) where warpgroups() says."""
+    the bf16 tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says."""
     opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
     if cfg.gemm_precision == "bfloat16":
         opts["GEMM_STAGES"] = bf16_stages(cfg)
     if warpgroups(cfg) > 1:
-        opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=MIN_BLOCKS_PER_SM // warpgroups(cfg))
+        opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
     return opts
 
 

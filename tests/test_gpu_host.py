@@ -1,5 +1,6 @@
 """The launcher's pure-Python parts: argument checks, sizes, cache keys, error and log decoding."""
 
+import pickle
 import re
 
 import numpy as np
@@ -45,13 +46,20 @@ def test_bf16_tile_shape_is_checked_field_by_field():
     assert layout.compile_options(wide) == {"TILE_M": 128, "TILE_N": 256, "TILE_K": 64, "MOE_BF16": 1, "GEMM_STAGES": 4,
                                             "BLOCK_WARPGROUPS": 2, "MIN_BLOCKS_PER_SM": 1}
     assert layout.block_threads(layout.compile_options(wide)) == 256 and layout.block_threads({}) == 128
+    tall = bf.replace(tile_m=192, tile_n=256)  # three warpgroups of 64 rows: 128 accumulators each, 384 threads
+    layout.check_supported(tall)
+    assert layout.compile_options(tall) == {"TILE_M": 192, "TILE_N": 256, "TILE_K": 64, "MOE_BF16": 1, "GEMM_STAGES": 4,
+                                            "BLOCK_WARPGROUPS": 3, "MIN_BLOCKS_PER_SM": 1}
+    # the launch bounds cap the kernel at 168 registers a thread; the functions it calls get the cap too
+    assert build.register_cap(layout.compile_options(tall)) == ["-maxrregcount=168"]
+    assert build.register_cap(layout.compile_options(wide)) == build.register_cap(layout.compile_options(bf)) == []
     assert layout.kernel_name(bf) == "moelab_moe_bf16" and layout.kernel_name(flash) == "moelab_moe_fp32"
 
 
 def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_two_warpgroups():
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
     for (m, n), stages in [((128, 128), 3), ((128, 64), 4), ((64, 128), 4), ((64, 32), 8), ((192, 64), 3),
-                           ((128, 256), 4), ((64, 256), 5)]:
+                           ((128, 256), 4), ((64, 256), 5), ((192, 256), 4)]:
         cfg = flash.replace(tile_m=m, tile_n=n, tile_k=64)
         layout.check_supported(cfg)
         # 228 KiB per SM: 2 blocks of one warpgroup, or 1 of two, less 1 KiB reserved and 1 KiB static each
@@ -237,6 +245,16 @@ def test_error_record_decoding():
     assert not isinstance(e.value, errors.KernelTimeout)
     with pytest.raises(ValueError):
         errors.decode(np.zeros(3, np.int64))
+
+
+def test_kernel_errors_cross_processes_whole():
+    # ranks gather each other's errors pickled (worker._gather): the copy keeps class, record, message
+    words = np.array([1, 0, 7, 0, 10, 384, 2048, 5, 0, 0, 5_000_000_000], np.int64)
+    with pytest.raises(errors.KernelTimeout) as e:
+        errors.raise_if_error(words)
+    copy = pickle.loads(pickle.dumps(e.value))
+    assert type(copy) is errors.KernelTimeout and copy.record == e.value.record and str(copy) == str(e.value)
+    assert "slice 5 (TMA: A rows from 384, weight rows from 2048)" in str(copy)
 
 
 def _event(t0, t1, kind, expert, peer, rows, tile, col=0):

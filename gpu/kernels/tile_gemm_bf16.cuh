@@ -1,14 +1,17 @@
 // The bf16 tile GEMM of a processor task: acc (float32) = A[rows x K] . B^T, with A row-major
 // (K contiguous) and B given as its BN x K transpose (the bf16 kernel's expert weights are kept
 // K-major, params.cuh), on Hopper's warpgroup tensor cores: each of the block's WGS warpgroups
-// takes BN / WGS of the tile's columns, and each 16-deep k step is one wgmma.m64n(BN/WGS)k16 per 64
-// rows of the tile, reading both operands straight from shared memory (no fragment registers, and
-// no per-warp operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both
-// (one block per SM): 85 FLOPs per byte copied from L2 against 64 at 128 x 128. At 128 x 128 (two
-// blocks per SM) the L2 binds the grid at 78% of its throughput, the tensor pipe at 41%; 128 x 256,
-// the bench tile since 4cee2cb, keeps the L2 at 73% and the tensor pipe at 42%, its warps waiting
-// on the stages' barriers, and its layers are 1-7% faster (Nsight Compute and side by side, one
-// H100; docs/gpu-measurements.md).
+// takes a band of the tile's columns (BN / WGS of them, all BM rows) or, where a warpgroup's
+// registers cannot hold all the rows of half the columns, a band of 64 rows (all BN columns), and
+// each 16-deep k step is one wgmma.m64nNk16 per 64 rows and 128 columns (or fewer) of its band,
+// reading both operands straight from shared memory (no fragment registers, and no per-warp
+// operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both (one block
+// per SM): 85 FLOPs per byte copied from L2 against 64 at 128 x 128; three on 192 x 256 (one per
+// 64 rows, 384 threads of at most 168 registers) make it 112. At 128 x 128 (two blocks per SM)
+// the L2 binds the grid at 78% of its throughput, the tensor pipe at 41%; 128 x 256, the bench
+// tile since 4cee2cb, keeps the L2 at 73% and the tensor pipe at 42%, its warps waiting on the
+// stages' barriers, and its layers are 1-7% faster (Nsight Compute and side by side, one H100;
+// docs/gpu-measurements.md).
 // K is walked in 64-deep slices (one 128-byte row per operand row) that the tensor memory
 // accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES from the room a
 // block's share of the SM leaves), STAGES - 1 slices ahead of the wgmmas: one thread asks for a
@@ -25,9 +28,9 @@
 // hold a row are copied and multiplied (short tiles cost less); rows past `rows` inside one (or
 // past the operand's end, which the TMA fills with zeros) compute garbage that the epilogue never
 // stores (a row of the product depends on that row of A only).
-// Accumulator element q of 8-column group j of 64-row block mb is row mb*64 + 16*warp + lane/4 +
-// 8*(q/2), column 8j + 2*(lane%4) + q%2 (wgmma's D fragment; warp within the warpgroup, columns
-// from the warpgroup's first).
+// Accumulator element q of 8-column group j of wgmma n of 64-row block mb is row mb*64 + 16*warp +
+// lane/4 + 8*(q/2), column 128n + 8j + 2*(lane%4) + q%2 (wgmma's D fragment; warp within the
+// warpgroup, rows and columns from its band's first).
 #pragma once
 #include <stdint.h>
 #include "common.cuh"
@@ -134,14 +137,25 @@ __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy
 
 template <int BM, int BN, int BK, int STAGES, int WGS = 1>
 struct WgmmaTileGemm {
-  static constexpr int THREADS = 128 * WGS, WN = BN / WGS, MB = BM / 64, NREG = WN / 2, KS = BK / 16;
+  // A block's warpgroups split the tile's columns in two where one holds all BM rows of half of
+  // them (BM <= 128: 128 x 256 as two of 128 x 128), else its rows, 64 each (192 x 256 as three
+  // of 64 x 256: 112 FLOPs per L2 byte). A warpgroup's 64 x WN block is WN / MMA_N wgmmas wide.
+  static constexpr int WGS_N = WGS > 1 && BM <= 128 ? WGS : 1, WGS_M = WGS / WGS_N;
+  static constexpr int THREADS = 128 * WGS, WM = BM / WGS_M, WN = BN / WGS_N, MB = WM / 64, KS = BK / 16;
+  static constexpr int MMA_N = WN < 128 ? WN : 128, NB_N = WN / MMA_N, NREG = MMA_N / 2;
   static constexpr int A_BOX_BYTES = 64 * BK * 2;  // one TMA box: 64 rows of A (gpu/tma.py A_BOX_ROWS)
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to start the stages on 1024 bytes
-  static_assert(BM % 64 == 0 && (WN == 32 || WN == 64 || WN == 128) && BN <= 256 && BK == 64 && STAGES >= 3,
-                "bf16 tile shape: BM % 64 == 0, BN / WGS of 32, 64 or 128 (a TMA box of at most 256 rows), "
-                "BK = 64, 3 stages or more");
-  using Acc = float[MB][NREG];
+  static_assert(WGS_M * WGS_N == WGS && WM % 64 == 0 && (MMA_N == 32 || MMA_N == 64 || MMA_N == 128) &&
+                    WN % MMA_N == 0 && BN <= 256 && BK == 64 && STAGES >= 3,
+                "bf16 tile shape: whole 64-row blocks per warpgroup, columns per warpgroup of 32, 64 or a multiple "
+                "of 128 (a TMA box of at most 256 rows), BK = 64, 3 stages or more");
+  using Acc = float[MB][NB_N][NREG];
+
+  // this thread's warpgroup's row band and column band of the tile (written so that a split of
+  // one kind leaves no arithmetic for the other)
+  __device__ static int band_m(int tid) { return WGS_M > 1 ? tid / 128 / WGS_N : 0; }
+  __device__ static int band_n(int tid) { return WGS_M > 1 ? tid / 128 % WGS_N : tid / 128; }
 
   // A: rows a_row.. of the tensor map map_a, written earlier in this launch by other blocks or
   // peers (the TMA reads L2, never a stale L1 line); B: rows b_row.. of map_b, this column block's
@@ -151,29 +165,37 @@ struct WgmmaTileGemm {
 #pragma unroll
     for (int m = 0; m < MB; ++m)
 #pragma unroll
-      for (int q = 0; q < NREG; ++q) acc[m][q] = 0.f;
-    return blocks_of<MB>((rows + 63) / 64, p, map_a, a_row, map_b, b_row, K, smem, acc);
+      for (int n = 0; n < NB_N; ++n)
+#pragma unroll
+        for (int q = 0; q < NREG; ++q) acc[m][n][q] = 0.f;
+    // a stage's slice has landed: one phase per slice it takes (here, not in blocks_of: each of
+    // its instances would have barriers of its own, and a block's warpgroups may run different ones)
+    __shared__ uint64_t landed[STAGES];
+    // the tile's 64-row blocks that hold a row, and of them this warpgroup's (none: it only waits)
+    const int nb = (rows + 63) / 64, mine = WGS_M > 1 ? min(max(nb - band_m(thread_index()) * MB, 0), MB) : nb;
+    return blocks_of<MB>(mine, nb, p, map_a, a_row, map_b, b_row, K, smem, smem_addr(landed), acc);
   }
 
-  // the main loop for the NB 64-row blocks that have a row to compute, each NB compiled on its
-  // own: ptxas serializes wgmmas that sit behind a branch
+  // the main loop of a warpgroup with NB 64-row blocks to compute, each NB compiled on its own:
+  // ptxas serializes wgmmas that sit behind a branch
   template <int NB>
-  __device__ static bool blocks_of(int nb, const Params& p, const void* map_a, int a_row, const void* map_b,
-                                   int b_row, int K, void* smem, Acc& acc) {
-    if constexpr (NB > 1)
-      if (nb < NB) return blocks_of<NB - 1>(nb, p, map_a, a_row, map_b, b_row, K, smem, acc);
-    __shared__ uint64_t landed[STAGES];  // a stage's slice has landed: one phase per slice it takes
+  __device__ static bool blocks_of(int mine, int nb, const Params& p, const void* map_a, int a_row,
+                                   const void* map_b, int b_row, int K, void* smem, unsigned bar0, Acc& acc) {
+    if constexpr (NB > (WGS_M > 1 ? 0 : 1))
+      if (mine < NB) return blocks_of<NB - 1>(mine, nb, p, map_a, a_row, map_b, b_row, K, smem, bar0, acc);
     const int tid = thread_index();
     // the swizzle is of address bits: its 1024-byte pattern starts on a 1024-byte boundary
-    const unsigned base = (smem_addr(smem) + 1023) & ~1023u, bar0 = smem_addr(landed);
-    // this warpgroup's columns: B rows wg * WN.., whole 8-row groups of 1024 bytes
-    const unsigned b_wg = tid / 128 * (WN / 8) * 1024;
-    // one thread asks the copy engine for a slice: NB boxes of A and one of B
+    const unsigned base = (smem_addr(smem) + 1023) & ~1023u;
+    // this warpgroup's rows and columns: A blocks from band_m * MB on, B rows from
+    // band_n * WN, whole 8-row groups of 1024 bytes
+    const unsigned a_wg = band_m(tid) * MB * 8 * 1024, b_wg = band_n(tid) * (WN / 8) * 1024;
+    // one thread asks the copy engine for a slice: a box of A per 64-row block that holds a row
+    // (NB of them where one warpgroup takes all the rows), and one of B
+    const int boxes = WGS_M > 1 ? nb : NB;
     auto load = [&](int stage, int kt) {
       const unsigned s = base + stage * STAGE_BYTES, bar = bar0 + stage * 8;
-      mbar_expect_tx(bar, NB * A_BOX_BYTES + B_BYTES);
-#pragma unroll
-      for (int m = 0; m < NB; ++m) tma_load_2d(s + m * A_BOX_BYTES, map_a, kt * BK, a_row + m * 64, bar);
+      mbar_expect_tx(bar, boxes * A_BOX_BYTES + B_BYTES);
+      for (int m = 0; m < boxes; ++m) tma_load_2d(s + m * A_BOX_BYTES, map_a, kt * BK, a_row + m * 64, bar);
       tma_load_2d(s + A_BYTES, map_b, kt * BK, b_row, bar);
     };
     const int KT = K / BK;
@@ -199,14 +221,16 @@ struct WgmmaTileGemm {
         while (ok && !mbar_try_wait(bar0 + rd * 8, parity)) ok = !w.spent(p);
         if (!ok) break;
       }
-      const unsigned a = base + rd * STAGE_BYTES, b = a + A_BYTES;
+      const unsigned a = base + rd * STAGE_BYTES + a_wg, b = base + rd * STAGE_BYTES + A_BYTES + b_wg;
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        const uint64_t db = wgmma_desc(b + b_wg + ks * 32);
+      for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
-        for (int m = 0; m < NB; ++m) Wgmma<WN>::mma(acc[m], wgmma_desc(a + m * 8 * 1024 + ks * 32), db);
-      }
+        for (int n = 0; n < NB_N; ++n) {
+          const uint64_t db = wgmma_desc(b + n * (MMA_N / 8) * 1024 + ks * 32);
+#pragma unroll
+          for (int m = 0; m < NB; ++m) Wgmma<MMA_N>::mma(acc[m][n], wgmma_desc(a + m * 8 * 1024 + ks * 32), db);
+        }
       wgmma_commit();
       wgmma_wait<1>();
       // every warp is past slice kt - 1's wgmmas (slice kt's run on): its stage takes slice
@@ -230,7 +254,7 @@ struct WgmmaTileGemm {
   template <class F>
   __device__ static void epilogue(const Acc& acc, int rows, F f) {
     const int tid = thread_index(), lane = tid % 32;
-    const int r0 = (tid % 128 / 32) * 16 + lane / 4, c0 = tid / 128 * WN + 2 * (lane % 4);
+    const int r0 = band_m(tid) * WM + (tid % 128 / 32) * 16 + lane / 4, c0 = band_n(tid) * WN + 2 * (lane % 4);
 #pragma unroll
     for (int m = 0; m < MB; ++m)
 #pragma unroll
@@ -238,7 +262,10 @@ struct WgmmaTileGemm {
         const int r = m * 64 + r0 + 8 * h;
         if (r >= rows) continue;
 #pragma unroll
-        for (int j = 0; j < WN / 8; ++j) f(r, c0 + j * 8, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+        for (int n = 0; n < NB_N; ++n)
+#pragma unroll
+          for (int j = 0; j < MMA_N / 8; ++j)
+            f(r, c0 + n * MMA_N + j * 8, acc[m][n][4 * j + 2 * h], acc[m][n][4 * j + 2 * h + 1]);
       }
   }
 };
