@@ -178,12 +178,19 @@ __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long
   return true;
 }
 #endif
-// two adjacent outputs stored as elements: bf16 rounds to nearest even, float32 is kept
-__device__ __forceinline__ void store_pair(__nv_bfloat16* at, float v0, float v1) {
-  *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(v0, v1);
-}
-__device__ __forceinline__ void store_pair(float* at, float v0, float v1) {
-  *reinterpret_cast<float2*>(at) = make_float2(v0, v1);
+// A task's output tile, element (r, c) = f(c, acc): bf16 (rounded to nearest even) through shared
+// memory in whole rows (WgmmaTileGemm::store); tf32's float32 straight from the fragments
+template <class Gemm, class F>
+__device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, void* smem, elem_t* out,
+                                           long long ld, F f) {
+#if MOE_BF16
+  Gemm::store(acc, rows, smem, out, ld,
+              [&](int c, float v0, float v1) { return __floats2bfloat162_rn(f(c, v0), f(c + 1, v1)); });
+#else
+  Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
+    *reinterpret_cast<float2*>(out + r * ld + c) = make_float2(f(c, v0), f(c + 1, v1));
+  });
+#endif
 }
 
 // A GEMM0 or GEMM1 task of a tensor-core kernel, as the reference's bf16 or tf32 path computes
@@ -205,18 +212,13 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   if (!tile_gemm<Gemm>(p, first, s0, rows, le, col0, K, N, smem, acc)) return;
   const float* b = (first ? p.b1 : p.b2) + (long long)le * N + col0;
   if (first) {
-    elem_t* out = p.hidden + s0 * p.I + col0;
     with_activation(act, [&](auto activate) {
-      Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-        store_pair(out + r * p.I + c, activate(v0 + b[c]), activate(v1 + b[c + 1]));
-      });
+      store_tile<Gemm>(acc, rows, smem, p.hidden + s0 * p.I + col0, p.I,
+                       [&](int c, float v) { return activate(v + b[c]); });
     });
     fence_async_global();  // GEMM1 tasks read these rows through the TMA (the async proxy)
   } else {
-    elem_t* out = out1() + col0;
-    Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-      store_pair(out + r * p.H + c, v0 + b[c], v1 + b[c + 1]);
-    });
+    store_tile<Gemm>(acc, rows, smem, out1() + col0, p.H, [&](int c, float v) { return v + b[c]; });
   }
 }
 #else

@@ -250,6 +250,28 @@ struct WgmmaTileGemm {
     return true;
   }
 
+  // The tile's rows < `rows` into out (row r at out + r * ld), through shared memory: f(c, v0, v1)
+  // gives the pair of elements of columns c, c + 1. Each thread puts its pairs into the stages
+  // (idle now), then the block copies whole rows out in 16-byte pieces, 512 contiguous bytes a
+  // warp. (Stored from the fragments, a warp's 4-byte stores fall on 8 rows, 16 bytes each, half
+  // of each 32-byte sector.) Rows are 16 bytes longer than the tile's: the 8 rows of a fragment
+  // store start 4 banks apart, so its 32 words fall in 32 banks.
+  template <class T, class F>
+  __device__ static void store(const Acc& acc, int rows, void* smem, T* out, long long ld, F f) {
+    constexpr int ROW_BYTES = BN * sizeof(T) + 16, PIECES = BN * sizeof(T) / 16;
+    static_assert(BM * ROW_BYTES <= STAGES * STAGE_BYTES, "the output tile fits the stages");
+    unsigned char* s = static_cast<unsigned char*>(smem);
+    epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
+      *reinterpret_cast<decltype(f(c, v0, v1))*>(s + r * ROW_BYTES + c * sizeof(T)) = f(c, v0, v1);
+    });
+    __syncthreads();
+    for (int i = thread_index(); i < rows * PIECES; i += THREADS) {
+      const int r = i / PIECES, q = i % PIECES;
+      *reinterpret_cast<uint4*>(out + r * ld + q * (16 / sizeof(T))) =
+          *reinterpret_cast<const uint4*>(s + r * ROW_BYTES + q * 16);
+    }
+  }
+
   // f(row, col, v0, v1) for each pair of adjacent output columns this thread holds (rows < `rows`)
   template <class F>
   __device__ static void epilogue(const Acc& acc, int rows, F f) {
