@@ -25,7 +25,7 @@ for part in "$@"; do
     checks)
       for precision in float32 bfloat16 tf32; do
         python3 - "$precision" "$NVH" <<'EOF' 2>&1 | tee -a "$R/ptxas.txt"
-import subprocess, sys
+import shutil, subprocess, sys
 from pathlib import Path
 from gpu import build, cases, layout
 from reference import presets
@@ -39,6 +39,17 @@ compile_cmd = build.nvcc_commands("nvcc", build.ARCH, options, Path(nvh), Path(f
 out = subprocess.run([*compile_cmd, "-Xptxas", "-v"], capture_output=True, text=True).stderr.splitlines()
 at = next(i for i, line in enumerate(out) if f"for {layout.kernel_name(cfg)}" in line)
 print(precision, " ".join(flags), *out[at + 1: at + 3], sep="\n  ")
+# ptxas reports the kernel's own function; the functions it calls (the bf16 task, gemm_task) may
+# take more registers and spill: the linked cubin's figures, and the callees' spills
+for i, line in enumerate(out):
+    if "Function properties for" in line and "gemm_task" in line:
+        print("  gemm_task:", out[i + 1].strip())
+        break
+tool = shutil.which("cuobjdump")
+usage = subprocess.run([tool, "-res-usage", str(build.build(options).cubin)], capture_output=True,
+                       text=True).stdout.splitlines() if tool else []
+at = next((i for i, line in enumerate(usage) if f"Function {layout.kernel_name(cfg)}:" in line), None)
+print("  linked:", usage[at + 1].strip() if at is not None else "no cuobjdump -res-usage here")
 EOF
       done
       timeout 240 python3 -m pytest -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
