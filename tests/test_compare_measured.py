@@ -18,7 +18,7 @@ EVERY_RUN = compare.measured_runs(calibrated_only=False)
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
 # (run, quantity) misses of the calibrations committed in measurements/calibration-<gpu>.json, each
 # with its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list.
-# Measured at 965330c on 1 and 2 H200s and at 1cfbaa3 on 1 H100.
+# Measured at 965330c on 1 and 2 H200s and at d888371 on 1 H100.
 SMALL_SHARES = ("the H200 calibration of 965330c predates the in-layer timings (in_layer): its store dispatch is "
                 "fitted linear in a share's bytes on the dispatch microbenchmark, whose 1K-token shares take 5.0 us "
                 "where the layer's take 6.3 (bf16): dispatch busy time -28% and -43%; the H100's, fitted inside the "
