@@ -51,16 +51,16 @@ def put_return_case(name: str, config: dict) -> dict:
             "direct_stores": False}
 
 
-# the bench's bf16 tile: the fewest operand bytes from L2 per FLOP whose accumulators fit the
-# registers ((BM + BN) / (BM BN)), 64 deep (wgmma's 128-byte swizzled rows). 128 x 256 is two
-# warpgroups sharing each A slice, one block per SM, four stages: 85 FLOPs per L2 byte against 64 at
-# 128 x 128 (two blocks per SM), whose GEMM the L2 bounds at 78% of its throughput (Nsight
-# Compute). Side by side on one H100 (130a53b) it was faster at all nine sweep points: -1% (128
-# experts) to -7% (16K tokens, 16 and 32 experts), the default 1.091 -> 1.034 ms.
+# the bench's bf16 tile, 64 deep (wgmma's 128-byte swizzled rows): the fastest measured. 128 x 256
+# is two warpgroups sharing each A slice, one block per SM, four stages: 85 FLOPs per L2 byte
+# against 64 at 128 x 128 (two blocks per SM), whose GEMM the L2 bounds at 78% of its throughput
+# (Nsight Compute). Side by side on one H100 (130a53b) it was faster at all nine sweep points: -1%
+# (128 experts) to -7% (16K tokens, 16 and 32 experts), the default 1.091 -> 1.034 ms. Fewer L2
+# bytes still did not help: 192 x 256 (112 FLOPs per byte) was 8-36% slower (d27f1e2).
 BF16_TILE = (128, 256, 64)
 # `tiles` points: the default at these shapes (the first also a `sweep` point): the previous bench
 # tile, narrower and shorter tiles, more of them (slices are 64 deep: wgmma's 128-byte swizzled rows),
-# and a taller one: three warpgroups of 64 x 256, 112 FLOPs per L2 byte
+# and a taller one: three warpgroups of 64 x 256
 BF16_TILE_VARIANTS = ((128, 128, 64), (128, 64, 64), (64, 128, 64), (192, 256, 64))
 
 

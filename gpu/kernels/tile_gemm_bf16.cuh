@@ -7,7 +7,8 @@
 // reading both operands straight from shared memory (no fragment registers, and no per-warp
 // operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both (one block
 // per SM): 85 FLOPs per byte copied from L2 against 64 at 128 x 128; three on 192 x 256 (one per
-// 64 rows, 384 threads of at most 168 registers) make it 112. At 128 x 128 (two blocks per SM)
+// 64 rows, 384 threads of at most 168 registers) make it 112, yet its layers were 8-36% slower
+// than 128 x 256's (d27f1e2; the L2 is not what binds 128 x 256). At 128 x 128 (two blocks per SM)
 // the L2 binds the grid at 78% of its throughput, the tensor pipe at 41%; 128 x 256, the bench
 // tile since 4cee2cb, keeps the L2 at 73% and the tensor pipe at 42%, its warps waiting on the
 // stages' barriers, and its layers are 1-7% faster (Nsight Compute and side by side, one H100;
