@@ -115,9 +115,8 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "64, 128, 192 or 256 for bfloat16 (64-row wgmma blocks)")
     if cfg.tile_n not in BF16_TILE_N:
         raise UnsupportedConfig("tile_n", cfg.tile_n, "32, 64, 128 or 256 for bfloat16 (the wgmma widths the kernel "
-                                "has, 256 as two warpgroups of 128)")
-    threads = WARPGROUP_THREADS * warpgroups(cfg)
-    if cfg.tile_m * cfg.tile_n > BF16_MAX_ACC * threads or threads > BF16_MAX_THREADS:
+                                "has, 256 split over warpgroups)")
+    if not _bf16_registers_fit(cfg):
         fits = [n for n in BF16_TILE_N if _bf16_registers_fit(cfg.replace(tile_n=n))]
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
                                 f"(at most {BF16_MAX_ACC} accumulators per thread, {BF16_MAX_THREADS} threads a block)")
@@ -132,6 +131,8 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
 
 
 def _bf16_registers_fit(cfg: Config) -> bool:
+    """The tile's accumulators in its block's registers (BF16_MAX_ACC a thread, BF16_MAX_THREADS
+    threads at most)."""
     threads = WARPGROUP_THREADS * warpgroups(cfg)
     return cfg.tile_m * cfg.tile_n <= BF16_MAX_ACC * threads and threads <= BF16_MAX_THREADS
 

@@ -56,13 +56,13 @@ def test_bf16_tile_shape_is_checked_field_by_field():
     assert layout.kernel_name(bf) == "moelab_moe_bf16" and layout.kernel_name(flash) == "moelab_moe_fp32"
 
 
-def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_two_warpgroups():
+def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_several_warpgroups():
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
     for (m, n), stages in [((128, 128), 3), ((128, 64), 4), ((64, 128), 4), ((64, 32), 8), ((192, 64), 3),
                            ((128, 256), 4), ((64, 256), 5), ((192, 256), 4)]:
         cfg = flash.replace(tile_m=m, tile_n=n, tile_k=64)
         layout.check_supported(cfg)
-        # 228 KiB per SM: 2 blocks of one warpgroup, or 1 of two, less 1 KiB reserved and 1 KiB static each
+        # 228 KiB per SM: 2 blocks of one warpgroup, or 1 of several, less 1 KiB reserved and 1 KiB static each
         wide = n == 256
         assert layout.smem_per_block(cfg) == (226 if wide else 112) * 1024
         stage = 2 * (m + n) * 64
