@@ -105,8 +105,9 @@ def check_supported(cfg: Config) -> None:
 
 
 def _check_tensor_core_tiles(cfg: Config) -> None:
-    """The bf16 tile GEMM's shape (kernels/tile_gemm_bf16.cuh, WgmmaTileGemm): one warpgroup's
-    wgmma.m64nNk16 per 64 rows, N = tile_n, the whole tile's accumulators in registers, slices of K
+    """The bf16 tile GEMM's shape (kernels/tile_gemm_bf16.cuh, WgmmaTileGemm): wgmma.m64nNk16 per 64
+    rows and N <= 128 columns, the tile split over the block's warpgroups (warpgroups()), the whole
+    tile's accumulators in registers (_bf16_registers_fit), slices of K
     64 deep (one 128-byte swizzled line per row), and at least BF16_MIN_STAGES TMA stages in a
     block's shared memory (less the 1 KiB the stages' 1024-byte alignment may take). (hidden and
     ffn are multiples of tile_n, so every bf16 row and column block starts on 16 bytes, as the
