@@ -41,6 +41,11 @@ struct Activation<ACT_SILU> {
 #endif
 };
 
+// GEMM1's output: the bias alone
+struct Identity {
+  __device__ float operator()(float h) const { return h; }
+};
+
 // f(Activation<kind>{}) for the run-time `kind`
 template <class F>
 __device__ __forceinline__ void with_activation(int kind, F f) {
@@ -178,17 +183,17 @@ __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long
   return true;
 }
 #endif
-// A task's output tile, element (r, c) = f(c, acc): bf16 (rounded to nearest even) through shared
-// memory in whole rows (WgmmaTileGemm::store); tf32's float32 straight from the fragments
-template <class Gemm, class F>
+// A task's output tile, element (r, c) = act(acc + bias[c]): bf16 (rounded to nearest even)
+// through shared memory in whole rows (WgmmaTileGemm::store); tf32's float32 straight from the
+// fragments
+template <class Gemm, class Act>
 __device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, void* smem, elem_t* out,
-                                           long long ld, F f) {
+                                           long long ld, const float* bias, Act act) {
 #if MOE_BF16
-  Gemm::store(acc, rows, smem, out, ld,
-              [&](int c, float v0, float v1) { return __floats2bfloat162_rn(f(c, v0), f(c + 1, v1)); });
+  Gemm::store(acc, rows, smem, out, ld, bias, act);
 #else
   Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-    *reinterpret_cast<float2*>(out + r * ld + c) = make_float2(f(c, v0), f(c + 1, v1));
+    *reinterpret_cast<float2*>(out + r * ld + c) = make_float2(act(v0 + bias[c]), act(v1 + bias[c + 1]));
   });
 #endif
 }
@@ -213,12 +218,11 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   const float* b = (first ? p.b1 : p.b2) + (long long)le * N + col0;
   if (first) {
     with_activation(act, [&](auto activate) {
-      store_tile<Gemm>(acc, rows, smem, p.hidden + s0 * p.I + col0, p.I,
-                       [&](int c, float v) { return activate(v + b[c]); });
+      store_tile<Gemm>(acc, rows, smem, p.hidden + s0 * p.I + col0, p.I, b, activate);
     });
     fence_async_global();  // GEMM1 tasks read these rows through the TMA (the async proxy)
   } else {
-    store_tile<Gemm>(acc, rows, smem, out1() + col0, p.H, [&](int c, float v) { return v + b[c]; });
+    store_tile<Gemm>(acc, rows, smem, out1() + col0, p.H, b, Identity{});
   }
 }
 #else
