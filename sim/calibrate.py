@@ -331,15 +331,16 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str, dtype: str) -> Non
             f.set(name, getattr(hw, name), f"{origin}: not measured (one GPU, no peer): the {base} preset's")
     else:
         one = next(p for p in remote if p["blocks"] == 1)
-        own = costs.contended_ns_per_byte(0.0, px, ph, big, knee)
-        f.set("put_nvlink_ns_per_byte", one["ns_per_put"]["median"] / big - own,
-              f"{origin}: put-with-signal of {big} B over NVLink by 1 block alone, less its own bytes' slowdown")
+        f.set("put_nvlink_ns_per_byte", one["ns_per_put"]["median"] / big,
+              f"{origin}: put-with-signal of {big} B over NVLink by 1 block alone")
         best = max(remote, key=lambda p: p["aggregate_gbps"])
         f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth "
               f"to the peer ({best['blocks']} blocks x {best['bytes']} B)")
+    # the build's blocks per SM too: a local share queues behind the NVLink ones only beside another block
     hw_moves = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
-        "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
-        "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte", "nvlink_gbps")})
+        "blocks_per_sm", "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes",
+        "put_local_ns_per_byte", "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte",
+        "nvlink_gbps")})
     for c in copies:
         inflight = c["blocks"] * c["bytes"]
         f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",

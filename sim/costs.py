@@ -203,17 +203,19 @@ def contended_ns_per_byte(alone: float, extra: float, half: float, inflight: flo
 def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None, over_link: int = 1) -> float:
     """The issuing block's time to put a tile to its own GPU or over NVLink while all blocks have
     `inflight` bytes of puts going (default: this one), `over_link` puts over this link: the
-    block's threads store the bytes, loading the GPU's memory as local puts do; over NVLink the
-    port's share bounds it too. (The network path hands the put to a NIC or a proxy: no block
-    time here.)"""
+    block's threads store the bytes, loading the GPU's memory as local puts do; over NVLink at
+    the block's own rate or the port's share, whichever is slower (the GPU's memory, ten times
+    the port's bandwidth, does not slow them: on two H100s 16 to 32 blocks put 1 MiB each in the
+    time one does, 106-110 us, where the local puts' contention made it 128-224). (The network
+    path hands the put to a NIC or a proxy: no block time here.)"""
     inflight = nbytes if inflight is None else inflight
-    if link not in (LOCAL, NVLINK):
+    if link == NVLINK:
+        # a preset without the block's own rate (0) still shares the port
+        return nbytes * port_ns_per_byte(hw.put_nvlink_ns_per_byte, over_link, hw.nvlink_gbps)
+    if link != LOCAL:
         return 0.0
-    stores = hw.put_local_ns_per_byte if link == LOCAL else hw.put_nvlink_ns_per_byte
-    # a preset without the block's own rate (0) still shares the NVLink port
-    per = contended_ns_per_byte(stores, hw.put_local_extra_ns_per_byte, hw.put_local_half_bytes, inflight,
-                                hw.l2_knee_bytes) if stores else 0.0
-    return nbytes * (port_ns_per_byte(per, over_link, hw.nvlink_gbps) if link == NVLINK else per)
+    return nbytes * contended_ns_per_byte(hw.put_local_ns_per_byte, hw.put_local_extra_ns_per_byte,
+                                          hw.put_local_half_bytes, inflight, hw.l2_knee_bytes)
 
 
 def store_ns(hw: Hardware, link: int, nbytes: float) -> float:
@@ -272,9 +274,11 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     """A processor's time on its `nbytes` share of a dispatched tile while all dispatching blocks
     move `inflight` bytes at once, `over` shares over each link: stored into this GPU's inbox, the
     measured store dispatch (a gather where the preset has none), and no sooner than a share of
-    its size to an NVLink peer while any goes there (measured: a GPU's stores queue behind the
-    port, its local shares as slow as its NVLink ones); into an NVLink peer's, the block's loads
-    and remote stores (a put's rate and the port's share); otherwise packed and put (pack_ns).
+    its size to an NVLink peer while any goes there where another block shares its SM (measured:
+    a GPU's local shares as slow as its NVLink ones at 2 blocks per SM, float32 on two H100s and
+    H200s, bf16 on two H200s; at 1, the H100's bf16 build, its local 128-row shares take 42 us and
+    its NVLink ones 89); into an NVLink peer's, the block's loads and remote stores (a put's rate
+    and the port's share); otherwise packed and put (pack_ns).
 
     The measured store dispatch charges every share the mean share of the bytes in flight, not
     its own: a share's fence waits for the stores queued ahead of its own, so in the megakernel a
@@ -289,7 +293,8 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
         own = store_dispatch_ns(hw, inflight / sum(over.values()) if over else nbytes, inflight)
     else:
         own = gather_ns(hw, nbytes, inflight)
-    queued = put_ns(hw, NVLINK, nbytes, inflight, over[NVLINK]) if over.get(NVLINK) else 0.0
+    beside = over.get(NVLINK) and hw.blocks_per_sm > 1  # a block on the SM storing into the peer
+    queued = put_ns(hw, NVLINK, nbytes, inflight, over[NVLINK]) if beside else 0.0
     return max(own, queued) + hw.task_overhead_ns
 
 

@@ -238,15 +238,30 @@ def test_tiles_of_another_source_gpu_do_not_share_a_weight_slice():
 
 def test_local_dispatch_shares_wait_for_the_nvlink_ones_beside_them():
     """A GPU's local store share takes its own time alone, and an NVLink share's while any goes
-    over NVLink at once."""
+    over NVLink at once from a block on the same SM; with one block per SM, its own time still."""
     hw = hardware.PRESETS["h200-sxm"].replace(dispatch_store_fixed_ns=1000.0, dispatch_store_ns_per_byte=0.12,
-                                            put_nvlink_ns_per_byte=0.1)
+                                            put_nvlink_ns_per_byte=0.1, blocks_per_sm=2)
     nbytes, inflight = 1 << 18, 256 * (1 << 18)
     alone = costs.dispatch_ns(hw, nbytes, LOCAL, "store", inflight, {LOCAL: 256})
     assert alone == pytest.approx(1000.0 + 0.12 * nbytes + hw.task_overhead_ns)
     over = {LOCAL: 128, NVLINK: 128}
     beside = costs.dispatch_ns(hw, nbytes, LOCAL, "store", inflight, over)
     assert beside == pytest.approx(costs.dispatch_ns(hw, nbytes, NVLINK, "store", inflight, over)) and beside > alone
+    one_per_sm = hw.replace(blocks_per_sm=1)
+    assert costs.dispatch_ns(one_per_sm, nbytes, LOCAL, "store", inflight, over) == pytest.approx(alone)
+
+
+@pytest.mark.parametrize("blocks", [1, 16, 64, 264])
+def test_a_put_over_nvlink_goes_at_its_own_rate_or_the_ports_share(blocks):
+    """The local puts' slowdown with the bytes in flight does not reach puts into the peer: a
+    block's own rate until the port's share is slower."""
+    hw = hardware.PRESETS["h200-sxm"].replace(put_nvlink_ns_per_byte=0.1, nvlink_gbps=370.0,
+                                            put_local_extra_ns_per_byte=0.5, put_local_half_bytes=1 << 20,
+                                            l2_knee_bytes=1 << 20)
+    size = 1 << 20
+    want = size * max(0.1, blocks / 370.0)
+    assert costs.put_ns(hw, NVLINK, size, blocks * size, blocks) == pytest.approx(want)
+    assert costs.put_ns(hw, LOCAL, size, blocks * size, blocks) > size * hw.put_local_ns_per_byte or blocks == 1
 
 
 def test_a_file_from_before_the_store_dispatch_keeps_the_base_figures(tmp_path):
