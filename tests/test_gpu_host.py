@@ -140,10 +140,11 @@ def test_tf32_cases_are_supported():
     assert any(Config.from_dict(c["config"]).capacity_factor is None for c in checks)
     bench = cases.bench_cases(1, "default", "x-", "tf32")
     assert bench[0]["trace"] == "x-trace-flashmoe-tf32-p1.npz" and bench[0]["baselines"] == ["tf32", "float32"]
-    assert Config.from_dict(bench[0]["config"]).tile_k == cases.TF32_TILE_K
+    tile = Config.from_dict(bench[0]["config"])
+    assert (tile.tile_m, tile.tile_n, tile.tile_k) == cases.TF32_TILE
     names = [c["name"] for c in cases.bench_cases(2, "sweep", "x-", "tf32")]
     assert "bench-flashmoe-tokens-1k-tf32-p2" in names and "bench-flashmoe-experts-128-tf32-p2" in names
-    assert "bench-flashmoe-tile128x128x8-tf32-p2" in names
+    assert "bench-flashmoe-tile128x64x16-tf32-p2" in names
     # the float32 and bf16 bench points are those of before
     assert cases.bench_cases(1, "default")[0]["baselines"] == ["float32", "bfloat16"]
     assert Config.from_dict(cases.bench_cases(1, "default")[0]["config"]) == \
