@@ -132,10 +132,11 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     f.set("warpgroups_per_block", wgs, f"{origin}: the build's warpgroups per block (its tile options)")
     blocks = grid // sms * sms
     _fit_gemm(f, raw, hw, blocks, origin, dtype)
+    _fit_latency(f, raw, origin)
     _fit_moves(f, raw, hw, base, origin, dtype)
     _fit_gate(f, raw, blocks * wgs, wgs, origin)
     _fit_scheduler(f, raw, hw, origin)
-    _fit_link(f, raw, origin)
+    _check_round_trips(f, raw)
     return f
 
 
@@ -336,11 +337,12 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str, dtype: str) -> Non
         best = max(remote, key=lambda p: p["aggregate_gbps"])
         f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth "
               f"to the peer ({best['blocks']} blocks x {best['bytes']} B)")
-    # the build's blocks per SM too: a local share queues behind the NVLink ones only beside another block
+    # the build's blocks per SM too (a local share queues behind the NVLink ones only beside another
+    # block) and the measured NVLink latency (a share stored into the peer ends with a round trip)
     hw_moves = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
         "blocks_per_sm", "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes",
         "put_local_ns_per_byte", "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte",
-        "nvlink_gbps")})
+        "nvlink_gbps") + (("nvlink_latency_ns",) if "nvlink_latency_ns" in f.values else ())})
     for c in copies:
         inflight = c["blocks"] * c["bytes"]
         f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",
@@ -603,12 +605,21 @@ def _fit_idle(f: Fit, raw: dict, s: dict, hw, origin: str) -> None:
                 f.values["stop_ns"])
 
 
-def _fit_link(f: Fit, raw: dict, origin: str) -> None:
-    pings = [p for p in raw.get("pingpong", []) if not p.get("failed")]
-    bare = [p for p in pings if p["bytes"] == 0]
+def _pings(raw: dict) -> list[dict]:
+    return [p for p in raw.get("pingpong", []) if not p.get("failed")]
+
+
+def _fit_latency(f: Fit, raw: dict, origin: str) -> None:
+    """The NVLink latency, before the moves' checks (a share stored into the peer ends with a round trip)."""
+    bare = [p for p in _pings(raw) if p["bytes"] == 0]
     if bare:
         f.set("nvlink_latency_ns", bare[0]["round_trip_ns"] / 2, f"{origin}: half a bare-signal round trip")
-        for p in pings:
+
+
+def _check_round_trips(f: Fit, raw: dict) -> None:
+    """Put-with-signal round trips against the fitted latency and NVLink put rate (checks only)."""
+    if "nvlink_latency_ns" in f.values:
+        for p in _pings(raw):
             if p["bytes"]:
                 f.check(f"put-with-signal round trip {p['bytes']} B, 1 block (ns; not fitted)", p["round_trip_ns"],
                         2 * (f.values["nvlink_latency_ns"] + p["bytes"] * f.values.get("put_nvlink_ns_per_byte", 0.0)))

@@ -288,14 +288,20 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     if not stores_dispatch(path, link):
         return pack_ns(hw, nbytes, link, inflight, over.get(link, 1))
     if link == NVLINK:
-        return put_ns(hw, link, nbytes, inflight, over.get(NVLINK, 1)) + hw.task_overhead_ns
+        return nvlink_share_ns(hw, nbytes, inflight, over) + hw.task_overhead_ns
     if hw.dispatch_store_ns_per_byte:  # measured at the layer's concurrency, one GPU alone
         own = store_dispatch_ns(hw, inflight / sum(over.values()) if over else nbytes, inflight)
     else:
         own = gather_ns(hw, nbytes, inflight)
     beside = over.get(NVLINK) and hw.blocks_per_sm > 1  # a block on the SM storing into the peer
-    queued = put_ns(hw, NVLINK, nbytes, inflight, over[NVLINK]) if beside else 0.0
+    queued = nvlink_share_ns(hw, nbytes, inflight, over) if beside else 0.0
     return max(own, queued) + hw.task_overhead_ns
+
+
+def nvlink_share_ns(hw: Hardware, nbytes: float, inflight: float, over: dict[int, int]) -> float:
+    """A dispatch share stored into the NVLink peer: its bytes at a put's rate and the port's share,
+    then its fence, which waits for the peer to acknowledge the last of them (a round trip)."""
+    return put_ns(hw, NVLINK, nbytes, inflight, over.get(NVLINK, 1)) + 2 * hw.nvlink_latency_ns
 
 
 def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float) -> float:

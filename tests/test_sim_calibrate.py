@@ -251,6 +251,15 @@ def test_local_dispatch_shares_wait_for_the_nvlink_ones_beside_them():
     assert costs.dispatch_ns(one_per_sm, nbytes, LOCAL, "store", inflight, over) == pytest.approx(alone)
 
 
+def test_a_share_stored_into_the_peer_ends_with_a_round_trip():
+    """Its bytes at a put's rate (or the port's share), then its fence's wait for the peer's
+    acknowledgement: two NVLink latencies."""
+    hw = hardware.PRESETS["h200-sxm"].replace(put_nvlink_ns_per_byte=0.1, nvlink_gbps=370.0, nvlink_latency_ns=900.0)
+    nbytes, over = 1 << 16, {LOCAL: 64, NVLINK: 64}
+    got = costs.dispatch_ns(hw, nbytes, NVLINK, "store", 128 * nbytes, over)
+    assert got == pytest.approx(nbytes * max(0.1, 64 / 370.0) + 2 * 900.0 + hw.task_overhead_ns)
+
+
 @pytest.mark.parametrize("blocks", [1, 16, 64, 264])
 def test_a_put_over_nvlink_goes_at_its_own_rate_or_the_ports_share(blocks):
     """The local puts' slowdown with the bytes in flight does not reach puts into the peer: a
