@@ -208,14 +208,14 @@ def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None
     the port's bandwidth, does not slow them: on two H100s 16 to 32 blocks put 1 MiB each in the
     time one does, 106-110 us, where the local puts' contention made it 128-224). (The network
     path hands the put to a NIC or a proxy: no block time here.)"""
-    inflight = nbytes if inflight is None else inflight
     if link == NVLINK:
         # a preset without the block's own rate (0) still shares the port
         return nbytes * port_ns_per_byte(hw.put_nvlink_ns_per_byte, over_link, hw.nvlink_gbps)
     if link != LOCAL:
         return 0.0
     return nbytes * contended_ns_per_byte(hw.put_local_ns_per_byte, hw.put_local_extra_ns_per_byte,
-                                          hw.put_local_half_bytes, inflight, hw.l2_knee_bytes)
+                                          hw.put_local_half_bytes, nbytes if inflight is None else inflight,
+                                          hw.l2_knee_bytes)
 
 
 def store_ns(hw: Hardware, link: int, nbytes: float) -> float:
