@@ -42,17 +42,35 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     q.I = K, q.H = N, q.hidden = const_cast<elem_t*>(A), q.w2 = W, q.b2 = bias, q.outbuf = out;
   }
   const int ncol = N / TILE_N;
+  // this block's task j: its first row of A, expert and first column
+  auto task_of = [&](int j, long long* s0, int* le, int* col0) {
+    const long long g = (long long)j * gridDim.x + blockIdx.x, tile = g / ncol;
+    *col0 = (int)(g % ncol) * TILE_N;
+    *s0 = (tile % a_tiles) * TILE_M;
+    *le = (int)((tile / tiles_per_expert) % experts);
+  };
+#if MOE_BF16
+  TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prepare();
+#endif
   __syncthreads();
   const uint64_t t0 = now_ns();
   for (int j = 0; j < reps; ++j) {
-    const long long g = (long long)j * gridDim.x + blockIdx.x;
-    const int col0 = (int)(g % ncol) * TILE_N;
-    const long long tile = g / ncol;
-    const int slot = (int)(tile % a_tiles), le = (int)((tile / tiles_per_expert) % experts);
-    const long long s0 = (long long)slot * TILE_M;
+    long long s0;
+    int le, col0;
+    task_of(j, &s0, &le, &col0);
     gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
+#if MOE_BF16
+    // the next task's first slices, as the megakernel's processor asks for them once it has
+    // taken its next command
+    if (threadIdx.x == 32 && j + 1 < reps) {
+      long long s1;
+      int le1, col1;
+      task_of(j + 1, &s1, &le1, &col1);
+      TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prime(task_operands(q, kind == TASK_GEMM0, s1, le1, col1), smem_raw);
+    }
+#endif
   }
   if (threadIdx.x == 0) ns[blockIdx.x] = now_ns() - t0;
 }

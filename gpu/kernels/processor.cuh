@@ -160,15 +160,19 @@ __device__ void dispatch_tiles(const Params& p, uint64_t epoch, int tel, int n) 
 template <int BM, int BN, int BK>
 using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES, BLOCK_WARPGROUPS>;
 #define TENSOR_TASK __noinline__
-// the task's tile GEMM through the TMA: A is rows s0.. of inbox or hidden; the weights are
-// K-major ([L][N][K], params.cuh), so column block col0 of expert le is rows le * N + col0.. of
-// its tensor map. False if a slice never landed.
+// what a task's tile GEMM reads through the TMA: A is rows s0.. of inbox (GEMM0) or hidden
+// (GEMM1); the weights are K-major ([L][N][K], params.cuh), so column block col0 of expert le
+// is rows le * N + col0.. of its tensor map
+__device__ __forceinline__ GemmOperands task_operands(const Params& p, bool first, long long s0, int le, int col0) {
+  const long long N = first ? p.I : p.H;
+  return {p.tmaps + (first ? TMAP_INBOX : TMAP_HIDDEN) * TMAP_BYTES, (int)s0,
+          p.tmaps + (first ? TMAP_W1 : TMAP_W2) * TMAP_BYTES, (int)(le * N + col0), (int)(first ? p.H : p.I)};
+}
+// the task's tile GEMM; false if a slice never landed
 template <class Gemm>
 __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long s0, int rows, int le, int col0,
-                                          long long K, long long N, void* smem, typename Gemm::Acc& acc) {
-  const unsigned char* map_a = p.tmaps + (first ? TMAP_INBOX : TMAP_HIDDEN) * TMAP_BYTES;
-  const unsigned char* map_b = p.tmaps + (first ? TMAP_W1 : TMAP_W2) * TMAP_BYTES;
-  return Gemm::run(p, map_a, (int)s0, rows, map_b, (int)(le * N + col0), (int)K, smem, acc);
+                                          void* smem, typename Gemm::Acc& acc) {
+  return Gemm::run(p, task_operands(p, first, s0, le, col0), rows, smem, acc);
 }
 #else
 template <int BM, int BN, int BK>
@@ -177,7 +181,8 @@ using TensorCoreGemm = Tf32TileGemm<BM, BN, BK>;
 // the task's tile GEMM: A is rows s0.. of inbox or hidden, the weights [L][K][N]; always true
 template <class Gemm>
 __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long s0, int rows, int le, int col0,
-                                          long long K, long long N, void* smem, typename Gemm::Acc& acc) {
+                                          void* smem, typename Gemm::Acc& acc) {
+  const long long K = first ? p.H : p.I, N = first ? p.I : p.H;
   const elem_t* w = (first ? p.w1 : p.w2) + (long long)le * K * N + col0;
   Gemm::run((first ? p.inbox : p.hidden) + s0 * K, K, rows, w, N, (int)K, smem, acc);
   return true;
@@ -213,9 +218,8 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   const int act = (int)p.act_kind;
   // one GEMM for both kinds (one copy of the main loop in the code), two epilogues
   const bool first = kind == TASK_GEMM0;
-  const long long K = first ? p.H : p.I, N = first ? p.I : p.H;
-  if (!tile_gemm<Gemm>(p, first, s0, rows, le, col0, K, N, smem, acc)) return;
-  const float* b = (first ? p.b1 : p.b2) + (long long)le * N + col0;
+  if (!tile_gemm<Gemm>(p, first, s0, rows, le, col0, smem, acc)) return;
+  const float* b = (first ? p.b1 : p.b2) + (long long)le * (first ? p.I : p.H) + col0;
   if (first) {
     with_activation(act, [&](auto activate) {
       store_tile<Gemm>(acc, rows, smem, p.hidden + s0 * p.I + col0, p.I, b, activate);
@@ -286,13 +290,24 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   // when a task's work is done: warp 1 takes it then, its two dependent loads (mailbox, queue) in
   // flight while thread 0's fence and atomics finish the task. Taken after them, they left ~2 us
   // between tasks (telemetry, one H100), the SM's tensor cores idle at one block per SM.
+  // The bf16 GEMM's next task then has its first slices asked for by the same thread (it saw
+  // their rows written), and they land while this task's bookkeeping and the call go on.
   auto take_ahead = [&](int seq) {
-    if (tid == 32) ahead = take_command(p, me, seq, &next_seq, &next);
+    if (tid != 32) return;
+    ahead = take_command(p, me, seq, &next_seq, &next);
+#if MOE_BF16
+    if (ahead && (next.x == TASK_GEMM0 || next.x == TASK_GEMM1))
+      TensorCoreGemm<BM, BN, BK>::prime(task_operands(p, next.x == TASK_GEMM0, (long long)next.y * p.C +
+                                                      (long long)next.z * BM, (int)(next.y % p.L), next.w), smem);
+#endif
   };
   if (tid == 0) {
     task_seq = 0;
     ahead = false;
   }
+#if MOE_BF16
+  TensorCoreGemm<BM, BN, BK>::prepare();
+#endif
   for (;;) {
     if (tid == 0 && ahead) {
       task = next;

@@ -21,7 +21,14 @@
 // its own. Slice kt's wgmmas are committed as one group and run on while slice kt - 1's are
 // waited for, whose stage then takes the next slice. (Before, every thread issued 16-byte
 // cp.async copies: 16 a slice at 128 x 128, plus their addresses, a wait and a barrier more per
-// slice.)
+// slice.) The stages' barriers are set once per block and their phases carried from task to
+// task, and a task's first STAGES - 1 slices are asked for as the task before it ends, once the
+// processor has taken the command that names it (prime): they land during that task's
+// bookkeeping and the call, where each task used to set its barriers, meet, and only then ask.
+// Side by side on one H100 the layers with 8 and 16 experts were 2-3% faster, the others within
+// their spread (-1 to +1%). Naming the next task earlier, so that its slices could come in
+// during the epilogue, takes a third mailbox slot (MAILBOX_SLOTS, os.cuh): the float32 layers
+// alone were 1-5% slower with it, most of them 4%, and the bf16 ones no faster.
 // The copy engine writes wgmma's 128-byte-swizzled K-major layout itself: 8-row groups of 1024
 // bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
 // tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
@@ -110,9 +117,6 @@ struct Wgmma<128> {
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void mbar_inval(unsigned bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
 // the one arrival of a stage's phase, with the bytes its copies will bring
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -136,6 +140,16 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const void* map, int k
 // what this thread wrote (or saw written) through the generic proxy is seen by its later TMA reads
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
+// What a tile GEMM reads: rows a_row.. of the tensor map map_a (A, K wide) and rows b_row.. of
+// map_b (the column block's BN weight rows, K each)
+struct GemmOperands {
+  const void* map_a;
+  int a_row;
+  const void* map_b;
+  int b_row;
+  int K;
+};
+
 template <int BM, int BN, int BK, int STAGES, int WGS = 1>
 struct WgmmaTileGemm {
   // A block's warpgroups split the tile's columns in two where one holds all BM rows of half of
@@ -153,75 +167,108 @@ struct WgmmaTileGemm {
                 "of 128 (a TMA box of at most 256 rows), BK = 64, 3 stages or more");
   using Acc = float[MB][NB_N][NREG];
 
+  // The stages' barriers live as long as the block: a task's slice kt is in stage kt % STAGES and
+  // waits for the phase of that stage's bit in `phase` (flipped by each wait), and its first
+  // `primed` slices may have been asked for already, as the task before ended (prime).
+  struct Ring {
+    uint64_t landed[STAGES];
+    unsigned phase;
+    int primed;
+  };
+  __device__ static Ring& ring() {
+    __shared__ Ring r;
+    return r;
+  }
+  // once per block, before its first task
+  __device__ static void prepare() {
+    Ring& r = ring();
+    if (thread_index() == 0) {
+      for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(&r.landed[s]), 1);
+      r.phase = 0;
+      r.primed = 0;
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
+
   // this thread's warpgroup's row band and column band of the tile (written so that a split of
   // one kind leaves no arithmetic for the other)
   __device__ static int band_m(int tid) { return WGS_M > 1 ? tid / 128 / WGS_N : 0; }
   __device__ static int band_n(int tid) { return WGS_M > 1 ? tid / 128 % WGS_N : tid / 128; }
+  __device__ static unsigned stages_base(void* smem) {
+    // the swizzle is of address bits: its 1024-byte pattern starts on a 1024-byte boundary
+    return (smem_addr(smem) + 1023) & ~1023u;
+  }
 
-  // A: rows a_row.. of the tensor map map_a, written earlier in this launch by other blocks or
-  // peers (the TMA reads L2, never a stale L1 line); B: rows b_row.. of map_b, this column block's
-  // BN weight rows, K each. False if a slice never landed (the error is recorded).
-  __device__ static bool run(const Params& p, const void* map_a, int a_row, int rows, const void* map_b, int b_row,
-                             int K, void* smem, Acc& acc) {
+  // A's rows were written earlier in this launch by other blocks or peers (the TMA reads L2,
+  // never a stale L1 line). False if a slice never landed (the error is recorded).
+  __device__ static bool run(const Params& p, const GemmOperands& op, int rows, void* smem, Acc& acc) {
 #pragma unroll
     for (int m = 0; m < MB; ++m)
 #pragma unroll
       for (int n = 0; n < NB_N; ++n)
 #pragma unroll
         for (int q = 0; q < NREG; ++q) acc[m][n][q] = 0.f;
-    // a stage's slice has landed: one phase per slice it takes (here, not in blocks_of: each of
-    // its instances would have barriers of its own, and a block's warpgroups may run different ones)
-    __shared__ uint64_t landed[STAGES];
     // the tile's 64-row blocks that hold a row, and of them this warpgroup's (none: it only waits)
     const int nb = (rows + 63) / 64, mine = WGS_M > 1 ? min(max(nb - band_m(thread_index()) * MB, 0), MB) : nb;
-    return blocks_of<MB>(mine, nb, p, map_a, a_row, map_b, b_row, K, smem, smem_addr(landed), acc);
+    return blocks_of<MB>(mine, nb, p, op, smem, acc);
+  }
+
+  // One thread, as the block's task before this one has ended and its next GEMM is known: asks
+  // for that GEMM's first STAGES - 1 slices (all of A's 64-row boxes: its rows are not known
+  // here), so that they land during the task's bookkeeping and the call. A's rows were seen
+  // written by this thread (it took the command that names them).
+  __device__ static void prime(const GemmOperands& op, void* smem) {
+    fence_async_shared();  // the epilogue wrote the stages through the generic proxy
+    fence_async_global();
+    const int n = min(STAGES - 1, op.K / BK);
+    for (int s = 0; s < n; ++s) load(op, stages_base(smem), BM / 64, s, s);
+    ring().primed = n;
+  }
+
+  // one thread: slice kt of op (`boxes` 64-row boxes of A and the B box) into `stage`
+  __device__ static void load(const GemmOperands& op, unsigned base, int boxes, int stage, int kt) {
+    const unsigned s = base + stage * STAGE_BYTES, bar = smem_addr(&ring().landed[stage]);
+    mbar_expect_tx(bar, boxes * A_BOX_BYTES + B_BYTES);
+    for (int m = 0; m < boxes; ++m) tma_load_2d(s + m * A_BOX_BYTES, op.map_a, kt * BK, op.a_row + m * 64, bar);
+    tma_load_2d(s + A_BYTES, op.map_b, kt * BK, op.b_row, bar);
   }
 
   // the main loop of a warpgroup with NB 64-row blocks to compute, each NB compiled on its own:
   // ptxas serializes wgmmas that sit behind a branch
   template <int NB>
-  __device__ static bool blocks_of(int mine, int nb, const Params& p, const void* map_a, int a_row,
-                                   const void* map_b, int b_row, int K, void* smem, unsigned bar0, Acc& acc) {
+  __device__ static bool blocks_of(int mine, int nb, const Params& p, const GemmOperands& op, void* smem, Acc& acc) {
     if constexpr (NB > (WGS_M > 1 ? 0 : 1))
-      if (mine < NB) return blocks_of<NB - 1>(mine, nb, p, map_a, a_row, map_b, b_row, K, smem, bar0, acc);
+      if (mine < NB) return blocks_of<NB - 1>(mine, nb, p, op, smem, acc);
     const int tid = thread_index();
-    // the swizzle is of address bits: its 1024-byte pattern starts on a 1024-byte boundary
-    const unsigned base = (smem_addr(smem) + 1023) & ~1023u;
+    const unsigned base = stages_base(smem);
     // this warpgroup's rows and columns: A blocks from band_m * MB on, B rows from
     // band_n * WN, whole 8-row groups of 1024 bytes
     const unsigned a_wg = band_m(tid) * MB * 8 * 1024, b_wg = band_n(tid) * (WN / 8) * 1024;
     // one thread asks the copy engine for a slice: a box of A per 64-row block that holds a row
     // (NB of them where one warpgroup takes all the rows), and one of B
     const int boxes = WGS_M > 1 ? nb : NB;
-    auto load = [&](int stage, int kt) {
-      const unsigned s = base + stage * STAGE_BYTES, bar = bar0 + stage * 8;
-      mbar_expect_tx(bar, boxes * A_BOX_BYTES + B_BYTES);
-      for (int m = 0; m < boxes; ++m) tma_load_2d(s + m * A_BOX_BYTES, map_a, kt * BK, a_row + m * 64, bar);
-      tma_load_2d(s + A_BYTES, map_b, kt * BK, b_row, bar);
-    };
-    const int KT = K / BK;
+    const int KT = op.K / BK;
+    Ring& r = ring();
+    unsigned phase = r.phase;
     if (tid == 0) {
-      for (int s = 0; s < STAGES; ++s) mbar_init(bar0 + s * 8, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();  // the barriers are set, and every thread is done with the shared memory
-    if (tid == 0) {
-      // the stages were last written through the generic proxy (the gate), A through it too
+      // the stages were last written through the generic proxy (the gate, the last epilogue), A too
       fence_async_shared();
       fence_async_global();
-      for (int s = 0; s < STAGES - 1 && s < KT; ++s) load(s, s);
+      for (int s = r.primed; s < STAGES - 1 && s < KT; ++s) load(op, base, boxes, s, s);
     }
     Waiter w;
     int kt = 0;
     bool ok = true;
     for (int rd = 0; kt < KT; ++kt, rd = rd + 1 == STAGES ? 0 : rd + 1) {
       // try_wait suspends the thread a while in hardware: the clock starts only if that was not enough
-      const unsigned parity = (kt / STAGES) & 1;
-      if (!mbar_try_wait(bar0 + rd * 8, parity)) {
+      const unsigned bar = smem_addr(&r.landed[rd]), parity = (phase >> rd) & 1;
+      if (!mbar_try_wait(bar, parity)) {
         w.restart();
-        while (ok && !mbar_try_wait(bar0 + rd * 8, parity)) ok = !w.spent(p);
+        while (ok && !mbar_try_wait(bar, parity)) ok = !w.spent(p);
         if (!ok) break;
       }
+      phase ^= 1u << rd;
       const unsigned a = base + rd * STAGE_BYTES + a_wg, b = base + rd * STAGE_BYTES + A_BYTES + b_wg;
       wgmma_fence();
 #pragma unroll
@@ -238,16 +285,18 @@ struct WgmmaTileGemm {
       // kt + STAGES - 1, so the copies run STAGES - 1 slices ahead, as L2 and HBM latency need
       __syncthreads();
       const int next = kt + STAGES - 1;
-      if (tid == 0 && next < KT) load(next % STAGES, next);
+      if (tid == 0 && next < KT) load(op, base, boxes, next % STAGES, next);
     }
     wgmma_wait<0>();
     if (!ok) {
-      if (!aborted(p)) record_error(p, WAIT_SLICE, a_row, b_row, kt, 0, 1, (long long)(now_ns() - w.start));
+      if (!aborted(p)) record_error(p, WAIT_SLICE, op.a_row, op.b_row, kt, 0, 1, (long long)(now_ns() - w.start));
       return false;
     }
-    __syncthreads();  // every thread is past its waits: the next task sets the barriers anew
-    if (tid == 0)
-      for (int s = 0; s < STAGES; ++s) mbar_inval(bar0 + s * 8);
+    __syncthreads();  // every warp is done with the stages
+    if (tid == 0) {
+      r.phase = phase;
+      r.primed = 0;
+    }
     return true;
   }
 
