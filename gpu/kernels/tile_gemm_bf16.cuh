@@ -27,8 +27,8 @@
 // bookkeeping and the call, where each task used to set its barriers, meet, and only then ask.
 // Side by side on one H100 the layers with 8 and 16 experts were 2-3% faster, the others within
 // their spread (-1 to +1%). Naming the next task earlier, so that its slices could come in
-// during the epilogue, takes a third mailbox slot (MAILBOX_SLOTS, os.cuh): the float32 layers
-// alone were 1-5% slower with it, most of them 4%, and the bf16 ones no faster.
+// during the epilogue, takes a third mailbox slot (MAILBOX_SLOTS, os.cuh): every float32 layer
+// was 3.6-5.4% slower with it, and the bf16 ones no faster.
 // The copy engine writes wgmma's 128-byte-swizzled K-major layout itself: 8-row groups of 1024
 // bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
 // tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
