@@ -77,11 +77,11 @@ FINDINGS = """\
 Right:
 
 - **67 of 72 runs hold every bound, and every layer latency but one**: on one and two H100s (the
-  kernel of 625c2d5, the bf16 128 x 256 tile of two warpgroups, calibrated on the megakernel's
+  kernel of fd02f60, the bf16 128 x 256 tile of two warpgroups, calibrated on the megakernel's
   own dispatch, GEMM tasks, per-tile and final combines) all 18 float32 runs and 14 of 18 bf16
   runs; on 2 H200s (the kernel of 965330c) 35 of 36. Each run is predicted with its own commit's
-  measurements. Latency errors: H100 float32 -8.6% to +6.9%, bf16 -4.9% to +8.6% on one GPU and
-  -6.5% to +12.6% on two (128 experts, below); H200 float32 -9.0% to -1.6%, bf16 -7.2% to +5.4%.
+  measurements. Latency errors: H100 float32 -9.9% to +6.1%, bf16 -5.5% to +8.1% on one GPU and
+  -6.4% to +12.4% on two (128 experts, below); H200 float32 -9.0% to -1.6%, bf16 -7.2% to +5.4%.
   The layer is a queue of equal tile tasks on 263 processors (131 on the bf16 H100 build), each
   task a fixed cost plus its FLOPs plus its share of its weight slice's loads, with a hand-off
   between tasks and the scheduler's latencies around idle processors.
@@ -93,8 +93,8 @@ Right:
   inside the megakernel, on eight layers no measured run uses (768 to 24576 tokens), and fits them
   there (the GEMM tasks weighted by their count: a layer's typical tasks, not its rare heights).
   The H100's 1K bf16 dispatch and combine, -30% and -22% when fitted on the microbenchmarks, hold
-  (-9.9%, -5.5%); so do its 2K float32 dispatch (+7.7%, before +25%) and its float32 combines
-  (-11% to +9%, before down to -20%). Two H100s gave the same in-layer times within 3%.
+  (+3.5%, -6.6% at fd02f60); so do its 2K float32 dispatch (+8.2%, before +25%) and its float32
+  combines (-12% to +10%, before down to -20%). Two H100s gave the same in-layer times within 3%.
 - **A stored share's time is its round's, not its own**: the 1K float32 layer's shares of 32 to
   64 KiB take 9.2-9.5 us, the 2K one's of 80 to 128 KiB 16.9 us (H100). Each share fences its
   stores before its count, and the fence waits for what the whole GPU has queued: the model
@@ -137,6 +137,15 @@ Right:
   by side). What is left of a task's fixed cost: ~1.4-2.5 us from the call to the first copy
   (the task function's register saves, its parameters' loads), 1.3-3.7 us until the first slice
   lands, 0.2-1.1 us of fence after GEMM0's stores.
+- **A bf16 task's first slices are asked for before it starts** (fd02f60): the stages' barriers
+  are set once per block, and the thread that takes a processor's next command asks for that
+  GEMM's first three slices at once, while the task before does its bookkeeping. The calibrated
+  fixed cost of a task went from 11.5 to 10.9 us; side by side on one H100 the layers of 8 and
+  16 experts were 2-3% faster (0.755 -> 0.740, 0.771 -> 0.748 ms), the others within -1 to +1%.
+  Naming the next task before the epilogue takes a third mailbox slot, and with it every
+  float32 layer was 3.6-5.4% slower (the default 7.30 -> 7.59 ms), likely because the scheduler
+  then commits tasks further ahead and the tasks sharing a weight slice start further apart
+  (not measured).
 - **Fewer L2 bytes per FLOP did not make the bf16 GEMM faster** (d27f1e2): a 192 x 256 tile, three
   warpgroups of 64 x 256 (112 FLOPs per L2 byte against 85 at 128 x 256), was slower at every
   point (8 experts 0.921 against 0.853 ms, the default 1.419 against 1.043, where each expert's
@@ -228,17 +237,16 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   -43%. A few microseconds of a 0.5 ms layer: its latency holds. The H100's one-GPU runs,
   calibrated inside the megakernel, hold at every size; the H200's figures move there with its
   next measurement.
-- **The H100's two-GPU bf16 runs** (the kernel of 625c2d5, the first two-H100 runs), four of
-  them:
+- **The H100's two-GPU bf16 runs** (the kernels of 625c2d5 and fd02f60 alike), four of them:
   - at 128 experts and 4K tokens each expert is one tile, so each task loads its weight slice
     alone, and the fit (linear in those bytes, over layers of 1 to 6 tiles per expert) puts those
     tasks 5-18% long on one GPU; the returns over NVLink add 5% that the measured GEMM1 does not
-    show at these sizes: GEMM1 busy +23-24% on two GPUs, and the 128-expert layer +12.6%;
-  - at 16K tokens the two-GPU layer's GEMM tasks run 10-14% longer than the one-GPU layer's
+    show at these sizes: GEMM1 busy +23% on two GPUs, and the 128-expert layer +12.4%;
+  - at 16K tokens the two-GPU layer's GEMM tasks run 13-15% longer than the one-GPU layer's
     (likely the peer's rows, 64 MiB dispatched and 64 MiB returned, landing in this GPU's memory
-    as they run), which the model does not charge: T(2)/T(1) 1.216 measured, 1.112 predicted;
-  - at 1K tokens a 16-row share stored into the peer takes 14.4 us in the dispatch
-    microbenchmark where the model gives 13.0 (-10%), and the layer's dispatch busy time is -22%:
+    as they run), which the model does not charge: T(2)/T(1) 1.232 measured, 1.113 predicted;
+  - at 1K tokens a 16-row share stored into the peer takes 15.0 us in the dispatch
+    microbenchmark where the model gives 13.1 (-13%), and the layer's dispatch busy time is -21%:
     a few microseconds of its 0.53 ms, whose latency holds.
 """
 

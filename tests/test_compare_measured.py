@@ -18,23 +18,23 @@ EVERY_RUN = compare.measured_runs(calibrated_only=False)
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
 # (run, quantity) misses of the calibrations committed in measurements/calibration-<gpu>.json, each
 # with its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list.
-# Measured at 965330c on 1 and 2 H200s and at 625c2d5 on 1 and 2 H100s.
+# Measured at 965330c on 1 and 2 H200s and at fd02f60 on 1 and 2 H100s.
 SMALL_SHARES = ("the H200 calibration of 965330c predates the in-layer timings (in_layer): its store dispatch is "
                 "fitted linear in a share's bytes on the dispatch microbenchmark, whose 1K-token shares take 5.0 us "
                 "where the layer's take 6.3 (bf16): dispatch busy time -43%; the H100's one-GPU dispatch, fitted "
                 "inside the megakernel, holds at every size")
 
-# the H100's first two-GPU runs (625c2d5): bf16 only, float32 holds everywhere
+# the H100's two-GPU runs (625c2d5, fd02f60): bf16 only, float32 holds everywhere
 WHOLE_SLICE = ("an expert of one tile (128 experts, 4K tokens) loads each weight slice for one task, and the fit, "
                "linear in those bytes, puts those tasks 5-18% long on one GPU; the NVLink returns add 5% that the "
-               "measured GEMM1 does not show at these sizes: GEMM1 busy +23-24%")
-WHOLE_SLICE_LAYER = "the layer follows its GEMM1 tasks (128 experts: +12.6%)"
-PEER_STORES = ("on two GPUs the 16K layer's GEMM tasks run 10-14% longer than on one (likely the peer's rows, 64 MiB "
+               "measured GEMM1 does not show at these sizes: GEMM1 busy +23%")
+WHOLE_SLICE_LAYER = "the layer follows its GEMM1 tasks (128 experts: +12.4%)"
+PEER_STORES = ("on two GPUs the 16K layer's GEMM tasks run 13-15% longer than on one (likely the peer's rows, 64 MiB "
                "dispatched and 64 MiB returned, landing in this GPU's memory as they run), which the model does not "
-               "charge: T(2)/T(1) 1.216 measured, 1.112 predicted")
-SMALL_NVLINK = ("a 16-row share stored into the peer takes 14.4 us in the dispatch microbenchmark where the model "
-                "(its bytes at a put's rate, then a round trip for the fence) gives 13.0: the 1K layer's dispatch "
-                "busy -22%")
+               "charge: T(2)/T(1) 1.232 measured, 1.113 predicted")
+SMALL_NVLINK = ("a 16-row share stored into the peer takes 15.0 us in the dispatch microbenchmark where the model "
+                "(its bytes at a put's rate, then a round trip for the fence) gives 13.1: the 1K layer's dispatch "
+                "busy -21%")
 
 
 def _misses(gpu: str, by_run: dict[str, dict[str, str]]) -> dict[tuple[str, str], str]:
