@@ -26,7 +26,7 @@ import numpy as np
 
 from reference import Config, golden, routing, weights
 
-from . import errors, layout, telemetry
+from . import errors, telemetry
 from .baseline import TorchLayer
 from .runtime import Inputs, Layer, Session
 
@@ -158,7 +158,6 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
         "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
         "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
         "dropped_events": sum(p[1] for p in parts), "dispatch": "store" if layer.direct_stores else "put",
-        "queue": layout.QUEUE_POLICY,
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
     res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)

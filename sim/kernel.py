@@ -5,12 +5,10 @@ kernel's "store" path each tile for this GPU or an NVLink peer is gathered strai
 owner's inbox by up to 4 blocks (all processors busy when the tiles are fewer) and the last one
 signals; a tile across nodes, or every tile on the "put" path, is packed by one block and put
 with its signal. Then the OS block's subscriber warps
-watch the arrival flags and turn arrived tiles into tasks for the scheduler warp, which
-hands them to processor blocks in queue order:
+watch the arrival flags and turn each arrived tile into tasks for the scheduler warp, which
+hands them to processor blocks in arrival order:
 
-- a dispatched tile arrives at its expert's owner; once the expert's last tile (from any source)
-  has, all its tiles' GEMM0 tasks (one per tile_n columns of I each) go into the queue together,
-  the tasks reading one weight slice side by side;
+- a dispatched tile arrives at its expert's owner: its GEMM0 tasks (one per tile_n columns of I);
 - the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
 - each GEMM1 task stores its column block straight into the source rank's memory (its GPU or an
   NVLink peer; the stores' time over NVLink is added to every task) and counts itself in there;
@@ -90,10 +88,9 @@ class FusedKernel:
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
-                 send: Callable[..., None], on_tile_done: Callable[[int], None], dispatch: str = "store",
-                 queue: str = "expert"):
+                 send: Callable[..., None], on_tile_done: Callable[[int], None], dispatch: str = "store"):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
-        self.dispatch, self.queue = dispatch, queue  # costs.DISPATCH_PATHS, costs.QUEUE_POLICIES
+        self.dispatch = dispatch  # costs.DISPATCH_PATHS
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec
         self.send, self.on_tile_done = send, on_tile_done
@@ -105,10 +102,6 @@ class FusedKernel:
         self.phases_left = sum(len(phases.tasks[t]) - (COMBINE in phases.tasks[t])
                                for t in np.flatnonzero(plan.tile_owner == rank)) + \
             sum(COMBINE in phases.tasks[t] for t in np.flatnonzero(plan.tile_src == rank))
-        # each local expert's dispatched tiles, from every source: its GEMM0 tasks wait for all
-        self.expert_waiting: dict[int, list[int]] = {}
-        self.expert_tiles = {int(e): int(n) for e, n in
-                             zip(*np.unique(plan.tile_expert[plan.tile_owner == rank], return_counts=True))}
 
     def start(self) -> None:
         """Gate on every block, then the processor blocks move this GPU's outgoing tiles, each
@@ -171,18 +164,8 @@ class FusedKernel:
         heapq.heappush(self.subscribers, (end, warp))
         self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end,
                      int(self.plan.tile_expert[t]), t, int(self.plan.transfer_src[x]))
-        if int(self.plan.transfer_kind[x]) == DISPATCH and self.queue == "expert":
-            # the expert's tiles wait for its last, then go into the queue together
-            e = int(self.plan.tile_expert[t])
-            waiting = self.expert_waiting.setdefault(e, [])
-            waiting.append(t)
-            if len(waiting) < self.expert_tiles[e]:
-                return
-            self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(
-                lambda _: [self.enqueue(w, GEMM0) for w in sorted(waiting)])
-        else:
-            kind = GEMM0 if int(self.plan.transfer_kind[x]) == DISPATCH else COMBINE
-            self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
+        kind = GEMM0 if int(self.plan.transfer_kind[x]) == DISPATCH else COMBINE
+        self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
 
     def enqueue(self, t: int, kind: int) -> None:
         """Hand tile `t`'s tasks of one phase to the scheduler; go on when the last one ends."""

@@ -184,15 +184,6 @@ def test_scheduler_capacity_is_the_kernels():
     assert int(re.search(r"constexpr int MAILBOX_SLOTS = (\d+);", text)[1]) == layout.MAILBOX_SLOTS == 2
 
 
-def test_traces_name_the_kernels_queue_policy_to_the_simulator():
-    """The kernel's subscriber queues an expert's tiles together (os.cuh enqueue_expert); its
-    traces say so (worker meta "queue"), in the simulator's terms."""
-    from sim import costs
-
-    assert "enqueue_expert<BM>(p, le, n0, BN)" in (layout.KERNEL_DIR / "os.cuh").read_text()
-    assert layout.QUEUE_POLICY == "expert" and layout.QUEUE_POLICY in costs.QUEUE_POLICIES
-
-
 def test_simulated_gate_item_is_the_kernels():
     """sim.costs models the gate by the kernel's work item; the kernel's constants are its own."""
     text = (layout.KERNEL_DIR / "gate.cuh").read_text()

@@ -1,8 +1,7 @@
 // The OS block (FlashMoE's roles): warp 0 is the scheduler, warps 1..3 the subscriber.
 // - subscriber: learns how many rows each source sends to each local expert (count signals),
-//   then turns landed tiles into tasks: all the dispatched tiles of a local expert, from every
-//   source, into their GEMM0 tasks once the last has landed; a returned tile of this rank's tokens
-//   (all its GEMM1 column blocks counted in) into its combine task;
+//   then turns every landed tile into tasks: a dispatched tile into its GEMM0 tasks, a returned
+//   tile of this rank's tokens (all its GEMM1 column blocks counted in) into its combine task;
 // - scheduler: hands the published tasks, in queue order, to idle processors through their
 //   mailboxes, and stops them all once every task of the layer call has been done.
 #pragma once
@@ -19,42 +18,17 @@ constexpr int MAILBOX_SLOTS = 2;  // tasks a processor may hold: the one it runs
 // the mailbox slot of processor q's command number seq (seq, seq + 1 alternate)
 __device__ __forceinline__ int mailbox_slot(int q, int seq) { return MAILBOX_SLOTS * q + seq % MAILBOX_SLOTS; }
 
-// Reserve n queue slots, write task(i) into slot i, then publish them (the scheduler reads them in
-// order).
-template <class Task>
-__device__ bool enqueue_tasks(const Params& p, int n, Task task) {
+// Reserve n queue slots, write the tasks, then publish them (scheduler reads them in order).
+__device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, int col_step) {
   int base = atomicAdd(p.state + ST_QTAIL, n);
   if (base + n > p.queue_cap) {
     record_error(p, QUEUE_FULL, base + n, p.queue_cap, 0, 0, 0, 0);
     return false;
   }
-  for (int i = 0; i < n; ++i) p.queue[base + i] = task(i);
+  for (int i = 0; i < n; ++i) p.queue[base + i] = make_int4(kind, block, tile, i * col_step);
   __threadfence();
   for (int i = 0; i < n; ++i) st_release_gpu(p.queue_ready + base + i, 1);
   return true;
-}
-
-// A tile's n tasks of one kind, one per column block
-__device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, int col_step) {
-  return enqueue_tasks(p, n, [&](int i) { return make_int4(kind, block, tile, i * col_step); });
-}
-
-// Every dispatched tile of local expert le, from every source, once all have landed: their GEMM0
-// tasks column block by column block, so that the tasks reading one weight slice sit side by side
-// in the queue and run at once, the slice read from HBM once for all of them. (Enqueued tile by
-// tile as they landed, a peer's tiles came 170-390 us after this GPU's own, two H100s: the slice
-// had left the L2 by then, and each was read once per source.)
-template <int BM>
-__device__ bool enqueue_expert(const Params& p, int le, int n0, int col_step) {
-  const int tiles = __ldcg(p.expert_tiles + le);
-  return enqueue_tasks(p, tiles * n0, [&](int i) {
-    int k = i % tiles;  // the k-th of the expert's tiles, sources in order
-    for (int src = 0;; ++src) {
-      const int block = (int)(src * p.L + le), n = ceil_div(__ldcg(p.in_count + block), BM);
-      if (k < n) return make_int4(TASK_GEMM0, block, k, (i / tiles) * col_step);
-      k -= n;
-    }
-  });
 }
 
 template <int BM, int BN>
@@ -74,7 +48,6 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     if ((v >> 32) >= epoch && rows > p.C) record_error(p, BAD_COUNT, idx / p.L, idx % p.L, 0, rows, p.C, 0);
     p.in_count[idx] = rows;
     tasks += (long long)ceil_div(rows, BM) * (n0 + n1);
-    atomicAdd(p.expert_tiles + idx % p.L, ceil_div(rows, BM));
   }
   for (long long e = sl; e < p.E; e += SUBSCRIBER_LANES) tasks += ceil_div(__ldcg(p.counts + e), BM);
   atomicAdd(s_acc, (int)tasks);
@@ -105,13 +78,7 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
         int src = (int)(idx / p.L), le = (int)(idx % p.L);
         int rows = min(BM, rows_all - tile * BM);
         log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), src, rows, tile, 0);
-        // the lane that counts the expert's last tile enqueues them all; what each lane saw land
-        // (its acquire above) is ordered before its count by this fence, and before the tasks'
-        // publication by the counting lane's fence in enqueue_tasks
-        __threadfence();
-        if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le) &&
-            !enqueue_expert<BM>(p, le, n0, BN))
-          return;
+        if (!enqueue(p, TASK_GEMM0, (int)idx, tile, n0, BN)) return;
       } else {
         long long r = it - D, e = r / p.TM;
         int tile = (int)(r % p.TM), rows_all = __ldcg(p.counts + e);
