@@ -70,6 +70,7 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
       task_of(j + 1, &s1, &le1, &col1);
       TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prime(task_operands(q, kind == TASK_GEMM0, s1, le1, col1), smem_raw);
     }
+    __syncthreads();  // thread 0 reads how many slices were primed as the next task starts
 #endif
   }
   if (threadIdx.x == 0) ns[blockIdx.x] = now_ns() - t0;

@@ -217,7 +217,8 @@ struct WgmmaTileGemm {
   // One thread, as the block's task before this one has ended and its next GEMM is known: asks
   // for that GEMM's first STAGES - 1 slices (all of A's 64-row boxes: its rows are not known
   // here), so that they land during the task's bookkeeping and the call. A's rows were seen
-  // written by this thread (it took the command that names them).
+  // written by this thread (it took the command that names them). The block meets before the
+  // next task starts: its thread 0 reads `primed`.
   __device__ static void prime(const GemmOperands& op, void* smem) {
     fence_async_shared();  // the epilogue wrote the stages through the generic proxy
     fence_async_global();
