@@ -292,13 +292,15 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   // between tasks (telemetry, one H100), the SM's tensor cores idle at one block per SM.
   // The bf16 GEMM's next task then has its first slices asked for by the same thread (it saw
   // their rows written), and they land while this task's bookkeeping and the call go on.
+  // the first row of tile `tile` of a block of C rows (inbox, hidden, combox: [blocks][C])
+  auto tile_row = [&](long long block, int tile) { return block * p.C + (long long)tile * BM; };
   auto take_ahead = [&](int seq) {
     if (tid != 32) return;
     ahead = take_command(p, me, seq, &next_seq, &next);
 #if MOE_BF16
     if (ahead && (next.x == TASK_GEMM0 || next.x == TASK_GEMM1))
-      TensorCoreGemm<BM, BN, BK>::prime(task_operands(p, next.x == TASK_GEMM0, (long long)next.y * p.C +
-                                                      (long long)next.z * BM, (int)(next.y % p.L), next.w), smem);
+      TensorCoreGemm<BM, BN, BK>::prime(
+          task_operands(p, next.x == TASK_GEMM0, tile_row(next.y, next.z), (int)(next.y % p.L), next.w), smem);
 #endif
   };
   if (tid == 0) {
@@ -334,7 +336,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       const int e = block, rows = min(BM, __ldcg(p.counts + e) - tile * BM);
 #if !MOE_BF16
       // weight the returned rows of expert `block` in place: combox row = weight * row
-      const long long s0 = (long long)e * p.C + (long long)tile * BM;
+      const long long s0 = tile_row(e, tile);
       elem_t* rows_at = p.combox + s0 * p.H;
       copy_rows(p, rows_at, rows, [&](int r) { return reinterpret_cast<const float4*>(rows_at + (long long)r * p.H); },
                 p.row_weight + s0);
@@ -351,12 +353,12 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       continue;
     }
     const int rows = min(BM, __ldcg(p.in_count + block) - tile * BM);
-    const long long s0 = (long long)block * p.C + (long long)tile * BM;  // first row of the tile
+    const long long s0 = tile_row(block, tile);
     const int le = (int)(block % p.L), src = (int)(block / p.L);
     // GEMM1's output goes straight into the source's combox where that is load/store reachable
     // (this GPU or an NVLink peer): no block spends a task putting a whole tile afterwards. Where
     // it goes is worked out after the GEMM, so that it holds no registers through it.
-    auto home = [&] { return p.combox + ((p.rank * p.L + le) * p.C + (long long)tile * BM) * p.H; };
+    auto home = [&] { return p.combox + tile_row(p.rank * p.L + le, tile) * p.H; };
     auto direct = [&]() -> elem_t* {
       return tk.x == TASK_GEMM1 && p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(home(), src)) : nullptr;
     };
