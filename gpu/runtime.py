@@ -260,7 +260,7 @@ class Layer:
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
             n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=s.E * s.TM, tile_done1=s.E * s.TM,
                        dispatch_done=s.E * s.TM, in_count=s.E,
-                       seen=2 * s.E * s.TM, mailbox_done=self.n_proc, tlog_count=self.logs)
+                       seen=2 * s.E * s.TM, expert_tiles=2 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
             at = 0
             for name, n in n32.items():

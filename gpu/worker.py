@@ -152,12 +152,14 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
     parts = _gather(session, (tb.build(), dropped))
     if session.rank != 0:
         return None
+    from sim.costs import queue_policy
     from sim.trace import KIND, ROLE, concat
 
     trace = concat([p[0] for p in parts], meta={
         "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
         "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
         "dropped_events": sum(p[1] for p in parts), "dispatch": "store" if layer.direct_stores else "put",
+        "queue": queue_policy(cfg),  # os.cuh QUEUE_BY_EXPERT, as the simulator names it
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
     res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)

@@ -9,7 +9,7 @@ import sys
 
 from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending
 
-from .costs import DISPATCH_PATHS
+from .costs import DISPATCH_PATHS, QUEUE_POLICIES
 from .hardware import DEFAULT, PRESETS, HardwareError
 from .network import TRANSPORTS
 
@@ -37,21 +37,23 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _one(args) -> int:
-    from . import engine, metrics, timeline
+    from . import costs, engine, metrics, timeline
 
     progress = Progress(not args.quiet)
     cfg = config_from_args(args)
     if args.nodes is not None:
         cfg = engine.with_nodes(cfg, args.nodes)
-    result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress, dispatch=args.dispatch)
+    queue = args.queue or costs.queue_policy(cfg)
+    result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress, dispatch=args.dispatch,
+                             queue=queue)
     m = result.metrics
     if cfg.ranks > 2 and cfg.experts % 2 == 0:
         progress("2-GPU run of the same layer for overlap efficiency T(2)/T(N)")
         two = engine.simulate(cfg.replace(ranks=2, gpus_per_node=2), args.hardware, args.transport, args.baseline,
-                              dispatch=args.dispatch)
+                              dispatch=args.dispatch, queue=queue)
         m = metrics.compute(result.trace, cfg, latency_2gpu_ns=two.metrics["latency_ns"])
     summary = {"config": cfg.name, "gpus": cfg.ranks, "nodes": cfg.nodes, "hardware": result.trace.meta["hardware"],
-               "transport": args.transport, "dispatch": args.dispatch,
+               "transport": args.transport, "dispatch": args.dispatch, "queue": queue,
                "kernel": "baseline" if args.baseline else "fused",
                **flatten(m), "sim_events": result.events, "sim_wall_s": result.wall_s}
     if args.trace:
@@ -112,6 +114,10 @@ def register(sub) -> None:
                    help="how the fused kernel moves dispatched rows: stored straight into the owner's memory by "
                         "up to 4 blocks a tile where a block can reach it (the kernel's default), or packed and put "
                         "by one block a tile (the kernel's put path)")
+    p.add_argument("--queue", choices=QUEUE_POLICIES,
+                   help="when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
+                        "the last has landed (expert), or as it lands (tile); default: as the kernel build of the "
+                        "config's dtype does (bf16: expert, float32 and tf32: tile)")
     p.add_argument("--baseline", action="store_true", help="simulate the bulk-synchronous baseline instead")
     p.add_argument("--trace", metavar="FILE", type=path_ending(".json", ".npz"),
                    help="write the trace: .json (Perfetto) or .npz")

@@ -78,6 +78,13 @@ class MeasuredRun:
         return str(self.trace.meta.get("dispatch", "put"))
 
     @property
+    def queue(self) -> str:
+        """When the measured kernel queued a dispatched tile's tasks (costs.QUEUE_POLICIES): traces
+        record it since the subscriber queues an expert's tiles together; the ones before, as each
+        tile landed."""
+        return str(self.trace.meta.get("queue", "tile"))
+
+    @property
     def name(self) -> str:
         return self.path.stem
 
@@ -205,13 +212,13 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str], object] = {}
+        self.cache: dict[tuple[str, str, str, str], object] = {}
 
-    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "store"):
+    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "store", queue: str | None = None):
         figures = hw.for_dtype(cfg.dtype).to_dict()  # what simulate runs with
-        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch)
+        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue)
         if key not in self.cache:
-            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch)
+            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue)
         return self.cache[key]
 
 
@@ -241,7 +248,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_dtype(run.config.dtype)
-    result = predict(run.config, hw, run.dispatch)
+    result = predict(run.config, hw, run.dispatch, run.queue)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta.get("processors") or hw.processors)
     ranks = run.config.ranks
@@ -254,7 +261,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     c.rows.append(_row("SM utilization", model["sm_utilization"], meas["sm_utilization"], None))
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
-        pred_two = predict(two.config, hw, two.dispatch).metrics["latency_ns"] / 1e6
+        pred_two = predict(two.config, hw, two.dispatch, two.queue).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])

@@ -41,6 +41,9 @@ from .hardware import Hardware
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
 GATE_DEPTH, GATE_MAX_SPLITS = 32, 8  # its slice of H, and the most blocks one item's H is split over
 DISPATCH_PATHS = ("store", "put")  # how dispatched rows move (processor.cuh dispatch_tile; gpu Layer direct_stores)
+# when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles, from every
+# source, once the last has landed (os.cuh enqueue_expert), or as it lands (queue_policy)
+QUEUE_POLICIES = ("expert", "tile")
 DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (processor.cuh DISPATCH_MAX_PARTS)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
@@ -68,16 +71,24 @@ def block_bytes_per_ns(hw: Hardware) -> float:
     return hw.hbm_gbps / blocks(hw)
 
 
-def weight_bytes_alone(cfg: Config, plan, processors: int) -> np.ndarray:
-    """Per task: its weight slice's bytes over the tiles that share the slice at once: those of its
-    expert from the same source GPU (they arrive and queue together; another source's come in
-    its own turn, after the slice has left the L2: on 2 H200s the median bf16 task took 44.5 us
-    where an expert's 2 tiles came from its own GPU, 45.0 where its 4 came 2 from each). A
-    GEMM0 task's slice is H x its columns, a GEMM1 task's I x its columns; at most processors /
-    the tile's tasks of that kind run at once; 0 for a combine task."""
+def queue_policy(cfg: Config) -> str:
+    """The queue policy of cfg's kernel build (os.cuh QUEUE_BY_EXPERT): the bf16 build queues an
+    expert's tiles together, the float32 and tf32 builds each tile as it lands (and so did the bf16
+    build up to 0521fe7, whose traces carry no "queue")."""
+    return "expert" if cfg.dtype == "bfloat16" else "tile"
+
+
+def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.ndarray:
+    """Per task: its weight slice's bytes over the tiles that share the slice at once: all of its
+    expert's, from every source, where the subscriber queues them together (`queue` "expert",
+    QUEUE_POLICIES); those of its own source only where each tile was queued as it landed
+    ("tile": a peer's tiles ran 170-390 us after the GPU's own, two H100s, when the slice had
+    left the L2). A GEMM0 task's slice is H x its columns, a GEMM1 task's I x its columns; at
+    most processors / the tile's tasks of that kind run at once; 0 for a combine task."""
     kind, tile = plan.task_kind, plan.task_tile
     experts = cfg.experts + cfg.shared_experts
-    key = (plan.tile_owner.astype(np.int64) * cfg.ranks + plan.tile_src) * experts + plan.tile_expert
+    src = 0 if queue == "expert" else plan.tile_src
+    key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
     tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
     tasks_per_tile = np.where(kind == GEMM0, cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n)
     sharing = np.minimum(tiles_of, np.maximum(processors // tasks_per_tile, 1))

@@ -68,14 +68,20 @@ class _CountingEnvironment(simpy.Environment):
 
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
              baseline: bool = False, progress: Callable[[str], None] | None = None,
-             plan: TilePlan | None = None, dispatch: str = "store") -> Result:
+             plan: TilePlan | None = None, dispatch: str = "store", queue: str | None = None) -> Result:
     """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known;
     `dispatch` is how the fused kernel moves dispatched rows (costs.DISPATCH_PATHS: "store" into
-    the owner's memory where a block can reach it, the kernel's default, or "put" every tile)."""
+    the owner's memory where a block can reach it, the kernel's default, or "put" every tile);
+    `queue` when it queues a dispatched tile's tasks (costs.QUEUE_POLICIES: "expert", with the
+    rest of its expert's tiles; "tile", as it lands), by default as cfg's kernel build does
+    (costs.queue_policy)."""
+    queue = costs.queue_policy(cfg) if queue is None else queue
     if transport not in TRANSPORTS:
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
     if dispatch not in costs.DISPATCH_PATHS:
         raise SimError("dispatch", dispatch, "one of " + ", ".join(costs.DISPATCH_PATHS))
+    if queue not in costs.QUEUE_POLICIES:
+        raise SimError("queue", queue, "one of " + ", ".join(costs.QUEUE_POLICIES))
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
     hw = get_hardware(hardware).for_dtype(cfg.dtype)  # the figures of the cfg's kernel build
@@ -92,26 +98,27 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         Baseline(env, cfg, plan, hw, rec).start()
         processors, left = hw.sms, [0]
     else:
-        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch)
+        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue)
         processors = hw.processors
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} tiles not combined")
     say(f"{env.events:,} events; building the trace")
     meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
-            "transport": transport, "dispatch": dispatch, "baseline": baseline, "processors": processors}
+            "transport": transport, "dispatch": dispatch, "queue": queue, "baseline": baseline,
+            "processors": processors}
     trace = rec.build(meta).sorted()
     m = metrics.compute(trace, cfg)
     return Result(trace, m, env.events, time.perf_counter() - t0)
 
 
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
-               dispatch: str) -> list[int]:
+               dispatch: str, queue: str) -> list[int]:
     """Set up every GPU's kernel on the fabric; returns [tiles not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
-                              plan.task_bytes.astype(np.float64), costs.weight_bytes_alone(cfg, plan, hw.processors),
-                              costs.flops_per_row(cfg, plan))
+                              plan.task_bytes.astype(np.float64),
+                              costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan))
     left = [plan.tile_src.size]
 
     def tile_done(_tile: int) -> None:
@@ -119,8 +126,8 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
 
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
-    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, tile_done, dispatch)
-                   for r in range(cfg.ranks))
+    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, tile_done, dispatch,
+                               queue) for r in range(cfg.ranks))
     for k in kernels:
         k.start()
     return left

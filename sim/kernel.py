@@ -5,10 +5,13 @@ kernel's "store" path each tile for this GPU or an NVLink peer is gathered strai
 owner's inbox by up to 4 blocks (all processors busy when the tiles are fewer) and the last one
 signals; a tile across nodes, or every tile on the "put" path, is packed by one block and put
 with its signal. Then the OS block's subscriber warps
-watch the arrival flags and turn each arrived tile into tasks for the scheduler warp, which
-hands them to processor blocks in arrival order:
+watch the arrival flags and turn arrived tiles into tasks for the scheduler warp, which
+hands them to processor blocks in queue order:
 
-- a dispatched tile arrives at its expert's owner: its GEMM0 tasks (one per tile_n columns of I);
+- a dispatched tile arrives at its expert's owner: its GEMM0 tasks (one per tile_n columns of I)
+  go into the queue, or, with the "expert" queue policy (the bf16 kernel's, costs.queue_policy),
+  wait for the expert's last tile from any source and go in with all of its tiles' tasks, column
+  block by column block, the tasks reading one weight slice side by side;
 - the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
 - each GEMM1 task stores its column block straight into the source rank's memory (its GPU or an
   NVLink peer; the stores' time over NVLink is added to every task) and counts itself in there;
@@ -88,9 +91,9 @@ class FusedKernel:
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
-                 send: Callable[..., None], on_tile_done: Callable[[int], None], dispatch: str = "store"):
+                 send: Callable[..., None], on_tile_done: Callable[[int], None], dispatch: str, queue: str):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
-        self.dispatch = dispatch  # costs.DISPATCH_PATHS
+        self.dispatch, self.queue = dispatch, queue  # costs.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec
         self.send, self.on_tile_done = send, on_tile_done
@@ -102,6 +105,10 @@ class FusedKernel:
         self.phases_left = sum(len(phases.tasks[t]) - (COMBINE in phases.tasks[t])
                                for t in np.flatnonzero(plan.tile_owner == rank)) + \
             sum(COMBINE in phases.tasks[t] for t in np.flatnonzero(plan.tile_src == rank))
+        # each local expert's dispatched tiles, from every source: its GEMM0 tasks wait for all
+        self.expert_waiting: dict[int, list[int]] = {}
+        self.expert_tiles = {int(e): int(n) for e, n in
+                             zip(*np.unique(plan.tile_expert[plan.tile_owner == rank], return_counts=True))}
 
     def start(self) -> None:
         """Gate on every block, then the processor blocks move this GPU's outgoing tiles, each
@@ -164,24 +171,47 @@ class FusedKernel:
         heapq.heappush(self.subscribers, (end, warp))
         self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end,
                      int(self.plan.tile_expert[t]), t, int(self.plan.transfer_src[x]))
-        kind = GEMM0 if int(self.plan.transfer_kind[x]) == DISPATCH else COMBINE
-        self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
+        if int(self.plan.transfer_kind[x]) == DISPATCH and self.queue == "expert":
+            # the expert's tiles wait for its last, then go into the queue together
+            e = int(self.plan.tile_expert[t])
+            waiting = self.expert_waiting.setdefault(e, [])
+            waiting.append(t)
+            if len(waiting) < self.expert_tiles[e]:
+                return
+            self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(
+                lambda _: self.enqueue_expert(sorted(waiting)))
+        else:
+            kind = GEMM0 if int(self.plan.transfer_kind[x]) == DISPATCH else COMBINE
+            self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
 
     def enqueue(self, t: int, kind: int) -> None:
-        """Hand tile `t`'s tasks of one phase to the scheduler; go on when the last one ends."""
-        tasks = self.phases.tasks[t][kind]
-        durations = self.durations[tasks]
-        if kind == GEMM1:  # each task stores its share of the tile home (none across nodes: a NIC puts it)
-            x = int(self.phases.transfer[t, RETURN])
-            durations = durations + costs.store_ns(self.hw, int(self.plan.transfer_link[x]),
-                                                   int(self.plan.transfer_bytes[x]) / len(durations))
-        durations = durations.tolist()
-        slots = self.scheduler.assign(self.env.now, durations)
-        name, expert = TASK_KINDS[kind], int(self.plan.tile_expert[t])
-        for lane, start, end in slots:
-            self.rec.add(self.rank, self.node, lane, "processor", name, start, end, expert, t)
-        last = max(end for _, _, end in slots)
-        self.env.timeout(last - self.env.now).callbacks.append(lambda _: self.phase_done(t, kind))
+        """Hand tile `t`'s tasks of one phase to the scheduler."""
+        self.hand_out(kind, [(t, int(task)) for task in self.phases.tasks[t][kind]])
+
+    def enqueue_expert(self, tiles: list[int]) -> None:
+        """An expert's tiles' GEMM0 tasks, column block by column block (os.cuh enqueue_expert)."""
+        per_tile = [self.phases.tasks[t][GEMM0] for t in tiles]
+        self.hand_out(GEMM0, [(t, int(tasks[c])) for c in range(max(map(len, per_tile)))
+                              for t, tasks in zip(tiles, per_tile) if c < len(tasks)])
+
+    def hand_out(self, kind: int, order: list[tuple[int, int]]) -> None:
+        """Hand (tile, task) pairs of one phase to the scheduler in queue order; each tile goes on
+        when its last task ends."""
+        durations = []
+        for t, task in order:
+            d = float(self.durations[task])
+            if kind == GEMM1:  # each task stores its share of the tile home (none across nodes: a NIC puts it)
+                x = int(self.phases.transfer[t, RETURN])
+                d += costs.store_ns(self.hw, int(self.plan.transfer_link[x]),
+                                    int(self.plan.transfer_bytes[x]) / len(self.phases.tasks[t][kind]))
+            durations.append(d)
+        last: dict[int, float] = {}
+        for (t, _), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations)):
+            self.rec.add(self.rank, self.node, lane, "processor", TASK_KINDS[kind], start, end,
+                         int(self.plan.tile_expert[t]), t)
+            last[t] = max(last.get(t, end), end)
+        for t, end in last.items():
+            self.env.timeout(end - self.env.now).callbacks.append(lambda _, t=t: self.phase_done(t, kind))
 
     def phase_done(self, t: int, kind: int) -> None:
         self.phases_left -= 1

@@ -47,7 +47,9 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   one), fitted on the megakernel's own tasks in the in-layer layers (tile heights from a few rows
   to 128, 1 to 3 tiles per expert), or, in a calibration from before those, on the
   microbenchmark's tile heights and 1, 2 and 8 tiles per expert; the tiles that share a slice are
-  those of its expert from the same source GPU (they land and queue together); each GEMM1 task
+  all of its expert's, from every source GPU, where the subscriber queues them together once the
+  last has landed (the bf16 build, whose traces record `queue` "expert"),
+  else those of its expert from the same source GPU (they land and queue together); each GEMM1 task
   also stores its output into the source GPU's memory (over NVLink at a block's put rate);
 - **scheduling**: a processor is free again `handoff_ns` after a task (the median gap between a
   processor's tasks in a 12K-token layer: 2.4 us with the kernel's two-slot mailbox). With

@@ -91,6 +91,21 @@ def test_each_run_is_predicted_on_its_kernels_dispatch_path():
         assert compare.compare(run, predict=PREDICT).predicted.meta["dispatch"] == run.dispatch
 
 
+def test_each_run_is_predicted_with_its_kernels_queue_policy():
+    """Traces say when their kernel queued a tile's tasks since it queues an expert's tiles
+    together; the ones before queued each as it landed, and a peer's tiles shared no weight slice
+    with the GPU's own."""
+    run = next(r for r in RUNS if r.config.ranks == 2 and r.config.dtype == "bfloat16")
+    old = dataclasses.replace(run, trace=Trace(run.trace.columns,
+                                               {k: v for k, v in run.trace.meta.items() if k != "queue"}))
+    new = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "queue": "expert"}))
+    assert (old.queue, new.queue) == ("tile", "expert")
+    predicted = {r.queue: compare.compare(r, predict=PREDICT) for r in (old, new)}
+    assert {q: c.predicted.meta["queue"] for q, c in predicted.items()} == {"tile": "tile", "expert": "expert"}
+    gemm0 = {q: next(row[1] for row in c.rows if row[0].startswith("gemm0")) for q, c in predicted.items()}
+    assert gemm0["expert"] < gemm0["tile"]  # 4 tiles share each weight slice, not 2
+
+
 @pytest.mark.parametrize("run", EVERY_RUN, ids=[r.name for r in EVERY_RUN])
 def test_prediction_within_bounds(run):
     reason = compare.uncovered(run)

@@ -184,6 +184,23 @@ def test_scheduler_capacity_is_the_kernels():
     assert int(re.search(r"constexpr int MAILBOX_SLOTS = (\d+);", text)[1]) == layout.MAILBOX_SLOTS == 2
 
 
+def test_simulated_queue_policy_is_the_kernel_builds():
+    """The bf16 build's subscriber queues an expert's tiles together (os.cuh QUEUE_BY_EXPERT,
+    enqueue_expert), the float32 and tf32 builds' each tile as it lands; the simulator's
+    queue_policy, which the worker writes into every trace, says the same of each build."""
+    text = (layout.KERNEL_DIR / "os.cuh").read_text()
+    by_build = re.search(r"#if MOE_BF16\nconstexpr bool QUEUE_BY_EXPERT = (\w+);\n#else\n"
+                         r"constexpr bool QUEUE_BY_EXPERT = (\w+);", text)
+    assert by_build and by_build.groups() == ("true", "false")
+    assert "if (QUEUE_BY_EXPERT) {" in text and "enqueue_expert<BM>(p, le, n0, BN)" in text
+    cfg = presets.get("flashmoe")
+    policy = {name: costs.queue_policy(c) for name, c in (
+        ("float32", cfg), ("tf32", cfg.replace(tf32=True)), ("bfloat16", cfg.replace(dtype="bfloat16")))}
+    assert policy == {"float32": "tile", "tf32": "tile", "bfloat16": "expert"}
+    assert set(policy.values()) == set(costs.QUEUE_POLICIES)
+    assert '"queue": queue_policy(cfg)' in (layout.KERNEL_DIR.parent / "worker.py").read_text()
+
+
 def test_simulated_gate_item_is_the_kernels():
     """sim.costs models the gate by the kernel's work item; the kernel's constants are its own."""
     text = (layout.KERNEL_DIR / "gate.cuh").read_text()

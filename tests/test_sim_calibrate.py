@@ -218,7 +218,7 @@ def test_fewer_tiles_per_expert_make_longer_tasks():
     for experts, tiles in ((8, 16), (64, 2), (128, 1)):  # 8192 tokens x top 2, 128-row tiles, 1 GPU
         cfg = presets.get("flashmoe").replace(ranks=1, experts=experts, dtype="bfloat16", tile_n=128)
         plan = reference.plan_of(cfg)
-        alone = costs.weight_bytes_alone(cfg, plan, hw.processors)
+        alone = costs.weight_bytes_alone(cfg, plan, hw.processors, "expert")
         gemm = plan.task_kind != COMBINE
         sharing = min(tiles, hw.processors // (2048 // 128))
         assert np.allclose(alone[gemm], 2048 * 128 * 2 / sharing) and (alone[~gemm] == 0).all()
@@ -227,13 +227,17 @@ def test_fewer_tiles_per_expert_make_longer_tasks():
     assert median[8] < median[64] < median[128]
 
 
-def test_tiles_of_another_source_gpu_do_not_share_a_weight_slice():
-    """On 2 GPUs an expert's 4 tiles come 2 from each source: a task's slice is shared by 2."""
+def test_an_experts_tiles_share_its_weight_slices_as_they_are_queued():
+    """On 2 GPUs an expert's 4 tiles come 2 from each source. Queued together (the "expert"
+    policy), a task's slice is shared by all 4; queued as each lands ("tile"), by its own source's
+    2, the peer's running after the slice has left the L2. On 1 GPU the expert's 2 tiles share it
+    either way."""
     hw = hardware.PRESETS["h200-sxm"]
-    cfg = presets.get("flashmoe").replace(ranks=2, dtype="bfloat16", tile_n=128)
-    plan = reference.plan_of(cfg)
-    gemm = plan.task_kind != COMBINE
-    assert np.allclose(costs.weight_bytes_alone(cfg, plan, hw.processors)[gemm], 2048 * 128 * 2 / 2)
+    for ranks, queue, tiles in ((1, "expert", 2), (1, "tile", 2), (2, "expert", 4), (2, "tile", 2)):
+        cfg = presets.get("flashmoe").replace(ranks=ranks, dtype="bfloat16", tile_n=128)
+        plan = reference.plan_of(cfg)
+        gemm = plan.task_kind != COMBINE
+        assert np.allclose(costs.weight_bytes_alone(cfg, plan, hw.processors, queue)[gemm], 2048 * 128 * 2 / tiles)
 
 
 def test_local_dispatch_shares_wait_for_the_nvlink_ones_beside_them():

@@ -57,6 +57,8 @@ struct Params {
   int* dispatch_done;          // [E][TM]    blocks done storing their share of a dispatched tile
   int* in_count;               // [P][L] rows arriving from each source, from sig_count
   int* seen;                   // [P*L*TM + E*TM] 1 once the subscriber has seen a tile land
+  int* expert_tiles;           // [2][L] dispatched tiles each local expert expects (from every source), and
+                               //        those landed so far
   unsigned long long* mailbox; // [NP][2] (sequence << 32) | task index, written by the scheduler
                                //         (slot sequence % 2: the running task's and the next one's)
   int* mailbox_done;           // [NP] last sequence number a processor finished
