@@ -78,15 +78,15 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **67 of 72 runs hold every bound, and every layer latency but one**: on one and two H100s (the
-  kernel of fd02f60, the bf16 128 x 256 tile of two warpgroups, calibrated on the megakernel's
-  own dispatch, GEMM tasks, per-tile and final combines) all 18 float32 runs and 14 of 18 bf16
-  runs; on 2 H200s (the kernel of 965330c) 35 of 36. Each run is predicted with its own commit's
-  measurements. Latency errors: H100 float32 -9.9% to +6.1%, bf16 -5.5% to +8.1% on one GPU and
-  -6.4% to +12.4% on two (128 experts, below); H200 float32 -9.0% to -1.6%, bf16 -7.2% to +5.4%.
-  The layer is a queue of equal tile tasks on 263 processors (131 on the bf16 H100 build), each
-  task a fixed cost plus its FLOPs plus its share of its weight slice's loads, with a hand-off
-  between tasks and the scheduler's latencies around idle processors.
+- **69 of 72 runs hold every bound**: on one and two H100s (the kernel of f715184, the bf16 128 x
+  256 tile of two warpgroups, calibrated on the megakernel's own dispatch, GEMM tasks, per-tile
+  and final combines) all 18 float32 runs and 16 of 18 bf16 runs; on 2 H200s (the kernel of
+  965330c) 35 of 36. Each run is predicted with its own commit's measurements. Latency errors:
+  H100 float32 -8.8% to +6.8%, bf16 -11.1% to +7.3% on one GPU and -12.8% to +8.7% on two (the
+  two misses below); H200 float32 -9.0% to -1.6%, bf16 -7.2% to +5.4%. The layer is a queue of
+  equal tile tasks on 263 processors (131 on the bf16 H100 build), each task a fixed cost plus
+  its FLOPs plus its share of its weight slice's loads, with a hand-off between tasks and the
+  scheduler's latencies around idle processors.
 - **The layer's pieces are timed where they run** (since 58cca54): their microbenchmarks launch
   them alone, and the layer's differ from them both ways: at 1K tokens the layer's bf16 dispatch
   shares take 7.3 us against the microbenchmark's 5.5, its float32 final combine 6.9 us against
@@ -192,19 +192,28 @@ Right:
   trip, ~1 us) on top of its bytes. The small shares' checks came within 10% (the H100's 8-row
   float32 and 16-row bf16 shares -11% and -24% before, -3% and -10% now; the H200's 8-row bf16
   -18%, now -2%), and the H200's 1K bf16 two-GPU dispatch, a miss at -28%, holds (-13%).
-- **Weight reuse is per source GPU**: an expert's tiles from one source land together and share
-  its weight slices in the L2; another source's come in their own turn. The median bf16 task:
-  44.5 us where an expert's 2 tiles came from its own GPU, 45.0 us where its 4 came 2 from each
-  (counting all 4 as sharing had underpredicted the 2-GPU bf16 layers by up to 16%). On one GPU the
-  microbenchmark's 1, 2 and 8 tiles per expert take 53.3, 44.7 and 40.7 us (128 rows, H200).
+- **Weight reuse follows the queue**: the tiles whose tasks run at once share their weight
+  slices in the L2. Queued as each tile landed (the float32 and tf32 builds, and the bf16 build up
+  to 0521fe7), an expert's tiles from one source ran together and another source's in their own
+  turn, 170-390 us later on two H100s, after the slices had left the L2: the median bf16 task took
+  44.5 us where an expert's 2 tiles came from its own GPU, 45.0 where its 4 came 2 from each (two
+  H200s). Since f715184 the bf16 subscriber holds an expert's tiles until its last has landed and
+  queues their tasks column block by column block (`queue` "expert" in the trace): on two H100s
+  the default's median GEMM0 task went from 43.6 to 31.0 us and the layer from 0.999 to 0.842 ms
+  (side by side). The model shares a slice among the tiles queued together: all of the expert's
+  where the trace says "expert", its own source's otherwise (with "expert" for the earlier bf16
+  runs it had underpredicted them by up to 16%). On one GPU the microbenchmark's 1, 2 and 8 tiles
+  per expert take 53.3, 44.7 and 40.7 us (128 rows, H200).
 - **Small layers' scheduling**: the first task starts 5-9 us after its tile's signal, the first
   round of 263 tasks goes out over 16-18 us, and the final combine starts 5.5-7.5 us after the
   last task (the scheduler warp's polling; the same on every run and in the 1.5K-token
   microbenchmark). Modeled (`wake_ns`, `assign_ns`, `stop_ns`), the 1K-2K-token layers went from
   10-15% underpredicted to -9% to +3%.
-- **Overlap efficiency** T(2)/T(1) holds within 0.1 on every run but the H100's 16K bf16 (below):
-  two GPUs each with the same tokens take as long as one, except for the dispatch over NVLink
-  (+50-170 us) and the GEMM1 outputs stored over it, which the model prices.
+- **Overlap efficiency** T(2)/T(1) holds within 0.1 on every run: two GPUs each with the same
+  tokens take as long as one, except for the dispatch over NVLink (+50-170 us) and the GEMM1
+  outputs stored over it, which the model prices. The H100's 16K bf16 layer, 1.232 measured
+  against 1.113 predicted at fd02f60 (its two-GPU tasks ran 13-15% longer than its one-GPU ones),
+  is 1.04 against 1.03 since its tiles from both GPUs share each weight slice.
 
 What the datasheet preset ignored (each now a measured mechanism, none fitted to a layer run):
 
@@ -213,7 +222,7 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
   GEMM's four stages), each warpgroup a gate unit of its own;
 - **short tiles are not proportionally cheaper**: a float32 task carries ~88 us of fixed cost
   (its 2048 x 64 weight slice loads whole however few rows the tile has) and computes its rows in
-  groups of 64, a short tile in its active warps' 16 (above), a bf16 128 x 256 one ~14 us plus
+  groups of 64, a short tile in its active warps' 16 (above), a bf16 128 x 256 one ~7 us plus
   its weight slice's share (above). The FLOPs run at the slope over tile heights, which passes
   the peak in both builds and is capped there (H100, in the layers, 1cfbaa3): the extra rows of a
   taller tile cost less than their FLOPs at the block's share of the peak, the fixed cost holding
@@ -239,17 +248,19 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   -43%. A few microseconds of a 0.5 ms layer: its latency holds. The H100's one-GPU runs,
   calibrated inside the megakernel, hold at every size; the H200's figures move there with its
   next measurement.
-- **The H100's two-GPU bf16 runs** (the kernels of 625c2d5 and fd02f60 alike), four of them:
-  - at 128 experts and 4K tokens each expert is one tile, so each task loads its weight slice
-    alone, and the fit (linear in those bytes, over layers of 1 to 6 tiles per expert) puts those
-    tasks 5-18% long on one GPU; the returns over NVLink add 5% that the measured GEMM1 does not
-    show at these sizes: GEMM1 busy +23% on two GPUs, and the 128-expert layer +12.4%;
-  - at 16K tokens the two-GPU layer's GEMM tasks run 13-15% longer than the one-GPU layer's
-    (likely the peer's rows, 64 MiB dispatched and 64 MiB returned, landing in this GPU's memory
-    as they run), which the model does not charge: T(2)/T(1) 1.232 measured, 1.113 predicted;
-  - at 1K tokens a 16-row share stored into the peer takes 15.0 us in the dispatch
-    microbenchmark where the model gives 13.1 (-13%), and the layer's dispatch busy time is -21%:
-    a few microseconds of its 0.53 ms, whose latency holds.
+- **Two of the H100's bf16 runs** (the kernel of f715184):
+  - at 8 experts on one GPU each weight slice serves 16 tiles, and a task is its math and its
+    epilogue: GEMM0 30.8 us and GEMM1 34.2 (medians), where the fit over layers of 1 to 6 tiles
+    per expert gives 27.6 for both: layer -11.1%. GEMM1 takes 3-5 us more than GEMM0 at every
+    size, likely its system-scope fence before the count signal it sends (to its own GPU too),
+    which the model does not charge apart;
+  - at 1K tokens on two GPUs every phase runs a little longer than modelled: the gate -9.5%, a
+    16-row share stored into the peer 15.0 us in the dispatch microbenchmark against the model's
+    12.9 (dispatch busy time -21%), the GEMM tasks 34.0 and 37.0 us against 31.5 and 32.0: layer
+    -12.8%.
+  At fd02f60 the misses were others: 128 experts and 4K tokens on two GPUs (GEMM1 +23%, each
+  expert's one tile loading its slices alone) and 16K's overlap (above); with the expert's tiles
+  from both GPUs sharing each slice, those hold (GEMM1 +10%, +8%).
 """
 
 
