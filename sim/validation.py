@@ -251,9 +251,10 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
 - **Two of the H100's bf16 runs** (the kernel of f715184):
   - at 8 experts on one GPU each weight slice serves 16 tiles, and a task is its math and its
     epilogue: GEMM0 30.8 us and GEMM1 34.2 (medians), where the fit over layers of 1 to 6 tiles
-    per expert gives 27.6 for both: layer -11.1%. GEMM1 takes 3-5 us more than GEMM0 at every
-    size, likely its system-scope fence before the count signal it sends (to its own GPU too),
-    which the model does not charge apart;
+    per expert gives 27.6 for both: layer -11.1%. GEMM1 takes 2-5 us more than GEMM0 at every
+    size, mostly the system-scope fence before the count it sends its tile's source, its own GPU
+    included, which the model does not charge apart (5d0ac8d drops that fence for counts on the
+    GPU itself: GEMM1's median at 8 experts 32.8 -> 31.6 us, side by side);
   - at 1K tokens on two GPUs every phase runs a little longer than modelled: the gate -9.5%, a
     16-row share stored into the peer 15.0 us in the dispatch microbenchmark against the model's
     12.9 (dispatch busy time -21%), the GEMM tasks 34.0 and 37.0 us against 31.5 and 32.0: layer

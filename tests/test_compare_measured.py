@@ -32,8 +32,8 @@ SMALL_TWO_GPU = ("at 1K tokens on two GPUs every phase runs longer than modelled
                  "GEMM tasks 34.0/37.0 us measured against 31.5/32.0): layer -12.8%")
 MATH_BOUND = ("with 16 tiles to each weight slice a bf16 task is its math and its epilogue (GEMM0 30.8 us, GEMM1 "
               "34.2, median), where the fit over layers of 1 to 6 tiles per expert gives 27.6 for both; GEMM1's "
-              "3-5 us more than GEMM0 at every size is likely its system-scope fence before the count signal: "
-              "layer -11.1%")
+              "2-5 us more than GEMM0 is mostly its system-scope fence before the count (dropped for its own GPU's "
+              "counts in 5d0ac8d): layer -11.1%")
 
 
 def _misses(gpu: str, by_run: dict[str, dict[str, str]]) -> dict[tuple[str, str], str]:
