@@ -33,11 +33,15 @@ INT_FIELDS = (
 FORMS = ("cfg", "fences", "sim")  # key prefixes of the widgets whose values outlive a page
 
 
+KERNEL_QUEUE = "as the kernel build"  # the queue choice that leaves it to sim.costs.queue_policy
+
+
 @dataclass(frozen=True)
 class SimOptions:
     hardware: str
     transport: str
     baseline: bool
+    queue: str | None  # sim.costs.QUEUE_POLICIES, or None: as the config's kernel build queues
 
 
 def keep_state() -> None:
@@ -83,19 +87,25 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
     slots["capacity_factor"] = bar.empty()
     options = None
     if sim_options:
-        from sim import TRANSPORTS, hardware  # the simulator only where its options are shown
+        from sim import TRANSPORTS, costs, hardware  # the simulator only where its options are shown
 
         st.session_state.setdefault("sim.hardware", DEFAULT_HARDWARE)
         st.session_state.setdefault("sim.transport", DEFAULT_TRANSPORT)
         st.session_state.setdefault("sim.baseline", False)
+        st.session_state.setdefault("sim.queue", KERNEL_QUEUE)
         bar.selectbox("hardware", list(hardware.PRESETS), key="sim.hardware")
         bar.selectbox("transport", list(TRANSPORTS), key="sim.transport",
                       help="how inter-node tiles move: proxy-based IBRC with per-tile fences, "
                            "Perseus' fixes, or GPU-initiated IBGDA")
         bar.checkbox("bulk-synchronous baseline", key="sim.baseline",
                      help="separate kernels and all-to-all collectives instead of one kernel")
+        bar.selectbox("queue", [KERNEL_QUEUE, *costs.QUEUE_POLICIES], key="sim.queue",
+                      help="when a landed tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
+                           "the last has landed (expert: the bf16 kernel's rule, its tasks reading each weight "
+                           "slice together), or as it lands (tile: the float32 kernel's)")
+        queue = st.session_state["sim.queue"]
         options = SimOptions(st.session_state["sim.hardware"], st.session_state["sim.transport"],
-                             st.session_state["sim.baseline"])
+                             st.session_state["sim.baseline"], None if queue == KERNEL_QUEUE else queue)
     try:
         return build_config(form), options
     except ConfigError as e:

@@ -83,6 +83,15 @@ def test_simulate_page_reruns_on_transport_and_shows_a_bad_config():
     assert not at.get("plotly_chart")
 
 
+@needs_sim
+def test_simulate_page_reruns_on_the_queue_rule():
+    at = page("simulate")
+    chart = at.get("plotly_chart")[0].proto.spec
+    assert "(tile queue)" in chart  # the default config is float32: its kernel queues each tile as it lands
+    at.sidebar.selectbox(key="sim.queue").set_value("expert").run()
+    assert not at.exception and "(expert queue)" in at.get("plotly_chart")[0].proto.spec
+
+
 def gpu_run(tr):
     """A test trace as a kernel telemetry run on an H200 (what sim.compare reads)."""
     tr.meta.update(source="gpu", gpu="NVIDIA H200")

@@ -9,9 +9,9 @@ from reference import Config
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def simulate(cfg_dict: dict, hardware: str, transport: str, baseline: bool):
+def simulate(cfg_dict: dict, hardware: str, transport: str, baseline: bool, queue: str | None):
     return sim.simulate(Config.from_dict(cfg_dict), hardware=hardware, transport=transport,
-                        baseline=baseline)
+                        baseline=baseline, queue=queue)
 
 
 def default_gpus(cfg: Config, ranks: list[int]) -> list[int]:
@@ -26,7 +26,7 @@ st.title("Simulate: one MoE layer call, tile by tile")
 cfg, opt = forms.config_sidebar("cfg", sim_options=True)
 if cfg is not None:
     with st.spinner(f"simulating {cfg.name} on {cfg.ranks} {opt.hardware} GPUs ({opt.transport})"):
-        result = simulate(cfg.to_dict(), opt.hardware, opt.transport, opt.baseline)
+        result = simulate(cfg.to_dict(), opt.hardware, opt.transport, opt.baseline, opt.queue)
     trace = result.trace
     ranks = sorted(int(r) for r in np.unique(trace["rank"]))
     end_us = float(trace["end"].max()) / 1e3 if len(trace) else 1.0
@@ -37,7 +37,7 @@ if cfg is not None:
                          help="zoom here to re-aggregate at a finer time step; drag on the chart "
                               "to zoom into what is drawn")
     sub = trace.select(np.isin(trace["rank"], shown))
-    what = "bulk-synchronous baseline" if opt.baseline else "single kernel"
+    what = "bulk-synchronous baseline" if opt.baseline else f"single kernel ({trace.meta['queue']} queue)"
     title = f"Timeline: {cfg.name}, {what} on {opt.hardware}, {opt.transport}"
     chart, table = st.columns([3, 1])
     with chart:
