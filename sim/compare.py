@@ -212,7 +212,7 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str, str], object] = {}
+        self.cache: dict[tuple[str, str, str, str | None], object] = {}
 
     def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "store", queue: str | None = None):
         figures = hw.for_dtype(cfg.dtype).to_dict()  # what simulate runs with

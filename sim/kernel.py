@@ -197,14 +197,13 @@ class FusedKernel:
     def hand_out(self, kind: int, order: list[tuple[int, int]]) -> None:
         """Hand (tile, task) pairs of one phase to the scheduler in queue order; each tile goes on
         when its last task ends."""
-        durations = []
-        for t, task in order:
-            d = float(self.durations[task])
-            if kind == GEMM1:  # each task stores its share of the tile home (none across nodes: a NIC puts it)
+        stores: dict[int, float] = {}
+        if kind == GEMM1:  # each task stores its share of the tile home (none across nodes: a NIC puts it)
+            for t in {t for t, _ in order}:
                 x = int(self.phases.transfer[t, RETURN])
-                d += costs.store_ns(self.hw, int(self.plan.transfer_link[x]),
-                                    int(self.plan.transfer_bytes[x]) / len(self.phases.tasks[t][kind]))
-            durations.append(d)
+                stores[t] = costs.store_ns(self.hw, int(self.plan.transfer_link[x]),
+                                           int(self.plan.transfer_bytes[x]) / len(self.phases.tasks[t][kind]))
+        durations = [float(self.durations[task]) + stores.get(t, 0.0) for t, task in order]
         last: dict[int, float] = {}
         for (t, _), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations)):
             self.rec.add(self.rank, self.node, lane, "processor", TASK_KINDS[kind], start, end,
