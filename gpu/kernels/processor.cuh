@@ -397,11 +397,13 @@ __device__ void processor(const Params& p, int tel, void* smem) {
 #else
     const bool count_here = false;
 #endif
-    if (tk.x == TASK_GEMM1 && direct() && tid == 0 && count_here) {
-      atomicAdd(reinterpret_cast<unsigned long long*>(p.sig_comb + count), 1ull);
-    } else if (tk.x == TASK_GEMM1 && direct() && tid == 0) {
-      __threadfence_system();
-      nvshmemx_signal_op(p.sig_comb + count, 1, NVSHMEM_SIGNAL_ADD, src);
+    if (tk.x == TASK_GEMM1 && direct() && tid == 0) {
+      if (count_here) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.sig_comb + count), 1ull);
+      } else {
+        __threadfence_system();
+        nvshmemx_signal_op(p.sig_comb + count, 1, NVSHMEM_SIGNAL_ADD, src);
+      }
     } else if (tk.x == TASK_GEMM1 && last && !direct()) {
       // the tile's output is complete: send it home, into the (expert, slot) rows of its source
       __threadfence();
