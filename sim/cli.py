@@ -37,23 +37,22 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _one(args) -> int:
-    from . import costs, engine, metrics, timeline
+    from . import engine, metrics, timeline
 
     progress = Progress(not args.quiet)
     cfg = config_from_args(args)
     if args.nodes is not None:
         cfg = engine.with_nodes(cfg, args.nodes)
-    queue = args.queue or costs.queue_policy(cfg)
     result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress, dispatch=args.dispatch,
-                             queue=queue)
+                             queue=args.queue)
     m = result.metrics
     if cfg.ranks > 2 and cfg.experts % 2 == 0:
         progress("2-GPU run of the same layer for overlap efficiency T(2)/T(N)")
         two = engine.simulate(cfg.replace(ranks=2, gpus_per_node=2), args.hardware, args.transport, args.baseline,
-                              dispatch=args.dispatch, queue=queue)
+                              dispatch=args.dispatch, queue=args.queue)
         m = metrics.compute(result.trace, cfg, latency_2gpu_ns=two.metrics["latency_ns"])
     summary = {"config": cfg.name, "gpus": cfg.ranks, "nodes": cfg.nodes, "hardware": result.trace.meta["hardware"],
-               "transport": args.transport, "dispatch": args.dispatch, "queue": queue,
+               "transport": args.transport, "dispatch": args.dispatch, "queue": result.trace.meta["queue"],
                "kernel": "baseline" if args.baseline else "fused",
                **flatten(m), "sim_events": result.events, "sim_wall_s": result.wall_s}
     if args.trace:
