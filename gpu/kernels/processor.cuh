@@ -126,10 +126,16 @@ __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, i
   __syncthreads();
   const long long slot = block * p.TM + tile;
   if (there && threadIdx.x == 0) {
-    __threadfence_system();  // this share's stores, before its count
+    // A tile for this GPU's own experts is read by this GPU's subscriber and processors only: GPU
+    // scope orders the shares' stores before its signal (as a GEMM1 count on this GPU).
+    const bool here = owner == p.rank;
+    here ? __threadfence() : __threadfence_system();  // this share's stores, before its count
     if (parts == 1 || atomicAdd(p.dispatch_done + (long long)e * p.TM + tile, 1) == parts - 1) {
-      __threadfence_system();  // every counted share's stores, before the tile's signal
-      nvshmemx_signal_op(p.sig_tile + slot, epoch, NVSHMEM_SIGNAL_SET, owner);
+      here ? __threadfence() : __threadfence_system();  // every counted share's stores, before the signal
+      if (here)
+        st_relaxed_gpu(reinterpret_cast<unsigned long long*>(p.sig_tile + slot), (unsigned long long)epoch);
+      else
+        nvshmemx_signal_op(p.sig_tile + slot, epoch, NVSHMEM_SIGNAL_SET, owner);
     }
   } else if (!there) {
     __threadfence();
