@@ -27,7 +27,7 @@ fails or a job cut short still leaves the others:
   the last task to the final combine;
 - in_layer: the dispatch shares and the final ordered combine as the megakernel runs them (right
   after the gate, the scheduler and subscriber polling beside them; the combine right after the
-  last GEMM1), from its telemetry on layers of IN_LAYER_TOKENS, none a measured run's size: each
+  last GEMM1), from its telemetry on IN_LAYERS, none a measured run's size: each
   layer's share times and sizes, the shares and bytes its first round has in flight, the
   final-combine times of the processors with the most tokens, its per-tile combine tasks' times
   and bytes, and its GEMM tasks' times by kind, tile height and tiles per expert.
@@ -77,6 +77,10 @@ SCHED_SMALL = dict(tokens=1536)
 # the L2 (50 MiB), and 1 to 6 tiles per expert sharing each weight slice (the 16K-token run has
 # 4: with 3 at most, the bf16 128 x 256 build's fit missed its tasks there by 15%)
 IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288, 24576)
+# and one layer of 8 experts at 7168 tokens, 14 tiles per expert: where sharing a weight slice stops
+# paying (the 8-expert run has 16, and its tasks ran above a fit on 1 to 6 tiles by 10%)
+IN_LAYER_SHARING = dict(tokens=7168, experts=8)
+IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING,)
 
 
 def flashmoe(world: int, dtype: str, **changes) -> Config:
@@ -94,7 +98,7 @@ def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
     cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
     cfgs += [flashmoe(world, dtype, **SCHED_CONFIG), flashmoe(world, dtype, **SCHED_SMALL),
-             flashmoe(world, dtype, tokens=max(IN_LAYER_TOKENS))]
+             flashmoe(world, dtype, tokens=max(IN_LAYER_TOKENS)), flashmoe(world, dtype, **IN_LAYER_SHARING)]
     return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
 
 
@@ -406,12 +410,13 @@ def sec_scheduler(b: Bench) -> dict:
 
 def sec_in_layer(b: Bench) -> list[dict]:
     """Rank 0's dispatch shares, GEMM tasks, per-tile and final combines in the megakernel on each
-    layer of IN_LAYER_TOKENS."""
+    of IN_LAYERS."""
     from sim.trace import KIND, ROLE
 
     out = []
-    for tokens in IN_LAYER_TOKENS:
-        cfg, tr, n_proc = traced(b, dict(tokens=tokens))
+    for changes in IN_LAYERS:
+        cfg, tr, n_proc = traced(b, changes)
+        tokens = cfg.tokens
         proc = (tr["rank"] == 0) & (tr["role"] == ROLE["processor"])
         disp = proc & (tr["kind"] == KIND["dispatch"])
         lanes, start, nbytes = tr["lane"][disp], tr["start"][disp], tr["bytes"][disp]
@@ -426,7 +431,8 @@ def sec_in_layer(b: Bench) -> list[dict]:
         held = np.array([sum(len(range(q * warps + w, tokens, n_proc * warps)) for w in range(warps))
                          for q in tr["lane"][final]])
         most = held == held.max()
-        out.append({"tokens": tokens, "world": b.s.world, "n_proc": n_proc, "top_k": cfg.top_k, "hidden": cfg.hidden,
+        out.append({"tokens": tokens, "experts": cfg.experts, "world": b.s.world, "n_proc": n_proc,
+                    "top_k": cfg.top_k, "hidden": cfg.hidden,
                     "bytes_per_value": b.elem_bytes, "inflight_bytes": int(nbytes[first].sum()),
                     "first_round_shares": len(first), "share_bytes": stats(nbytes), "dispatch_ns": stats(dur),
                     "combine_tokens_per_block": int(held.max()),
@@ -457,7 +463,8 @@ def layer_gemm_tasks(b: Bench, cfg: Config, tr, proc: np.ndarray, disp: np.ndarr
                            (tr["end"][sel] - tr["start"][sel]).tolist()):
             if (e, t) in rows_of:
                 groups.setdefault((rows_of[e, t], len(tiles_of[e])), []).append(d)
-        out += [{"tokens": cfg.tokens, "task": task, "blocks": n_proc + 1, "rows": rows, "k": k, "n": cfg.tile_n,
+        out += [{"tokens": cfg.tokens, "experts": cfg.experts, "task": task, "blocks": n_proc + 1, "rows": rows,
+                 "k": k, "n": cfg.tile_n,
                  "flops": 2 * rows * k * cfg.tile_n, "tiles_per_expert": n,
                  "weight_bytes": k * cfg.tile_n * b.elem_bytes, "ns_per_task": stats(ds)}
                 for (rows, n), ds in sorted(groups.items())]

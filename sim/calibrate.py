@@ -22,8 +22,8 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   dispatch_store_knee_bytes: a share stored into this GPU's inbox on one GPU alone (its stores
   drain before the tile's signal: slower per byte than copy_rows; on two GPUs the local shares
   are held to the NVLink ones' pace, which the model checks, not fits), timed inside the
-  megakernel on layers no measured run uses (the in_layer section: 768 to 24576 tokens): fixed
-  + the round's mean share x (the L2's rate up to a knee in the bytes in flight, HBM's beyond);
+  megakernel on layers no measured run uses (the in_layer section: 768 to 24576 tokens, and 7168
+  over 8 experts): fixed + the round's mean share x (the L2's rate up to a knee in the bytes in flight, HBM's beyond);
   files without those layers fit fixed + bytes x one rate on the dispatch microbenchmark;
 - tile_combine_fixed_ns, tile_combine_ns_per_byte, tile_combine_l2_ns_per_byte,
   tile_combine_knee_bytes: the float32 kernel's per-tile combine task on the same in-layer layers
@@ -257,7 +257,7 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
 
     fitted = {id(g) for g in pts}
     for g in raw["gemm"] + [g for c in raw.get("in_layer") or [] for g in c.get("gemm", [])]:
-        where = f"in layer T={g['tokens']}, " if "tokens" in g else ""
+        where = f"in layer {_layer(g)}, " if "tokens" in g else ""
         note = "" if id(g) in fitted else ", alone; not fitted" if g["blocks"] < blocks else "; not fitted"
         share = f", {g['tiles_per_expert']} tiles per expert" if g.get("tiles_per_expert", 2) != 2 else ""
         f.check(f"{where}{g['task']} {g['rows']} rows{share}, {g['blocks']} blocks (ns{note})",
@@ -392,7 +392,7 @@ def _fit_tile_combine(f: Fit, layers: list[dict], dtype: str, origin: str) -> No
         for name in names:
             f.set(name, 0.0, f"{origin}: 0, {why}: copy_rows' rate alone")
         return
-    points = [(f"in layer: per-tile combine, T={c['tokens']}", c["tile_combine_bytes"]["median"],
+    points = [(f"in layer: per-tile combine, {_layer(c)}", c["tile_combine_bytes"]["median"],
                costs.returned_bytes(c["tokens"], c["top_k"], c["hidden"], c["bytes_per_value"]),
                c["tile_combine_ns"]["median"])
               for c in timed]
@@ -466,7 +466,7 @@ def _fit_store_dispatch(f: Fit, pts: list[dict], layers: list[dict], hw, origin:
     figures (a gather at the copy rate)."""
     names = ("dispatch_store_fixed_ns", "dispatch_store_l2_ns_per_byte", "dispatch_store_ns_per_byte",
              "dispatch_store_knee_bytes")
-    in_layer = [(f"in layer: dispatch share, T={c['tokens']}, {c['inflight_bytes'] / 2 ** 20:.1f} MiB in flight",
+    in_layer = [(f"in layer: dispatch share, {_layer(c)}, {c['inflight_bytes'] / 2 ** 20:.1f} MiB in flight",
                  c["inflight_bytes"] / c["first_round_shares"], c["inflight_bytes"], c["dispatch_ns"]["median"])
                 for c in layers]
     if len(layers) >= IN_LAYER_MIN:
@@ -493,7 +493,16 @@ def _fit_store_dispatch(f: Fit, pts: list[dict], layers: list[dict], hw, origin:
 
 
 def _tokens(points: list[dict]) -> str:
-    return ", ".join(str(p["tokens"]) for p in points)
+    """The layers' token counts, with the experts of a layer whose count is not most layers' (the
+    in-layer section's sharing layer)."""
+    experts = [p.get("experts") for p in points]
+    usual = max(set(experts), key=experts.count) if experts else None
+    return ", ".join(f"{p['tokens']}" + (f" ({e} experts)" if e != usual else "") for p, e in zip(points, experts))
+
+
+def _layer(c: dict) -> str:
+    """An in-layer entry's name in the fits' checks: its tokens, and its experts where the entry has them."""
+    return f"T={c['tokens']}" + (f" E={c['experts']}" if "experts" in c else "")
 
 
 def _fixed_and_rates(points: list[tuple[str, float, float, float]]) -> tuple[float, float, float, float]:
