@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,10 +25,24 @@ class SpawnError(RuntimeError):
     """A worker failed or the job ran past its time limit."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A free port for rank 0's TCP store, below the kernel's ephemeral range: one the kernel hands
+    out for bind(0) and takes back can go to another socket (NCCL's, a finished job's) before rank 0
+    binds it again, which failed `moelab gpu` with EADDRINUSE right after the GPU tests (H100s)."""
+    low = int(EPHEMERAL_RANGE.read_text().split()[0]) if EPHEMERAL_RANGE.is_file() else 32768
+    rng = rng or random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise SpawnError(f"no free TCP port for the workers' rendezvous in {max(1024, low - 12000)}..{low - 1}")
 
 
 def symmetric_heap_bytes(cases: list[dict]) -> int:
