@@ -119,17 +119,24 @@ class FusedKernel:
         self.rec.add(self.rank, self.node, 0, "scheduler", "gate", 0.0, gate)
         shares = self.dispatch_shares()
         free_at = [gate] * self.processors
-        # bytes the first round of dispatching blocks has in flight, shares over each link at once
-        first = shares[: self.processors]
-        inflight = float(sum(nbytes for _, _, _, nbytes in first))
-        over: dict[int, int] = {}
-        for _, _, x, _ in first:
+        # a block's j-th share runs beside the other blocks' j-th (round j): the bytes each round
+        # has in flight and its shares over each link (at 16K tokens on two H100s, bf16, the first
+        # round stores into this GPU and the second, over NVLink, shares the port 125 ways)
+        taken = [0] * self.processors
+        rounds = []
+        for _, lane, _, _ in shares:
+            rounds.append(taken[lane])
+            taken[lane] += 1
+        inflight = [0.0] * (max(rounds, default=-1) + 1)
+        over: list[dict[int, int]] = [{} for _ in inflight]
+        for j, (_, _, x, nbytes) in zip(rounds, shares):
             link = int(self.plan.transfer_link[x])
-            over[link] = over.get(link, 0) + 1
+            inflight[j] += nbytes
+            over[j][link] = over[j].get(link, 0) + 1
         ready: dict[int, float] = {}
-        for _, lane, x, nbytes in shares:
+        for j, (_, lane, x, nbytes) in zip(rounds, shares):
             t, link = int(self.plan.transfer_tile[x]), int(self.plan.transfer_link[x])
-            end = free_at[lane] + costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight, over)
+            end = free_at[lane] + costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j])
             self.rec.add(self.rank, self.node, lane, "processor", "dispatch", free_at[lane], end,
                          int(self.plan.tile_expert[t]), t, int(self.plan.transfer_dst[x]), nbytes)
             free_at[lane] = end

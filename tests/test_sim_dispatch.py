@@ -59,6 +59,25 @@ def test_shares_go_to_processors_in_the_kernels_order():
         assert sorted(d["lane"][d["tile"] == t]) == sorted(want)
 
 
+def test_a_blocks_later_shares_run_beside_the_other_blocks_later_shares():
+    """At 16K tokens on two GPUs with one block per SM the 131 processors take 256 shares: the first
+    round stores into this GPU, the second goes over NVLink, 125 shares at once, each at its share
+    of the port (not at the block's own rate, as beside the first round's 3 NVLink shares)."""
+    hw = HW.replace(blocks_per_sm=1)
+    cfg = presets.get("flashmoe").replace(ranks=2, tokens=16384, seed=int(np.random.randint(1e6)))
+    d = shares_of(sim.simulate(cfg, hw).trace, 0)
+    order = np.lexsort((d["start"], d["lane"]))
+    lane = d["lane"][order]
+    rounds = np.concatenate([np.arange(n) for n in np.bincount(lane)])  # each lane's shares in time order
+    nvlink = d["peer"][order] != 0
+    assert rounds.max() >= 1 and nvlink[rounds == 0].sum() < nvlink[rounds == 1].sum()
+    for j in np.unique(rounds):
+        over = int((nvlink & (rounds == j)).sum())
+        took = (d["end"] - d["start"])[order][nvlink & (rounds == j)]
+        port = d["bytes"][order][nvlink & (rounds == j)] * over / hw.nvlink_gbps
+        assert (took >= port).all(), (j, over)
+
+
 def test_unknown_dispatch_path(capsys):
     with pytest.raises(sim.SimError, match=r"'dispatch' = 'copy' is not allowed: one of store, put"):
         sim.simulate(presets.get("tiny"), dispatch="copy")
