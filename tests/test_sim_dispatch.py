@@ -9,7 +9,7 @@ import reference
 import sim
 from moelab.cli import main
 from reference import presets
-from reference.plan import DISPATCH, NETWORK
+from reference.plan import DISPATCH, LOCAL, NETWORK, NVLINK
 from sim import costs, hardware
 
 HW = hardware.get("h200-sxm")
@@ -76,6 +76,21 @@ def test_a_blocks_later_shares_run_beside_the_other_blocks_later_shares():
         took = (d["end"] - d["start"])[order][nvlink & (rounds == j)]
         port = d["bytes"][order][nvlink & (rounds == j)] * over / hw.nvlink_gbps
         assert (took >= port).all(), (j, over)
+
+
+def test_a_stored_share_contends_with_the_bytes_stored_into_its_gpu():
+    """Beside shares stored into the NVLink peer, a share stored into this GPU is quicker than among
+    as many bytes in flight all stored into this GPU: the peer's shares load this GPU's memory
+    for their rows only, not their stores (two H100s, bf16: local shares 28 us on two GPUs, 37 on one;
+    one block per SM, so no NVLink share on the same SM holds the local one back)."""
+    hw = HW.replace(blocks_per_sm=1, dispatch_store_fixed_ns=3000.0, dispatch_store_l2_ns_per_byte=0.06,
+                    dispatch_store_ns_per_byte=0.30, dispatch_store_knee_bytes=float(2 ** 25))
+    share = 128 * 4096.0
+    inflight = 128 * share  # 64 MiB: past the knee where all of it is stored here
+    alone = costs.dispatch_ns(hw, share, LOCAL, "store", inflight, {LOCAL: 128})
+    beside = costs.dispatch_ns(hw, share, LOCAL, "store", inflight, {LOCAL: 64, NVLINK: 64})
+    assert beside < alone
+    assert beside == pytest.approx(costs.store_dispatch_ns(hw, share, inflight / 2) + hw.task_overhead_ns)
 
 
 def test_unknown_dispatch_path(capsys):
