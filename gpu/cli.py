@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from reference.cli import Progress, add_config_args, config_from_args, format_table
 
@@ -21,6 +22,10 @@ def cmd_gpu(args: argparse.Namespace) -> int:
             "bench": args.bench, "baselines": ["float32", "bfloat16"] + (["tf32"] if cfg.tf32 else []),
             "warmup": args.warmup, "iters": args.iters,
             "trace": "trace.npz" if args.trace else None, "timeout_ms": args.timeout_ms}
+    why = spawn.unmet(args.gpus)
+    if why:
+        print(f"moelab gpu: error: {why}", file=sys.stderr)
+        return 2
     progress(f"{cfg.name} on {args.gpus} GPU(s): spawning the workers")
     results = spawn.run([case], args.gpus, args.out, timeout_s=args.wall_timeout, echo=not args.quiet)
     res = results[0]

@@ -7,9 +7,11 @@ killed and `SpawnError` is raised, so a host-side hang ends too.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +25,33 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 class SpawnError(RuntimeError):
     """A worker failed or the job ran past its time limit."""
+
+
+# what a worker imports (gpu/runtime.py), and the package that brings it
+WORKER_MODULES = {"torch": "torch", "cuda.core": "cuda-core", "nvshmem.core": "nvshmem4py-cu13"}
+
+
+def unmet(gpus: int) -> str | None:
+    """Why `gpus` workers cannot run on this host, or None: a module the workers import that is
+    not installed, no NVIDIA driver, or fewer GPUs than asked for (CUDA_VISIBLE_DEVICES counts)."""
+    for module, package in WORKER_MODULES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            return (f"the GPU workers import {module}, which is not installed here: pip install {package} "
+                    "(the `gpu` extra, README.md)")
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "no NVIDIA driver here (nvidia-smi not found): `moelab gpu` needs NVIDIA GPUs"
+    listed = [line for line in subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.splitlines()
+              if line.startswith("GPU ")]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    n = min(len(listed), len([d for d in visible.split(",") if d.strip()])) if visible is not None else len(listed)
+    if n < gpus:
+        return f"{gpus} GPU(s) asked for, {n} here (nvidia-smi -L" + (", CUDA_VISIBLE_DEVICES" if visible else "") + ")"
+    return None
 
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")

@@ -1,7 +1,10 @@
-"""gpu/spawn.py's rendezvous port: free, and outside the range the kernel hands out to other sockets."""
+"""gpu/spawn.py: the rendezvous port (free, outside the range the kernel hands out to other sockets), and
+what a host lacks to run the GPU workers, said before any is spawned."""
 
 import random
 import socket
+
+import pytest
 
 from gpu import spawn
 
@@ -22,3 +25,44 @@ def test_a_port_another_socket_holds_is_passed_over():
         held.bind(("127.0.0.1", first))
         held.listen()
         assert spawn.free_port(random.Random(seed)) != first
+
+
+class _Listed:
+    def __init__(self, n):
+        self.stdout = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})\n" for i in range(n))
+
+
+def _host(monkeypatch, missing=(), gpus=2, driver=True, visible=None):
+    """A made-up host: modules `missing` not installed, `gpus` listed by nvidia-smi (none without a driver)."""
+    monkeypatch.setattr(spawn.importlib.util, "find_spec", lambda m: None if m in missing else object())
+    monkeypatch.setattr(spawn.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if driver else None)
+    monkeypatch.setattr(spawn.subprocess, "run", lambda *a, **k: _Listed(gpus))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+
+
+def test_a_missing_worker_module_is_named_with_its_package(monkeypatch):
+    _host(monkeypatch, missing=("nvshmem.core",))
+    why = spawn.unmet(1)
+    assert "nvshmem.core" in why and "pip install nvshmem4py-cu13" in why
+
+
+def test_the_gpus_asked_for_are_counted(monkeypatch):
+    _host(monkeypatch, gpus=2)
+    assert spawn.unmet(2) is None
+    assert spawn.unmet(4) == "4 GPU(s) asked for, 2 here (nvidia-smi -L)"
+    _host(monkeypatch, gpus=2, visible="1")
+    assert spawn.unmet(2) == "2 GPU(s) asked for, 1 here (nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
+    _host(monkeypatch, driver=False)
+    assert "no NVIDIA driver" in spawn.unmet(1)
+
+
+def test_moelab_gpu_says_why_it_cannot_run_instead_of_spawning(monkeypatch, capsys):
+    from moelab.cli import main
+
+    monkeypatch.setattr(spawn, "unmet", lambda gpus: f"{gpus} GPU(s) asked for, 0 here (nvidia-smi -L)")
+    monkeypatch.setattr(spawn, "run", lambda *a, **k: pytest.fail("spawned the workers"))
+    assert main(["gpu", "--config", "tiny", "--gpus", "2", "--quiet"]) == 2
+    assert capsys.readouterr().err.strip() == "moelab gpu: error: 2 GPU(s) asked for, 0 here (nvidia-smi -L)"
