@@ -37,8 +37,8 @@ def unmet(gpus: int) -> str | None:
     for module, package in WORKER_MODULES.items():
         try:
             found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # its parent package is missing
-            found = False
+        except ImportError as e:  # its parent package is missing, or fails to import
+            return f"the GPU workers import {module}, which does not import here ({e}): pip install {package}"
         if not found:
             return (f"the GPU workers import {module}, which is not installed here: pip install {package} "
                     "(the `gpu` extra, README.md)")

@@ -23,8 +23,9 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   drain before the tile's signal: slower per byte than copy_rows; on two GPUs the local shares
   are held to the NVLink ones' pace, which the model checks, not fits), timed inside the
   megakernel on layers no measured run uses (the in_layer section: 768 to 24576 tokens, and 7168
-  over 8 experts): fixed + the round's mean share x (the L2's rate up to a knee in the bytes in flight, HBM's beyond);
-  files without those layers fit fixed + bytes x one rate on the dispatch microbenchmark;
+  over 8 experts): fixed + the round's mean share x (the L2's rate up to a knee in the bytes in
+  flight, HBM's beyond); files without those layers fit fixed + bytes x one rate on the dispatch
+  microbenchmark;
 - tile_combine_fixed_ns, tile_combine_ns_per_byte, tile_combine_l2_ns_per_byte,
   tile_combine_knee_bytes: the float32 kernel's per-tile combine task on the same in-layer layers
   (one block weights a returned tile beside the GEMMs), fixed + its bytes at the L2's rate for

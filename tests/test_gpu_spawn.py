@@ -49,6 +49,17 @@ def test_a_missing_worker_module_is_named_with_its_package(monkeypatch):
     assert "nvshmem.core" in why and "pip install nvshmem4py-cu13" in why
 
 
+def test_a_worker_module_that_fails_to_import_is_named_with_the_error(monkeypatch):
+    _host(monkeypatch)
+
+    def broken(module):
+        raise ImportError("libnvshmem_host.so.3: cannot open shared object file")
+
+    monkeypatch.setattr(spawn.importlib.util, "find_spec", broken)
+    why = spawn.unmet(1)
+    assert why.startswith("the GPU workers import torch, which does not import here (libnvshmem_host.so.3")
+
+
 def test_the_gpus_asked_for_are_counted(monkeypatch):
     _host(monkeypatch, gpus=2)
     assert spawn.unmet(2) is None
