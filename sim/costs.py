@@ -303,8 +303,9 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     if hw.dispatch_store_ns_per_byte:  # measured at the layer's concurrency, one GPU alone
         # its stores contend with the round's bytes stored into this GPU, not those going to the
         # peer (two H100s, bf16: local shares 28 us median beside NVLink ones, 37 on one GPU alone)
-        local = inflight * over.get(LOCAL, 0) / sum(over.values()) if over else inflight
-        own = store_dispatch_ns(hw, inflight / sum(over.values()) if over else nbytes, local)
+        shares = sum(over.values())
+        local = inflight * over.get(LOCAL, 0) / shares if over else inflight
+        own = store_dispatch_ns(hw, inflight / shares if over else nbytes, local)
     else:
         own = gather_ns(hw, nbytes, inflight)
     beside = over.get(NVLINK) and hw.blocks_per_sm > 1  # a block on the SM storing into the peer
