@@ -48,9 +48,11 @@ def unmet(gpus: int) -> str | None:
     listed = [line for line in subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.splitlines()
               if line.startswith("GPU ")]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    n = min(len(listed), len([d for d in visible.split(",") if d.strip()])) if visible is not None else len(listed)
+    n, counted = len(listed), "nvidia-smi -L"
+    if visible is not None:
+        n, counted = min(n, len([d for d in visible.split(",") if d.strip()])), "nvidia-smi -L, CUDA_VISIBLE_DEVICES"
     if n < gpus:
-        return f"{gpus} GPU(s) asked for, {n} here (nvidia-smi -L" + (", CUDA_VISIBLE_DEVICES" if visible else "") + ")"
+        return f"{gpus} GPU(s) asked for, {n} here ({counted})"
     return None
 
 
@@ -61,17 +63,18 @@ def free_port(rng: random.Random | None = None) -> int:
     """A free port for rank 0's TCP store, below the kernel's ephemeral range: one the kernel hands
     out for bind(0) and takes back can go to another socket (NCCL's, a finished job's) before rank 0
     binds it again, which failed `moelab gpu` with EADDRINUSE right after the GPU tests (H100s)."""
-    low = int(EPHEMERAL_RANGE.read_text().split()[0]) if EPHEMERAL_RANGE.is_file() else 32768
+    high = int(EPHEMERAL_RANGE.read_text().split()[0]) if EPHEMERAL_RANGE.is_file() else 32768
+    low = max(1024, high - 12000)
     rng = rng or random.Random()
     for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
+        port = rng.randrange(low, high)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise SpawnError(f"no free TCP port for the workers' rendezvous in {max(1024, low - 12000)}..{low - 1}")
+    raise SpawnError(f"no free TCP port for the workers' rendezvous in {low}..{high - 1}")
 
 
 def symmetric_heap_bytes(cases: list[dict]) -> int:

@@ -66,6 +66,8 @@ def test_the_gpus_asked_for_are_counted(monkeypatch):
     assert spawn.unmet(4) == "4 GPU(s) asked for, 2 here (nvidia-smi -L)"
     _host(monkeypatch, gpus=2, visible="1")
     assert spawn.unmet(2) == "2 GPU(s) asked for, 1 here (nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
+    _host(monkeypatch, gpus=2, visible="")
+    assert spawn.unmet(1) == "1 GPU(s) asked for, 0 here (nvidia-smi -L, CUDA_VISIBLE_DEVICES)"
     _host(monkeypatch, driver=False)
     assert "no NVIDIA driver" in spawn.unmet(1)
 
