@@ -71,6 +71,12 @@ def table(raw: dict, label: str = "") -> str:
     for c in raw.get("combine", []):
         rows.append((f"ordered combine T={c['tokens']}", "µs/block", c["ns_per_block"]["median"] / 1e3))
     for c in raw.get("in_layer", []):
+        by = c.get("gemm_by_source")
+        if by:  # the two-GPU layer: its GEMM tasks by their tile's source
+            for task, v in by.items():
+                rows.append((f"in layer T={c['tokens']}, {c['world']} GPU(s): {task} of a peer's tile beyond own",
+                             "µs/task", (v["peer"]["median"] - v["home"]["median"]) / 1e3))
+            continue
         mib = c["inflight_bytes"] / 2 ** 20
         rows.append((f"in layer T={c['tokens']}, {c['world']} GPU(s): dispatch share, {mib:.1f} MiB in flight",
                      "µs/share", c["dispatch_ns"]["median"] / 1e3))

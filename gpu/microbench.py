@@ -81,6 +81,9 @@ IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288, 24576)
 # paying (the 8-expert run has 16, and its tasks ran above a fit on 1 to 6 tiles by 10%)
 IN_LAYER_SHARING = dict(tokens=7168, experts=8)
 IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING,)
+# on two GPUs, a layer whose GEMM1 tasks store half their tiles' rows into the peer (the tiles it
+# sent) and half into their own GPU: 6144 tokens a GPU, a size no measured run uses
+IN_LAYER_RETURN = dict(tokens=6144)
 
 
 def flashmoe(world: int, dtype: str, **changes) -> Config:
@@ -410,9 +413,12 @@ def sec_scheduler(b: Bench) -> dict:
 
 def sec_in_layer(b: Bench) -> list[dict]:
     """Rank 0's dispatch shares, GEMM tasks, per-tile and final combines in the megakernel on each
-    of IN_LAYERS."""
+    of IN_LAYERS (one GPU); on more GPUs, its GEMM tasks by their tiles' source on IN_LAYER_RETURN
+    (every rank runs the layer; rank 0's results are kept)."""
     from sim.trace import KIND, ROLE
 
+    if b.s.world > 1:
+        return [layer_returns(b)]
     out = []
     for changes in IN_LAYERS:
         cfg, tr, n_proc = traced(b, changes)
@@ -441,6 +447,40 @@ def sec_in_layer(b: Bench) -> list[dict]:
                     "tile_combine_bytes": stats(tr["bytes"][weighting]),
                     "gemm": layer_gemm_tasks(b, cfg, tr, proc, disp, n_proc)})
     return out
+
+
+def layer_returns(b: Bench) -> dict:
+    """This rank's GEMM tasks on IN_LAYER_RETURN by their tile's source (returns_by_source)."""
+    cfg, tr, n_proc = traced(b, IN_LAYER_RETURN)
+    return {"tokens": cfg.tokens, "experts": cfg.experts, "world": b.s.world, "n_proc": n_proc,
+            **returns_by_source(cfg, tr, b.s.rank, b.elem_bytes)}
+
+
+def returns_by_source(cfg: Config, tr, rank: int, elem_bytes: int) -> dict:
+    """Rank `rank`'s GEMM tasks in trace `tr` by their tile's source (the trace's peer): a GEMM1
+    task stores its output rows into the source's memory, over NVLink for the peer's tiles, while
+    GEMM0 stores nothing away, so its two medians say how else the sources' tasks differ. The
+    tiles' rows: those this rank dispatched (the peer's are alike: the same routing of random
+    tokens)."""
+    from sim.trace import KIND, ROLE
+
+    proc = (tr["rank"] == rank) & (tr["role"] == ROLE["processor"])
+    disp = proc & (tr["kind"] == KIND["dispatch"])
+    rows: dict[tuple[int, int], int] = {}
+    for t, e, nbytes in zip(tr["tile"][disp].tolist(), tr["expert"][disp].tolist(), tr["bytes"][disp].tolist()):
+        rows[e, t] = rows.get((e, t), 0) + nbytes // (cfg.hidden * elem_bytes)
+    if not rows:
+        raise RuntimeError(f"rank {rank}: no dispatch shares in the {cfg.tokens}-token layer's trace")
+    by_source = {}
+    for task in ("gemm0", "gemm1"):
+        sel = proc & (tr["kind"] == KIND[task])
+        d, far = tr["end"][sel] - tr["start"][sel], tr["peer"][sel] != rank
+        if not far.any() or far.all():
+            raise RuntimeError(f"rank {rank}: {task} tasks of {'no' if not far.any() else 'only'} peer tiles "
+                               f"in the {cfg.tokens}-token layer's trace")
+        by_source[task] = {"home": stats(d[~far]), "peer": stats(d[far])}
+    return {"tile_n": cfg.tile_n, "bytes_per_value": elem_bytes, "tile_rows": stats(list(rows.values())),
+            "gemm_by_source": by_source}
 
 
 def layer_gemm_tasks(b: Bench, cfg: Config, tr, proc: np.ndarray, disp: np.ndarray, n_proc: int) -> list[dict]:

@@ -18,6 +18,10 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 - put_nvlink_ns_per_byte, nvlink_gbps: a put over NVLink by one block alone, and the largest
   aggregate to the peer; the dispatch microbenchmark (the kernel's dispatch at the layer's
   concurrency) is checked against all these;
+- return_store_ns_per_byte: on two GPUs, inside the megakernel on a layer no measured run uses
+  (6144 tokens a GPU), how much longer a GEMM1 task of a peer's tile takes than one of its own
+  GPU's (it stores its output over NVLink), less the same difference of GEMM0's, per byte of its
+  output; 0 (the put rate) in files without that layer;
 - dispatch_store_fixed_ns, dispatch_store_l2_ns_per_byte, dispatch_store_ns_per_byte,
   dispatch_store_knee_bytes: a share stored into this GPU's inbox on one GPU alone (its stores
   drain before the tile's signal: slower per byte than copy_rows; on two GPUs the local shares
@@ -135,6 +139,7 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     _fit_gemm(f, raw, hw, blocks, origin, dtype)
     _fit_latency(f, raw, origin)
     _fit_moves(f, raw, hw, base, origin, dtype)
+    _fit_return_store(f, raw, origin)
     _fit_gate(f, raw, blocks * wgs, wgs, origin)
     _fit_scheduler(f, raw, hw, origin)
     _check_round_trips(f, raw)
@@ -376,6 +381,29 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str, dtype: str) -> Non
                 f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], model)
     _fit_tile_combine(f, layers, dtype, origin)
     _fit_reduce(f, _need(raw, "combine", "the final combine's time per block"), layers, origin)
+
+
+def _fit_return_store(f: Fit, raw: dict, origin: str) -> None:
+    """A GEMM1 task's stores into the peer per byte of its output: the median of the tasks of
+    the peer's tiles over those of the GPU's own, less GEMM0's (the same tiles, nothing stored
+    away), on the in_layer layer of two GPUs; each of its tasks stores its tile's rows x its
+    columns."""
+    layers = [c for c in raw.get("in_layer") or [] if c.get("world", 1) > 1 and c.get("gemm_by_source")]
+    if not layers:
+        f.set("return_store_ns_per_byte", 0.0, f"{origin}: not measured (no in-layer layer on two GPUs): "
+              "put_nvlink_ns_per_byte's rate stands")
+        return
+    c = layers[0]
+    by = c["gemm_by_source"]
+
+    def extra(task: str) -> float:
+        return by[task]["peer"]["median"] - by[task]["home"]["median"]
+
+    nbytes = c["tile_rows"]["median"] * c["tile_n"] * c["bytes_per_value"]
+    f.set("return_store_ns_per_byte", max(extra("gemm1") - extra("gemm0"), 0.0) / nbytes,
+          f"{origin}: GEMM1 tasks of the peer's tiles against the GPU's own, less GEMM0's difference, in the "
+          f"megakernel at {c['tokens']} tokens on {c['world']} GPUs (no measured run's size), over a task's "
+          f"{nbytes:.0f} B of output")
 
 
 def _fit_tile_combine(f: Fit, layers: list[dict], dtype: str, origin: str) -> None:

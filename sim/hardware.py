@@ -92,6 +92,9 @@ class Hardware:
     put_local_extra_ns_per_byte: float  # the same extra for puts (their stores load the GPU's memory the same way)
     put_local_half_bytes: float  # and its half point
     put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
+    # a GEMM1 task storing its output rows into an NVLink peer (the tile's source), beyond the same
+    # task's time for a tile of its own GPU, per byte (0: put_nvlink_ns_per_byte's rate)
+    return_store_ns_per_byte: float
     # a processor's share of a dispatched tile gathered straight into its own GPU's inbox (the store
     # path), all processors at once as in the layer: fixed + bytes x per byte (its stores drain before
     # the tile's count and signal: slower per byte than copy_rows, which does not wait for them), the
@@ -268,7 +271,8 @@ _H100 = {
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
-                                         "put_nvlink_ns_per_byte", "dispatch_store_fixed_ns",
+                                         "put_nvlink_ns_per_byte", "return_store_ns_per_byte",
+                                         "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
                                          "dispatch_store_knee_bytes", "tile_combine_fixed_ns",
                                          "tile_combine_ns_per_byte", "tile_combine_l2_ns_per_byte",

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from test_sim_calibrate import TRUE_BF16, synthetic
+from test_sim_calibrate_in_layer import _return_layer
 
 from gpu import cases, microbench
 from moelab.cli import main
@@ -32,15 +33,20 @@ def test_from_raw_writes_one_file_with_both_builds(tmp_path):
         if dtype == "bfloat16":
             for k in microbench.BYTE_SECTIONS:
                 raw.pop(k)
+        else:  # the two-GPU job's layer of GEMM tasks by their tiles' source
+            raw["in_layer"] = [_return_layer(200e3, 205e3, 190e3, 191e3)]
         (tmp_path / f"raw-{dtype}").mkdir()
         (tmp_path / f"raw-{dtype}" / "results.json").write_text(json.dumps(raw))
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "calibrate_gpu.py"), "--from-raw", str(tmp_path),
                            "--out", str(tmp_path), "--commit", "abc"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert "(float32)" in done.stdout and "(bfloat16)" in done.stdout
+    assert "T=6144, 2 GPU(s): gemm1 of a peer's tile beyond own" in done.stdout
     doc = json.loads((tmp_path / "calibration-h200.json").read_text())
     assert doc["meta"]["commit"] == "abc" and doc["meta"]["gpu"] == "NVIDIA H200" and "bf16" in doc["meta"]["producer"]
     assert "put" in doc and "put" not in doc["bfloat16"] and doc["bfloat16"]["tile"]["TILE_K"] == 32
     out = tmp_path / "calibrated.json"
     assert main(["calibrate", "--calibration", str(tmp_path / "calibration-h200.json"), "--out", str(out)]) == 0
-    assert json.loads(out.read_text())["dtypes"]["bfloat16"]["tile"] == [128, 64, 32]
+    preset = json.loads(out.read_text())
+    assert preset["dtypes"]["bfloat16"]["tile"] == [128, 64, 32]
+    assert preset["return_store_ns_per_byte"] > 0 and preset["dtypes"]["bfloat16"]["return_store_ns_per_byte"] == 0

@@ -10,7 +10,7 @@ from test_sim_calibrate import TRUE, _write, synthetic
 
 from gpu import microbench
 from reference import presets
-from reference.plan import COMBINE, LOCAL
+from reference.plan import COMBINE, LOCAL, NVLINK
 from sim import calibrate, costs, hardware
 from sim.trace import KIND, ROLE, TraceBuilder
 
@@ -170,3 +170,52 @@ def test_every_stored_share_of_a_round_takes_the_mean_shares_time():
     small, large = (costs.store_dispatch_ns(hw, 65536.0, w) - hw.dispatch_store_fixed_ns
                     for w in (hw.dispatch_store_knee_bytes / 2, hw.dispatch_store_knee_bytes * 8))
     assert small == pytest.approx(65536.0 * 0.03) and large > 4 * small
+
+
+def _return_layer(home1, peer1, home0, peer0, rows=100, tile_n=64, nb=4):
+    """The in_layer entry of a two-GPU layer with these GEMM medians by source."""
+    def task(home, peer):
+        return {"home": _stat(home), "peer": _stat(peer)}
+    return {"tokens": 6144, "experts": 64, "world": 2, "n_proc": 263, "tile_n": tile_n, "bytes_per_value": nb,
+            "tile_rows": _stat(rows), "gemm_by_source": {"gemm0": task(home0, peer0), "gemm1": task(home1, peer1)}}
+
+
+def test_a_peer_tiles_gemm1_stores_are_fitted_beyond_gemm0s_difference(tmp_path):
+    raw = synthetic()
+    # GEMM1 of a peer's tile 5 us longer than of its own; GEMM0's 1 us (no stores away): 4 us over
+    # 100 rows x 64 columns x 4 bytes
+    raw["in_layer"] = in_layer(hardware.PRESETS["h200-sxm"].replace(**FIGURES)) + [
+        _return_layer(200e3, 205e3, 190e3, 191e3)]
+    fit = _fit(tmp_path, raw)
+    assert fit.values["return_store_ns_per_byte"] == pytest.approx(4000.0 / (100 * 64 * 4))
+    assert "6144 tokens on 2 GPUs" in fit.sources["return_store_ns_per_byte"]
+    hw = hardware.PRESETS["h200-sxm"].replace(put_nvlink_ns_per_byte=0.1,
+                                              return_store_ns_per_byte=fit.values["return_store_ns_per_byte"])
+    assert costs.store_ns(hw, NVLINK, 100 * 64 * 4) == pytest.approx(4000.0)
+    assert costs.store_ns(hw, LOCAL, 100 * 64 * 4) == 0.0
+    # without that layer the put rate stands
+    raw["in_layer"] = raw["in_layer"][:-1]
+    fit = _fit(tmp_path, raw)
+    assert fit.values["return_store_ns_per_byte"] == 0.0
+    hw = hw.replace(return_store_ns_per_byte=0.0)
+    assert costs.store_ns(hw, NVLINK, 100 * 64 * 4) == pytest.approx(0.1 * 100 * 64 * 4)
+
+
+def test_a_traced_two_gpu_layers_tasks_are_split_by_their_tiles_source():
+    """Rank 0's GEMM tasks by the trace's peer (the tile's source), its own shares' rows per tile."""
+    cfg = presets.get("flashmoe").replace(ranks=2, tokens=6144)
+    row = cfg.hidden * 4
+    tb = TraceBuilder()
+    # rank 0's shares: expert 3's tile 0 (2 shares, 90 rows), expert 40's tile 0 (30 rows, sent to rank 1)
+    for lane, (expert, rows, to) in enumerate(((3, 50, 0), (3, 40, 0), (40, 30, 1))):
+        tb.add(0, 0, lane, "processor", "dispatch", 0.0, 5.0, expert=expert, tile=0, peer=to, nbytes=rows * row)
+    tb.add(1, 0, 0, "processor", "gemm1", 0.0, 999.0, expert=40, tile=0, peer=0)  # rank 1's: not rank 0's
+    for lane, (kind, src, ns) in enumerate((("gemm0", 0, 100.0), ("gemm0", 1, 104.0), ("gemm1", 0, 110.0),
+                                            ("gemm1", 0, 112.0), ("gemm1", 1, 130.0))):
+        tb.add(0, 0, lane, "processor", kind, 10.0, 10.0 + ns, expert=3, tile=0, peer=src)
+    got = microbench.returns_by_source(cfg, tb.build(), 0, 4)
+    assert got["tile_rows"]["median"] == 60.0 and got["tile_rows"]["n"] == 2
+    assert {k: (v["home"]["median"], v["peer"]["median"]) for k, v in got["gemm_by_source"].items()} == {
+        "gemm0": (100.0, 104.0), "gemm1": (111.0, 130.0)}
+    with pytest.raises(RuntimeError, match="rank 1: no dispatch shares"):
+        microbench.returns_by_source(cfg, tb.build(), 1, 4)
