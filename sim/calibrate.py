@@ -21,7 +21,7 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 - return_store_ns_per_byte: on two GPUs, inside the megakernel on a layer no measured run uses
   (6144 tokens a GPU), how much longer a GEMM1 task of a peer's tile takes than one of its own
   GPU's (it stores its output over NVLink), less the same difference of GEMM0's, per byte of its
-  output; 0 (the put rate) in files without that layer;
+  output; put_nvlink_ns_per_byte in files without that layer;
 - dispatch_store_fixed_ns, dispatch_store_l2_ns_per_byte, dispatch_store_ns_per_byte,
   dispatch_store_knee_bytes: a share stored into this GPU's inbox on one GPU alone (its stores
   drain before the tile's signal: slower per byte than copy_rows; on two GPUs the local shares
@@ -390,8 +390,8 @@ def _fit_return_store(f: Fit, raw: dict, origin: str) -> None:
     columns."""
     layers = [c for c in raw.get("in_layer") or [] if c.get("world", 1) > 1 and c.get("gemm_by_source")]
     if not layers:
-        f.set("return_store_ns_per_byte", 0.0, f"{origin}: not measured (no in-layer layer on two GPUs): "
-              "put_nvlink_ns_per_byte's rate stands")
+        f.set("return_store_ns_per_byte", f.values["put_nvlink_ns_per_byte"], f"{origin}: not measured (no in-layer "
+              "layer on two GPUs): put_nvlink_ns_per_byte, one block's put rate")
         return
     c = layers[0]
     by = c["gemm_by_source"]

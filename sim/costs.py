@@ -232,14 +232,11 @@ def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None
 def store_ns(hw: Hardware, link: int, nbytes: float) -> float:
     """A GEMM1 task's extra time to store its `nbytes` of output into the source GPU's memory: none
     on its own GPU (the measured task stores its output there), over NVLink at the rate measured
-    for such stores in the layer (return_store_ns_per_byte), else the block's put rate alone (the
-    return bytes of a GEMM phase are far below the port's share; the bf16 tasks' warpgroup stores
-    beat it: in the two-H100 layers a peer's 128 x 256 tile took its tasks 2.3-3.7 us longer than
-    their own GPU's, where the put rate gives 6.8), none across nodes (the tile's last task hands
-    its put to the NIC or proxy, as put_ns says)."""
-    if link != NVLINK:
-        return 0.0
-    return nbytes * (hw.return_store_ns_per_byte or hw.put_nvlink_ns_per_byte)
+    for such stores in the layer (return_store_ns_per_byte: the bf16 tasks' stores beat one
+    block's put, in the two-H100 layers a peer's 128 x 256 tile took its tasks 2.3-3.7 us longer
+    than their own GPU's, where the put rate gives 6.8), none across nodes (the tile's last task
+    hands its put to the NIC or proxy, as put_ns says)."""
+    return nbytes * hw.return_store_ns_per_byte if link == NVLINK else 0.0
 
 
 def port_ns_per_byte(alone: float, concurrent: int, gbps: float) -> float:

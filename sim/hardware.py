@@ -93,7 +93,7 @@ class Hardware:
     put_local_half_bytes: float  # and its half point
     put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
     # a GEMM1 task storing its output rows into an NVLink peer (the tile's source), beyond the same
-    # task's time for a tile of its own GPU, per byte (0: put_nvlink_ns_per_byte's rate)
+    # task's time for a tile of its own GPU, per byte
     return_store_ns_per_byte: float
     # a processor's share of a dispatched tile gathered straight into its own GPU's inbox (the store
     # path), all processors at once as in the layer: fixed + bytes x per byte (its stores drain before

@@ -49,4 +49,6 @@ def test_from_raw_writes_one_file_with_both_builds(tmp_path):
     assert main(["calibrate", "--calibration", str(tmp_path / "calibration-h200.json"), "--out", str(out)]) == 0
     preset = json.loads(out.read_text())
     assert preset["dtypes"]["bfloat16"]["tile"] == [128, 64, 32]
-    assert preset["return_store_ns_per_byte"] > 0 and preset["dtypes"]["bfloat16"]["return_store_ns_per_byte"] == 0
+    # the float32 job timed its stores to the peer, the bf16 job did not: one block's put rate
+    assert preset["return_store_ns_per_byte"] == 4000.0 / (100 * 64 * 4)
+    assert preset["dtypes"]["bfloat16"]["return_store_ns_per_byte"] == preset["put_nvlink_ns_per_byte"]
