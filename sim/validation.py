@@ -30,8 +30,8 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   rate for the bytes in flight up to a knee and HBM's beyond, timed inside the megakernel on one
   GPU on eight layers no measured run uses (768 to 24576 tokens: `dispatch_store_fixed_ns`,
   `dispatch_store_l2_ns_per_byte`, `dispatch_store_ns_per_byte`, `dispatch_store_knee_bytes`; a
-  calibration from before those layers, the H200's of 965330c, fits fixed + bytes x one rate on
-  the dispatch microbenchmark); a share to an NVLink peer costs a put's rate and
+  calibration from before those layers fits fixed + bytes x one rate on the dispatch
+  microbenchmark); a share to an NVLink peer costs a put's rate and
   its share of the port (`put_nvlink_ns_per_byte`, `nvlink_gbps`); and while any share goes over
   NVLink, a local share takes no less than an NVLink share of its size (the GPU's stores queue
   behind the port). The kernel's older put path (before 432d279: one block packs a tile with
@@ -50,7 +50,10 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   all of its expert's, from every source GPU, where the subscriber queues them together once the
   last has landed (the bf16 build, whose traces record `queue` "expert"),
   else those of its expert from the same source GPU (they land and queue together); each GEMM1 task
-  also stores its output into the source GPU's memory (over NVLink at a block's put rate);
+  also stores its output into the source GPU's memory, over NVLink at `return_store_ns_per_byte`
+  (how much longer a GEMM1 task of the peer's tiles takes than one of its own GPU's, less GEMM0's
+  difference, in a two-GPU layer of 6144 tokens a GPU; one block's put rate in a calibration
+  without that layer);
 - **scheduling**: a processor is free again `handoff_ns` after a task (the median gap between a
   processor's tasks in a 12K-token layer: 2.4 us with the kernel's two-slot mailbox). With
   processors idle, three latencies from a 1.5K-token layer on one GPU (a layer no run measures):
@@ -64,8 +67,8 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   then, once every task of the GPU is done, every processor's share of the final
   ordered combine: a fixed time + its bytes at `reduce_l2_ns_per_byte` for the share of all
   blocks' bytes the L2 still holds (`reduce_knee_bytes` of them) and `reduce_ns_per_byte` for the
-  rest (`reduce_fixed_ns`; timed inside the megakernel on the same seven layers, the busiest
-  blocks; the H200's of 965330c: its microbenchmark at 1K-16K tokens, no fixed time, the copies' knee).
+  rest (`reduce_fixed_ns`; timed inside the megakernel on the same layers, the busiest blocks; a
+  calibration without them: the microbenchmark at 1K-16K tokens, no fixed time, the copies' knee).
 
 Each kernel build is calibrated on its own microbenchmarks: a bf16 run is predicted with the
 figures of the bf16 build's section (`dtypes.bfloat16`: the tensor-core tile GEMM against the BF16
@@ -78,12 +81,13 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **70 of 72 runs hold every bound**: on one and two H100s (the kernel of 8e14b82, the bf16 128 x
-  256 tile of two warpgroups, calibrated on the megakernel's own dispatch, GEMM tasks, per-tile
-  and final combines) all 18 float32 runs and 17 of 18 bf16 runs; on 2 H200s (the kernel of
-  965330c) 35 of 36. Each run is predicted with its own commit's measurements. Latency errors:
-  H100 float32 -8.8% to +6.2%, bf16 -9.0% to +7.4% on one GPU and -13.8% to +6.5% on two (the
-  miss below); H200 float32 -9.0% to -1.6%, bf16 -7.2% to +5.4%. The layer is a queue of
+- **70 of 72 runs hold every bound**: on one and two H100s (the kernel of 8e14b82) and on one
+  and two H200s (2679fb2, the same device code), the bf16 128 x 256 tile of two warpgroups, both
+  calibrated on the megakernel's own dispatch, GEMM tasks, per-tile and final combines: all 18
+  float32 runs and 17 of 18 bf16 runs on each GPU. Each run is predicted with its own commit's
+  measurements. Latency errors: H100 float32 -8.8% to +6.2%, bf16 -9.0% to +7.4% on one GPU and
+  -13.8% to +6.5% on two; H200 float32 -8.5% to +5.2%, bf16 -7.5% to +9.7% on one GPU and -16.0%
+  to +7.0% on two (the misses below). The layer is a queue of
   equal tile tasks on 263 processors (131 on the bf16 H100 build), each task a fixed cost plus
   its FLOPs plus its share of its weight slice's loads, with a hand-off between tasks and the
   scheduler's latencies around idle processors.
@@ -210,6 +214,17 @@ Right:
   trip, ~1 us) on top of its bytes. The small shares' checks came within 10% (the H100's 8-row
   float32 and 16-row bf16 shares -11% and -24% before, -3% and -10% now; the H200's 8-row bf16
   -18%, now -2%), and the H200's 1K bf16 two-GPU dispatch, a miss at -28%, holds (-13%).
+- **A GEMM1 task's stores into the peer cost less than a put** (2679fb2): each task stores its
+  output rows straight into the source GPU's memory, and the model charged those over NVLink at
+  one block's put rate (0.104 ns per byte: 6.8 us for a bf16 128 x 256 tile). Timed in a
+  two-GPU layer no run measures (6144 tokens a GPU), a bf16 task of the peer's tiles takes 1.9 us
+  longer than one of its own GPU's (GEMM0, which stores nothing away, 0.0): 0.038 ns per byte on
+  two H200s. The H200's two-GPU bf16 GEMM1 busy times went from +11% to +21% (4K a miss) to +4%
+  to +15%. Float32's difference is within its 220 us tasks' noise (-2.5 us; GEMM0 +0.5), so
+  float32 stores cost nothing in the model. The H100's calibration (8e14b82) predates that layer
+  and keeps the put rate. That layer also ended a hang: the two-GPU microbenchmark job used to run
+  the one-GPU in-layer section, where rank 1 failed on rank 0's events and rank 0 waited for it
+  until the job was killed (105 s of each build's calibration).
 - **Weight reuse follows the queue**: the tiles whose tasks run at once share their weight
   slices in the L2. Queued as each tile landed (the float32 and tf32 builds, and the bf16 build up
   to 0521fe7), an expert's tiles from one source ran together and another source's in their own
@@ -245,13 +260,13 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
   the peak in both builds and is capped there (H100, in the layers, 1cfbaa3): the extra rows of a
   taller tile cost less than their FLOPs at the block's share of the peak, the fixed cost holding
   the rest;
-- the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.05 to
-  0.23 ms with its capacity phase at 965330c (0.05 to 0.15 ms on the H100 with 1458e09's m16n8k8
-  mmas), not the microseconds of the matrix roofline; with fewer items
+- the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.04 to
+  0.16 ms with its capacity phase on either GPU (m16n8k8 mmas since 1458e09; 0.05 to 0.23 ms at
+  965330c), not the microseconds of the matrix roofline; with fewer items
   than blocks an item's H is split over up to 8 blocks (`gate_split_ns`, ~6 us);
 - **GEMM1 stores its output straight into the source GPU's memory** (its column block, with a
-  count signal per task); the model adds those stores over NVLink to each task at a block's put
-  rate;
+  count signal per task); the model adds those stores over NVLink to each task at the rate timed
+  for them in a two-GPU layer (above);
 - the **gate reads cold tokens** in a layer, so its microbenchmark evicts the L2 before each launch;
 - **every processor ends with the ordered combine** of its share of tokens (~50-80 us at 8K), at a
   lower cost per byte while the L2 holds the returned rows (H100 inside the megakernel: 0.064 ns
@@ -260,18 +275,15 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **The H200's 1K bf16 dispatch on one GPU** (the kernel of 965330c): its calibration predates
-  the in-layer timings, so its store dispatch is fitted linear in a share's bytes on the dispatch
-  microbenchmark, whose 1K-token shares take 5.0 us where the layer's take 6.3: dispatch busy time
-  -43%. A few microseconds of a 0.5 ms layer: its latency holds. The H100's one-GPU runs,
-  calibrated inside the megakernel, hold at every size; the H200's figures move there with its
-  next measurement.
-- **The H100's 1K bf16 run on two GPUs** (the kernel of 8e14b82): every phase runs longer than
-  modelled, none by more than 20%: the gate 47.3 us against 43.9, a dispatch share 9.1 against
-  8.1, the GEMM tasks 33.9 and 36.7 us against 31.2 and 31.7 (medians); busy times -7.7% to
-  -14.4%, layer -13.8%. Its one-GPU run holds (-4.7%): what slows the two-GPU one is not timed
-  apart (a 16-row share stored into the peer takes 15.0 us in the dispatch microbenchmark, 12.9
-  modelled).
+- **The 1K bf16 run on two GPUs, on both GPUs** (H100 at 8e14b82, H200 at 2679fb2): every phase
+  runs longer than modelled, none by more than 20%. H100: the gate 47.3 us against 43.9, a
+  dispatch share 9.1 against 8.1, the GEMM tasks 33.9 and 36.7 us against 31.2 and 31.7
+  (medians), layer -13.8%; H200: the gate 48.3 against 43.8, the GEMM tasks 27.2 and 30.4 us
+  against 24.4 and 24.6, busy times -8.6% to -18.6%, layer -16.0%. The one-GPU runs hold (-4.7%,
+  -7.5%): what slows the two-GPU one is not timed apart (its GEMM tasks are 32-row tiles, two per
+  expert from the two GPUs; the in-layer layers time such tiles only on one GPU). On the H200 at
+  965330c the 1K bf16 one-GPU dispatch missed (-43%: its calibration predated the in-layer
+  layers); calibrated in the layers it holds.
   At f715184 the 8-experts run on one GPU missed too (layer -11.1%; now -9.0%, above); at fd02f60
   128 experts and 4K tokens on two GPUs (GEMM1 +23%, each expert's one tile loading its slices
   alone) and 16K's overlap; with the expert's tiles from both GPUs sharing each slice, those hold.

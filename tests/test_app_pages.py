@@ -1,6 +1,7 @@
 """Every page of the app under streamlit.testing's AppTest: it runs on the default config without
 exceptions, a changed widget reruns it and changes what it shows, a bad config shows its error."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import sim
 from reference import presets
+from sim.calibrate import MEASUREMENTS
 
 # the Simulate, Compare and Fences pages run the simulator (sim.simulate, being written)
 needs_sim = pytest.mark.skipif(not hasattr(sim, "simulate"), reason="sim.simulate has not landed")
@@ -99,8 +101,9 @@ def gpu_run(tr):
 
 
 def calibrated_tile(tr):
-    """The run's config at the tile shape the committed float32 calibration measured."""
-    tr.meta["config"] = presets.get(tr.meta["config"]["name"]).replace(tile_m=128, tile_n=64, tile_k=8).to_dict()
+    """The run's config at the tile shape the committed H200 float32 calibration measured."""
+    m, n, k = json.loads((MEASUREMENTS / "calibrated-h200.json").read_text())["dtypes"]["float32"]["tile"]
+    tr.meta["config"] = presets.get(tr.meta["config"]["name"]).replace(tile_m=m, tile_n=n, tile_k=k).to_dict()
     return tr
 
 
