@@ -182,6 +182,9 @@ def main() -> int:
                     tile_m=args.tile[0], tile_n=args.tile[1], tile_k=args.tile[2]))
             except (UnsupportedConfig, ConfigError) as e:
                 ap.error(f"--tile {'x'.join(map(str, args.tile))} for {dt}: {e}")
+    why = spawn.unmet(max(args.gpus))
+    if why:
+        ap.error(why)
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
     ceilings = {dt: ceiling_tflops(dt) for dt in PRECISIONS}

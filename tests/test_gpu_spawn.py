@@ -1,5 +1,6 @@
 """gpu/spawn.py: the rendezvous port (free, outside the range the kernel hands out to other sockets), and
-what a host lacks to run the GPU workers, said before any is spawned."""
+what a host lacks to run the GPU workers, said before any is spawned (by `moelab gpu` and the
+benchmark)."""
 
 import random
 import socket
@@ -79,3 +80,21 @@ def test_moelab_gpu_says_why_it_cannot_run_instead_of_spawning(monkeypatch, caps
     monkeypatch.setattr(spawn, "run", lambda *a, **k: pytest.fail("spawned the workers"))
     assert main(["gpu", "--config", "tiny", "--gpus", "2", "--quiet"]) == 2
     assert capsys.readouterr().err.strip() == "moelab gpu: error: 2 GPU(s) asked for, 0 here (nvidia-smi -L)"
+
+
+def test_the_benchmark_says_why_it_cannot_run_for_its_most_gpus(monkeypatch, capsys):
+    """benchmarks/bench_gpu.py checks the host for its largest GPU count before it times anything."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_gpu
+
+    asked = []
+    monkeypatch.setattr(spawn, "unmet", lambda gpus: asked.append(gpus) or f"{gpus} GPU(s) asked for, 1 here")
+    monkeypatch.setattr(bench_gpu, "ceiling_tflops", lambda dt: pytest.fail("timed a ceiling"))
+    monkeypatch.setattr(sys, "argv", ["bench_gpu.py", "--gpus", "1", "4", "2", "--suite", "bench"])
+    with pytest.raises(SystemExit) as e:
+        bench_gpu.main()
+    assert e.value.code == 2 and asked == [4]
+    assert capsys.readouterr().err.strip().endswith("bench_gpu.py: error: 4 GPU(s) asked for, 1 here")
