@@ -280,8 +280,12 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   dispatch share 9.1 against 8.1, the GEMM tasks 33.9 and 36.7 us against 31.2 and 31.7
   (medians), layer -13.8%; H200: the gate 48.3 against 43.8, the GEMM tasks 27.2 and 30.4 us
   against 24.4 and 24.6, busy times -8.6% to -18.6%, layer -16.0%. The one-GPU runs hold (-4.7%,
-  -7.5%): what slows the two-GPU one is not timed apart (its GEMM tasks are 32-row tiles, two per
-  expert from the two GPUs; the in-layer layers time such tiles only on one GPU). On the H200 at
+  -7.5%): what slows the two-GPU one is not timed apart. Its GEMM tasks are 32-row tiles, two per
+  expert (one from each GPU), and the calibration's own one-GPU layers show the same at two tiles
+  per expert: GEMM1 tasks 11% (H200) and 23% (H100) above the GEMM fit, GEMM0 tasks 8% and 4%
+  below it, where at 1, 3 and 6 tiles both kinds lie within 9% of it. An expert's GEMM1 tasks
+  are queued tile by tile as each tile's GEMM0 ends, so two tiles may share a weight slice less
+  than their GEMM0 tasks, queued together, do; one fit for both kinds cannot say so. On the H200 at
   965330c the 1K bf16 one-GPU dispatch missed (-43%: its calibration predated the in-layer
   layers); calibrated in the layers it holds.
   At f715184 the 8-experts run on one GPU missed too (layer -11.1%; now -9.0%, above); at fd02f60
