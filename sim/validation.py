@@ -283,9 +283,11 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   -7.5%): what slows the two-GPU one is not timed apart. Its GEMM tasks are 32-row tiles, two per
   expert (one from each GPU), and the calibration's own one-GPU layers show the same at two tiles
   per expert: GEMM1 tasks 11% (H200) and 23% (H100) above the GEMM fit, GEMM0 tasks 8% and 4%
-  below it, where at 1, 3 and 6 tiles both kinds lie within 9% of it. An expert's GEMM1 tasks
-  are queued tile by tile as each tile's GEMM0 ends, so two tiles may share a weight slice less
-  than their GEMM0 tasks, queued together, do; one fit for both kinds cannot say so. On the H200 at
+  below it, where at 1, 3 and 6 tiles both kinds lie within 9% of it; one fit for both kinds
+  cannot say so, and a fixed cost and weight term per kind leave GEMM1 at two tiles 11-22% above.
+  Why is open: an expert's GEMM1 tasks are queued tile by tile as each tile's GEMM0 ends, but in
+  the 1K two-GPU traces the two tiles' GEMM1 tasks still start a median 0.06-0.07 of a task apart
+  (p90 0.8), so they mostly run side by side. On the H200 at
   965330c the 1K bf16 one-GPU dispatch missed (-43%: its calibration predated the in-layer
   layers); calibrated in the layers it holds.
   At f715184 the 8-experts run on one GPU missed too (layer -11.1%; now -9.0%, above); at fd02f60
