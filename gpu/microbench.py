@@ -465,10 +465,7 @@ def returns_by_source(cfg: Config, tr, rank: int, elem_bytes: int) -> dict:
     from sim.trace import KIND, ROLE
 
     proc = (tr["rank"] == rank) & (tr["role"] == ROLE["processor"])
-    disp = proc & (tr["kind"] == KIND["dispatch"])
-    rows: dict[tuple[int, int], int] = {}
-    for t, e, nbytes in zip(tr["tile"][disp].tolist(), tr["expert"][disp].tolist(), tr["bytes"][disp].tolist()):
-        rows[e, t] = rows.get((e, t), 0) + nbytes // (cfg.hidden * elem_bytes)
+    rows = dispatched_rows(cfg, tr, proc & (tr["kind"] == KIND["dispatch"]), elem_bytes)
     if not rows:
         raise RuntimeError(f"rank {rank}: no dispatch shares in the {cfg.tokens}-token layer's trace")
     by_source = {}
@@ -483,18 +480,25 @@ def returns_by_source(cfg: Config, tr, rank: int, elem_bytes: int) -> dict:
             "gemm_by_source": by_source}
 
 
+def dispatched_rows(cfg: Config, tr, disp: np.ndarray, elem_bytes: int) -> dict[tuple[int, int], int]:
+    """Each tile's rows by (expert, tile), the sum of its dispatch shares (events `disp` of trace
+    `tr`; traced() numbers tiles within their expert)."""
+    rows: dict[tuple[int, int], int] = {}
+    for t, e, nbytes in zip(tr["tile"][disp].tolist(), tr["expert"][disp].tolist(), tr["bytes"][disp].tolist()):
+        rows[e, t] = rows.get((e, t), 0) + nbytes // (cfg.hidden * elem_bytes)
+    return rows
+
+
 def layer_gemm_tasks(b: Bench, cfg: Config, tr, proc: np.ndarray, disp: np.ndarray, n_proc: int) -> list[dict]:
     """A traced layer's GEMM tasks by (kind, tile rows, tiles of the expert), in sec_gemm's form: a
     tile's rows are its dispatch shares' rows, its expert's tiles the tiles its shares went to
     (rank 0's own tiles: on two GPUs the peer's arrive without rank 0's shares)."""
     from sim.trace import KIND
 
-    # a tile by (expert, tile): traced() numbers tiles within their expert
-    rows_of: dict[tuple[int, int], int] = {}
-    tiles_of: dict[int, set] = {}
-    for t, e, nbytes in zip(tr["tile"][disp].tolist(), tr["expert"][disp].tolist(), tr["bytes"][disp].tolist()):
-        rows_of[e, t] = rows_of.get((e, t), 0) + nbytes // (cfg.hidden * b.elem_bytes)
-        tiles_of.setdefault(e, set()).add(t)
+    rows_of = dispatched_rows(cfg, tr, disp, b.elem_bytes)
+    tiles_of: dict[int, int] = {}
+    for e, _ in rows_of:
+        tiles_of[e] = tiles_of.get(e, 0) + 1
     out = []
     for task, k in (("gemm0", cfg.hidden), ("gemm1", cfg.ffn)):
         sel = proc & (tr["kind"] == KIND[task])
@@ -502,7 +506,7 @@ def layer_gemm_tasks(b: Bench, cfg: Config, tr, proc: np.ndarray, disp: np.ndarr
         for t, e, d in zip(tr["tile"][sel].tolist(), tr["expert"][sel].tolist(),
                            (tr["end"][sel] - tr["start"][sel]).tolist()):
             if (e, t) in rows_of:
-                groups.setdefault((rows_of[e, t], len(tiles_of[e])), []).append(d)
+                groups.setdefault((rows_of[e, t], tiles_of[e]), []).append(d)
         out += [{"tokens": cfg.tokens, "experts": cfg.experts, "task": task, "blocks": n_proc + 1, "rows": rows,
                  "k": k, "n": cfg.tile_n,
                  "flops": 2 * rows * k * cfg.tile_n, "tiles_per_expert": n,
