@@ -6,10 +6,11 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 
 - blocks_per_sm: the megakernel's resident blocks per SM (its grid over the SMs);
   warpgroups_per_block: the build's 128-thread units per block (its tile options);
-- matrix_efficiency, gemm_fixed_ns, weight_load_ns_per_byte, gemm_row_group: the tile GEMM task
-  as fixed cost + flops / block rate (its rows in whole groups where the multiply computes them
-  so) + its weight slice's bytes over the tiles sharing it x per byte, least squares over tile
-  heights (GEMM0 and GEMM1): the megakernel's own tasks on the in_layer layers, or, in files
+- matrix_efficiency, gemm_fixed_ns, weight_load_ns_per_byte, gemm_row_group, gemm_overlap_power:
+  the tile GEMM task as fixed cost + flops / block rate (its rows in whole groups where the
+  multiply computes them so) + its weight slice's bytes over the tiles sharing it x per byte, the
+  last two added or, where a p-norm of them fits markedly better, overlapped (sim.costs.overlapped),
+  least squares over tile heights (GEMM0 and GEMM1): the megakernel's own tasks on the in_layer layers, or, in files
   without them, the microbenchmark's at the megakernel's grid; task_overhead_ns is 0 (each
   measurement times a whole task body);
 - l2_knee_bytes, copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by
@@ -171,6 +172,8 @@ def tile_of(raw: dict, where: str) -> list[int]:
 # (the microbenchmark's medians repeat within 1-2% between calls)
 LINE_MISS = 0.02
 ROW_GROUPS = (16, 32, 64)  # the row groups a tile GEMM may compute in (its threads' rows x their count)
+OVERLAP_POWERS = (1.5, 2.0, 3.0, 4.0)  # p-norms of a GEMM task's multiply and weight load the fit tries
+OVERLAP_GAIN = 0.1  # the share of the added form's squared residuals a p-norm must take off to be kept
 IN_LAYER_TASKS = 4  # tasks of one (kind, height, sharing) in a layer that make it a point of the fit
 
 
@@ -197,7 +200,10 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     near the line). The tasks: _gemm_points; the microbenchmark's, where those are fitted, start
     in step on every block and ran their short tiles 10-13% longer than a layer's (H100, f85bd25).
     Files from before the sharing points (2 tiles per expert throughout) fit no weight term:
-    their fixed cost holds it."""
+    their fixed cost holds it. With the weight term, each p-norm of OVERLAP_POWERS is fitted too
+    (rate, fixed, per byte: _fit_overlap) and the best kept where it takes OVERLAP_GAIN or more
+    off the added form's squared residuals: a slice streamed from HBM hides a short tile's
+    multiply (one H200's bf16 tasks alone on their expert: 38-44 us for 13-128 rows)."""
     pts, which = _gemm_points(raw, blocks)
     pts = sorted(pts, key=lambda g: g["flops"])
     if len({g["flops"] for g in pts}) < 2:
@@ -236,14 +242,21 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
     rate = min(1.0 / coef[1], peak) if coef[1] > 0 else peak
     work = computed(x, rows, group)
-    # the other terms again with the rate as capped
+    # the other terms again with the rate as capped, the multiply and the load added, then overlapped
     rest = [one] + ([w] if shared else [])
     sol, *_ = np.linalg.lstsq(np.column_stack(rest) * sw[:, None], (y - work / rate) * sw, rcond=None)
     fixed, per_byte = sol[0], (sol[-1] if shared else 0.0)
+    power, added_sse = 1.0, float(np.sum((y - fixed - work / rate - per_byte * w) ** 2 * sw ** 2))
+    best_sse = added_sse
+    for pw in OVERLAP_POWERS if shared else ():
+        r, fx, pb, e = _fit_overlap(work, w, y, sw ** 2, pw, peak)
+        if e <= (1 - OVERLAP_GAIN) * added_sse and e < best_sse:
+            power, rate, fixed, per_byte, best_sse = pw, r, fx, pb, e
     sharing = sorted({g.get("tiles_per_expert", 2) for g in pts})
     span = f"{heights[0]} to {heights[-1]}" if len(heights) > 4 else str(heights)
     f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {span} "
-          f"({which}): {rate:.0f} FLOP/ns per block (capped at the {dtype} peak, {peak:.0f})")
+          f"({which}){' beside the p-norm of gemm_overlap_power' if power > 1 else ''}: {rate:.0f} FLOP/ns per "
+          f"block (capped at the {dtype} peak, {peak:.0f})")
     f.set("gemm_row_group", float(group) if group > 1 else 0.0,
           f"{origin}: the group of least squares among {list(ROW_GROUPS)} rows (the straight line missed a task by "
           f"{100 * line_miss:.0f}%; the group halves its squared residuals or more)" if group > 1 else
@@ -254,12 +267,18 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     f.set("weight_load_ns_per_byte", max(float(per_byte), 0.0),
           f"{origin}: the same least squares over {sharing} tiles per expert sharing each weight slice"
           if shared else f"{origin}: not measured (every task at 2 tiles per expert): in gemm_fixed_ns")
+    f.set("gemm_overlap_power", power if power > 1 else 0.0,
+          f"{origin}: the p-norm of multiply and load among {list(OVERLAP_POWERS)} of least squares over the same "
+          f"tasks ({100 * (1 - best_sse / added_sse):.0f}% fewer squared residuals than the two added)"
+          if power > 1 else f"{origin}: none (added: no p-norm among {list(OVERLAP_POWERS)} took "
+          f"{100 * OVERLAP_GAIN:.0f}% off the squared residuals)" if shared else
+          f"{origin}: not measured (no weight term): added")
     f.set("task_overhead_ns", 0.0, f"{origin}: 0, every microbenchmark times a whole task body (its overhead "
           "included); the gap between tasks is handoff_ns")
 
     def model(g):
-        return (f.values["gemm_fixed_ns"] + computed(g["flops"], g["rows"], group) / rate
-                + f.values["weight_load_ns_per_byte"] * alone(g))
+        return f.values["gemm_fixed_ns"] + costs.overlapped(computed(g["flops"], g["rows"], group) / rate,
+                                                            f.values["weight_load_ns_per_byte"] * alone(g), power)
 
     fitted = {id(g) for g in pts}
     for g in raw["gemm"] + [g for c in raw.get("in_layer") or [] for g in c.get("gemm", [])]:
@@ -272,6 +291,28 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     if layer:
         full = max(pts, key=lambda g: (g["flops"], g.get("tiles_per_expert", 2) == 2))
         f.check("megakernel task on the scheduler layer, median (ns; not fitted)", layer["median"], float(model(full)))
+
+
+def _fit_overlap(work: np.ndarray, alone: np.ndarray, y: np.ndarray, weight: np.ndarray, power: float,
+                 peak: float) -> tuple[float, float, float, float]:
+    """rate, fixed and per byte of y = fixed + costs.overlapped(work / rate, per byte x alone,
+    power) by weighted least squares, the rate at most `peak` (rate and per byte on log grids,
+    narrowed around their best; fixed, given them, in closed form, at least 0): (rate, fixed, per
+    byte, squared residuals)."""
+    def solve(rates, per_bytes):
+        base = costs.overlapped(work / rates[:, None, None], per_bytes[None, :, None] * alone, power)
+        fixed = np.maximum(np.sum(weight * (y - base), axis=-1) / np.sum(weight), 0.0)
+        return fixed, np.sum(weight * (y - fixed[..., None] - base) ** 2, axis=-1)
+
+    rates, per_bytes = np.geomspace(peak / 30, peak, 41), np.geomspace(1e-5, 10.0, 61)
+    for _ in range(5):
+        _, sse = solve(rates, per_bytes)
+        i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
+        rates = np.geomspace(rates[max(i - 1, 0)], rates[min(i + 1, len(rates) - 1)], 21)
+        per_bytes = np.geomspace(per_bytes[max(j - 1, 0)], per_bytes[min(j + 1, len(per_bytes) - 1)], 21)
+    fixed, sse = solve(rates, per_bytes)
+    i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
+    return float(rates[i]), float(fixed[i, j]), float(per_bytes[j]), float(sse[i, j])
 
 
 # grids of the moves' fit: the knee (0: slower from the first byte) and the half point, in bytes

@@ -82,6 +82,8 @@ class Hardware:
     # per byte of the task's weight slice over the tiles of its expert that share it at once (a
     # slice one tile uses alone comes from HBM; shared, from L2 for all but the first)
     weight_load_ns_per_byte: float
+    # how a task's multiply and that load overlap: 0 or 1, added; p > 1, their p-norm (costs.overlapped)
+    gemm_overlap_power: float
     # block copies and puts slow down once the bytes all blocks have in flight at once outgrow the
     # L2: time per byte = alone + extra x beyond / (beyond + half), beyond = max(inflight - knee, 0)
     l2_knee_bytes: float  # the bytes in flight that copies and puts can have before they slow (the L2 holds them)
@@ -267,7 +269,7 @@ _H100 = {
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
                                          "gemm_fixed_ns", "gemm_row_group",
-                                         "weight_load_ns_per_byte",
+                                         "weight_load_ns_per_byte", "gemm_overlap_power",
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",

@@ -227,6 +227,28 @@ def test_fewer_tiles_per_expert_make_longer_tasks():
     assert median[8] < median[64] < median[128]
 
 
+def test_a_measured_overlap_hides_a_short_tiles_multiply_under_its_weight_load():
+    """Added (power 0 or 1) the multiply and the load sum; as a p-norm a task takes at least the
+    longer of the two and less than their sum, and a task whose slice's load far outlasts its
+    multiply takes nearly the load's time."""
+    multiply, load = np.array([5000.0, 20000.0]), np.array([30000.0, 30000.0])
+    for power in (0.0, 1.0):
+        assert np.allclose(costs.overlapped(multiply, load, power), multiply + load)
+    both = costs.overlapped(multiply, load, 2.0)
+    assert np.allclose(both, np.hypot(multiply, load))
+    assert (both >= np.maximum(multiply, load)).all() and (both < multiply + load).all()
+    hw = hardware.PRESETS["h200-sxm"].replace(weight_load_ns_per_byte=0.5, gemm_fixed_ns=5000.0)
+    cfg = presets.get("flashmoe").replace(ranks=1, experts=128, dtype="bfloat16", tile_n=128)
+    plan = reference.plan_of(cfg)
+    gemm = plan.task_kind != COMBINE
+    alone = costs.weight_bytes_alone(cfg, plan, hw.processors, "expert")
+    args = (cfg, plan.task_kind, plan.task_flops.astype(float), plan.task_bytes.astype(float), alone)
+    added = costs.task_ns(hw, *args)[gemm]
+    normed = costs.task_ns(hw.replace(gemm_overlap_power=4.0), *args)[gemm]
+    load = hw.gemm_fixed_ns + hw.weight_load_ns_per_byte * alone[gemm]
+    assert (normed < added).all() and np.allclose(normed, load, rtol=0.02)
+
+
 def test_an_experts_tiles_share_its_weight_slices_as_they_are_queued():
     """On 2 GPUs an expert's 4 tiles come 2 from each source. Queued together (the "expert"
     policy), a task's slice is shared by all 4; queued as each lands ("tile"), by its own source's

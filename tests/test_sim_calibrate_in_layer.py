@@ -55,8 +55,9 @@ def gemm_task(hw, tokens, kind, rows, n):
     flops = 2 * rows * 2048 * 64
     group = hw.gemm_row_group or 1
     computed = float(costs.grouped_rows(rows, group))
-    ns = (hw.gemm_fixed_ns + 2 * computed * 2048 * 64 / costs.block_flops_per_ns(hw, "float32")
-          + hw.weight_load_ns_per_byte * 2048 * 64 * 4 / n)
+    ns = hw.gemm_fixed_ns + float(costs.overlapped(2 * computed * 2048 * 64 / costs.block_flops_per_ns(hw, "float32"),
+                                                   hw.weight_load_ns_per_byte * 2048 * 64 * 4 / n,
+                                                   hw.gemm_overlap_power))
     return {"tokens": tokens, "task": kind, "blocks": 264, "rows": rows, "k": 2048, "n": 64, "flops": flops,
             "tiles_per_expert": n, "weight_bytes": 2048 * 64 * 4, "ns_per_task": {**_stat(ns), "n": 16}}
 
@@ -89,8 +90,23 @@ def test_the_in_layer_tasks_fit_the_tile_gemm_in_place_of_the_microbenchmark(tmp
     fit = _fit(tmp_path, raw)
     for name, want in GEMM.items():
         assert fit.values[name] == pytest.approx(want, rel=1e-6), name
+    assert fit.values["gemm_overlap_power"] == 0.0 and "none (added" in fit.sources["gemm_overlap_power"]
     assert "the megakernel's own tasks" in fit.sources["matrix_efficiency"]
     assert any("not fitted" in point for point, *_ in fit.residuals if point.startswith("gemm0 128 rows"))
+
+
+@pytest.mark.parametrize("power", [2.0, 3.0])
+def test_tasks_whose_multiply_hides_under_their_weight_load_fit_its_p_norm(tmp_path, power):
+    """Layers whose tasks take the p-norm of multiply and load: the fit finds the power among its
+    candidates, and the fixed cost and per-byte figure it was made with."""
+    raw = synthetic()
+    made = dict(GEMM, weight_load_ns_per_byte=0.2, gemm_overlap_power=power)
+    raw["in_layer"] = in_layer(hardware.PRESETS["h200-sxm"].replace(blocks_per_sm=2, **FIGURES, **made))
+    fit = _fit(tmp_path, raw)
+    assert fit.values["gemm_overlap_power"] == power
+    for name in ("gemm_fixed_ns", "weight_load_ns_per_byte", "matrix_efficiency", "gemm_row_group"):
+        assert fit.values[name] == pytest.approx(made[name], rel=1e-3), name
+    assert "p-norm" in fit.sources["gemm_overlap_power"]
 
 
 def test_a_traced_layers_gemm_tasks_are_grouped_by_tile_height_and_sharing():
