@@ -10,6 +10,8 @@
 #   put-D      the same sweep with every tile put by one block (dispatched by one block, returned by
 #              GEMM1's last task: the kernel's path where a peer is not load/store reachable),
 #              untraced: the direct stores measured against it
+#   stream     the bf16 GEMM's TMA ring streaming the 128-expert layer's weights with no GEMM
+#              (benchmarks/weight_stream.cu: the bound on a task whose slice comes from HBM alone)
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
 # Repo root on the GPU machine (its copy has no .git: the commit comes from here). Carry .whl
 # (nvshmem4py-cu13 0.4.1, simpy) and .cache (benchmarks/prebuild_cubins.py). $OUT/results.tar.gz
@@ -67,7 +69,9 @@ EOF
       # shellcheck disable=SC2086  # GPUS is a list of counts
       timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
         --transfers $path --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
-    *) echo "unknown part $part: checks, calibrate, bench-D or put-D (D: float32, bfloat16, tf32)"; exit 2 ;;
+    stream)
+      timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" 2>&1 | tee "$R/stream.txt" ;;
+    *) echo "unknown part $part: checks, calibrate, bench-D, put-D (D: float32, bfloat16, tf32) or stream"; exit 2 ;;
   esac
 done
 tar -czf "$OUT/results.tar.gz" -C "$R" .
