@@ -70,7 +70,8 @@ EOF
       timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
         --transfers $path --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
     stream)
-      timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" 2>&1 | tee "$R/stream.txt" ;;
+      timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
+        2>&1 | tee "$R/stream.txt" ;;
     *) echo "unknown part $part: checks, calibrate, bench-D, put-D (D: float32, bfloat16, tf32) or stream"; exit 2 ;;
   esac
 done

@@ -1,9 +1,10 @@
 """Build and run benchmarks/weight_stream.cu: how fast the bf16 tile GEMM's TMA ring streams the
 128-expert layer's weight slices with no GEMM, the bound on a task whose slice comes from HBM alone.
 
-    python benchmarks/weight_stream.py --out OUT_DIR --commit SHA [--multiply-ns 920]
+    python benchmarks/weight_stream.py --out OUT_DIR --commit SHA [--prefix h200x1-] [--multiply-ns 920]
 
-Writes OUT_DIR/<gpu>-weight-stream.json (GPU, driver, nvcc, commit, command and date under "meta";
+Writes OUT_DIR/<prefix>weight-stream.json (prefix: the GPU's tag and a dash where not given; GPU,
+driver, nvcc, commit, command and date under "meta";
 the copy engine's read+write rate for scale; each variant's time per 1 MiB task) and prints a
 table. Needs nvcc and an sm_90 GPU.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for <gpu>-weight-stream.json")
     ap.add_argument("--commit", default="unknown", help="the repository's commit (the GPU machine's copy has no .git)")
+    ap.add_argument("--prefix", default="", help="the file name's start (device_run.sh: the machine, e.g. h200x1-)")
     ap.add_argument("--multiply-ns", type=int, default=920,
                     help="the stand-in for a slice's wgmmas, ns (920: one H200's 29.5 us 128 x 256 task / 32 slices)")
     args = ap.parse_args(argv)
@@ -83,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"weight_stream: {e}", file=sys.stderr)
         return 1
     meta = {"gpu": head["gpu"], "driver": driver(), "nvcc": build.nvcc_version(nvcc), "commit": args.commit,
-            "command": " ".join(["python3", *sys.argv]), "date": datetime.date.today().isoformat(),
+            "command": " ".join(["python3", *sys.argv]), "invoked_by": os.environ.get("MOELAB_COMMAND", ""),
+            "date": datetime.date.today().isoformat(),
             "source": "benchmarks/weight_stream.cu", "task_flops": TASK_FLOPS}
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{gpu_tag(head['gpu'])}-weight-stream.json"
+    path = args.out / f"{args.prefix or gpu_tag(head['gpu']) + '-'}weight-stream.json"
     path.write_text(json.dumps({"meta": meta, **head, "variants": variants}, indent=1) + "\n")
     print(table(head, variants))
     print(f"wrote {path}")
