@@ -22,8 +22,8 @@ def test_kernel_compiles_and_device_links(tmp_path):
 def test_bf16_kernel_compiles_and_device_links(tmp_path):
     # the tensor-core tile GEMM at the bench's shape (128 x 256: two warpgroups, one block per SM,
     # 4 stages) and at the checks' narrow one (the most stages, 8): the cubin's shared memory per
-    # block is the GEMM's stages and their alignment room, as layout sizes them (more than the
-    # gate's 35 KiB)
+    # block is the GEMM's stages (the last one wide enough for the epilogue) and their alignment
+    # room, as layout sizes them (more than the gate's 35 KiB)
     flash = presets.get("flashmoe").replace(dtype="bfloat16")
     smem = {}
     for tile in (cases.BF16_TILE, (64, 32, 64)):
@@ -33,7 +33,8 @@ def test_bf16_kernel_compiles_and_device_links(tmp_path):
         assert data[:4] == b"\x7fELF" and b"moelab_moe_bf16" in data and b"nvshmem" in data
         smem[tile] = (build.cubin_constant(cubin, layout.SMEM_SYMBOL), layout.bf16_smem_bytes(cfg))
     got, gemm = smem[cases.BF16_TILE]
-    assert got == gemm == 4 * 2 * (128 + 256) * 64 + 1024
+    # the last of 4 stages as wide as the epilogue's 64 float32 rows of 256 + 8
+    assert got == gemm == 3 * 2 * (128 + 256) * 64 + 64 * (256 + 8) * 4 + 1024
     got, gemm = smem[(64, 32, 64)]
     assert got == gemm == layout.BF16_MAX_STAGES * 2 * (64 + 32) * 64 + 1024
 

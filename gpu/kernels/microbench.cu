@@ -58,20 +58,23 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     long long s0;
     int le, col0;
     task_of(j, &s0, &le, &col0);
-    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw);
-    __syncthreads();
-    if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
 #if MOE_BF16
-    // the next task's first slices, as the megakernel's processor asks for them once it has
-    // taken its next command
-    if (threadIdx.x == 32 && j + 1 < reps) {
-      long long s1;
-      int le1, col1;
-      task_of(j + 1, &s1, &le1, &col1);
-      TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prime(task_operands(q, kind == TASK_GEMM0, s1, le1, col1), smem_raw);
-    }
-    __syncthreads();  // thread 0 reads how many slices were primed as the next task starts
+    // the next task's first slices, asked for as the megakernel's processor asks for them: by the
+    // thread that takes its next command, once this task's multiply is done
+    auto ahead = [&] {
+      if (threadIdx.x == 32 && j + 1 < reps) {
+        long long s1;
+        int le1, col1;
+        task_of(j + 1, &s1, &le1, &col1);
+        TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prime(task_operands(q, kind == TASK_GEMM0, s1, le1, col1), smem_raw);
+      }
+    };
+    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw, ahead);
+#else
+    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw);
 #endif
+    __syncthreads();  // (bf16: thread 0 reads how many slices were primed as the next task starts)
+    if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
   }
   if (threadIdx.x == 0) ns[blockIdx.x] = now_ns() - t0;
 }
