@@ -1,6 +1,8 @@
 """The kernel compiles for sm_90 and device-links against NVSHMEM's device library (CI: nvcc 13,
 nvidia-nvshmem-cu13 3.4.5 from the test extra; skipped only where nvcc itself is missing)."""
 
+import subprocess
+
 import pytest
 
 from gpu import build, cases, layout
@@ -56,3 +58,17 @@ def test_tf32_kernel_compiles_and_device_links(tmp_path):
 
 def test_nvshmem_is_the_gpu_machines_version():
     assert build.nvshmem_version(build.nvshmem_dir()) == "3.4.5"
+
+
+@pytest.mark.parametrize("unit", ["moe.cu", "microbench.cu"])
+def test_the_bf16_tasks_wgmmas_stay_asynchronous(tmp_path, unit):
+    """ptxas serializes a function's wgmmas where it calls a subroutine (C7509): a 64-bit division
+    in the code that asks for the next task's slices inside gemm_task made the bf16 layers 21-31%
+    slower (one H200). The bench tile's build of the megakernel and of its microbenchmarks."""
+    options = layout.compile_options(cases.in_dtype(presets.get("flashmoe"), "bfloat16"))
+    compile_cmd = build.nvcc_commands(build.nvcc_path(), build.ARCH, options, build.nvshmem_dir(),
+                                      tmp_path / "k.o", tmp_path / "k.cubin", unit=unit)[0]
+    done = subprocess.run([*compile_cmd, "-Xptxas", "-v"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "gemm_task" in done.stderr  # ptxas reported on the task function
+    assert "C7509" not in done.stderr, [line for line in done.stderr.splitlines() if "C7509" in line]

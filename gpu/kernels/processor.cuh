@@ -308,13 +308,15 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   // once the task's work is done.
   // the first row of tile `tile` of a block of C rows (inbox, hidden, combox: [blocks][C])
   auto tile_row = [&](long long block, int tile) { return block * p.C + (long long)tile * BM; };
+  // (inside gemm_task: no 64-bit division, which ptxas makes a subroutine call that serializes
+  // the task's wgmmas, its layers 21-31% slower on one H200)
   auto take_ahead = [&](int seq) {
     if (tid != 32 || ahead) return;
     ahead = take_command(p, me, seq, &next_seq, &next);
 #if MOE_BF16
     if (ahead && (next.x == TASK_GEMM0 || next.x == TASK_GEMM1))
       TensorCoreGemm<BM, BN, BK>::prime(
-          task_operands(p, next.x == TASK_GEMM0, tile_row(next.y, next.z), (int)(next.y % p.L), next.w), smem);
+          task_operands(p, next.x == TASK_GEMM0, tile_row(next.y, next.z), next.y % (int)p.L, next.w), smem);
 #endif
   };
   if (tid == 0) {

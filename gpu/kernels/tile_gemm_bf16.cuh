@@ -227,7 +227,7 @@ struct WgmmaTileGemm {
   // during the task's epilogue, its bookkeeping and the call. A's rows were seen written by this
   // thread (it took the command that names them). The block meets before the next task starts:
   // its thread 0 reads `primed`.
-  __device__ static void prime(const GemmOperands& op, void* smem) {
+  __device__ __forceinline__ static void prime(const GemmOperands& op, void* smem) {
     fence_async_shared();  // an epilogue or the gate wrote these stages through the generic proxy
     fence_async_global();
     const int n = min(STAGES - 1, op.K / BK);
@@ -236,7 +236,7 @@ struct WgmmaTileGemm {
   }
 
   // one thread: slice kt of op (`boxes` 64-row boxes of A and the B box) into `stage`
-  __device__ static void load(const GemmOperands& op, unsigned base, int boxes, int stage, int kt) {
+  __device__ __forceinline__ static void load(const GemmOperands& op, unsigned base, int boxes, int stage, int kt) {
     const unsigned s = base + stage * STAGE_BYTES, bar = smem_addr(&ring().landed[stage]);
     mbar_expect_tx(bar, boxes * A_BOX_BYTES + B_BYTES);
     for (int m = 0; m < boxes; ++m) tma_load_2d(s + m * A_BOX_BYTES, op.map_a, kt * BK, op.a_row + m * 64, bar);
