@@ -37,7 +37,6 @@ SMEM_PER_SM = 228 * 1024
 BF16_MAX_STAGES = 8  # TMA stages of the tensor-core tile GEMM, at most (seven slices copied ahead)
 BF16_MIN_STAGES = 3  # two slices of copies in flight while the wgmmas of one finish and the next run
 BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
-BF16_EPILOGUE_ROWS = 64  # rows the bf16 epilogue stages at a time (WgmmaTileGemm::EPI_ROWS)
 BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / block threads: the whole tile in registers
 BF16_TILE_N = (32, 64, 128, 256)  # wgmma.m64nNk16 shapes the kernel spells out, N <= 128 per wgmma
 BF16_WIDE_TILE_N = 256  # split over warpgroups (kernels/tile_gemm_bf16.cuh), one block per SM
@@ -126,7 +125,7 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
         raise UnsupportedConfig("tile_k", cfg.tile_k, "64 for bfloat16 (a slice row is the 128 bytes of wgmma's "
                                 "swizzled layout)")
     if bf16_stages(cfg) < BF16_MIN_STAGES:
-        need = (BF16_MIN_STAGES - 1) * bf16_stage_bytes(cfg) + _bf16_last_stage_bytes(cfg) + BF16_ALIGN_BYTES
+        need = BF16_MIN_STAGES * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
         raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} TMA "
                                 f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit "
                                 f"{smem_per_block(cfg)} B of shared memory per block (need {need} B)")
@@ -146,29 +145,17 @@ def bf16_stage_bytes(cfg: Config) -> int:
     return 2 * (cfg.tile_m + cfg.tile_n) * cfg.tile_k
 
 
-def bf16_epilogue_bytes(cfg: Config) -> int:
-    """What the bf16 tile GEMM's epilogue stages from its last stage on (WgmmaTileGemm::EPI_BYTES):
-    64 rows of float32 accumulators, each 8 floats longer than the tile's."""
-    return BF16_EPILOGUE_ROWS * (cfg.tile_n + 8) * 4
-
-
-def _bf16_last_stage_bytes(cfg: Config) -> int:
-    return max(bf16_stage_bytes(cfg), bf16_epilogue_bytes(cfg))
-
-
 def bf16_stages(cfg: Config) -> int:
     """TMA stages of the bf16 tile GEMM: as many as fit a block's shared memory less the
-    stages' alignment room (BF16_ALIGN_BYTES), the last of them wide enough for the epilogue, at
-    most BF16_MAX_STAGES (passed to the build as GEMM_STAGES)."""
-    room = smem_per_block(cfg) - BF16_ALIGN_BYTES - _bf16_last_stage_bytes(cfg)
-    return min(BF16_MAX_STAGES, 1 + room // bf16_stage_bytes(cfg)) if room >= 0 else 0
+    stages' alignment room (BF16_ALIGN_BYTES), at most BF16_MAX_STAGES (passed to the build as
+    GEMM_STAGES)."""
+    return min(BF16_MAX_STAGES, (smem_per_block(cfg) - BF16_ALIGN_BYTES) // bf16_stage_bytes(cfg))
 
 
 def bf16_smem_bytes(cfg: Config) -> int:
-    """The bf16 tile GEMM's shared memory (WgmmaTileGemm::SMEM_BYTES): its stages, the last one as
-    wide as the epilogue needs, and the room to start them on a 1024-byte boundary, where the
-    swizzle pattern starts."""
-    return (bf16_stages(cfg) - 1) * bf16_stage_bytes(cfg) + _bf16_last_stage_bytes(cfg) + BF16_ALIGN_BYTES
+    """The bf16 tile GEMM's shared memory (WgmmaTileGemm::SMEM_BYTES): its stages and the room to
+    start them on a 1024-byte boundary, where the swizzle pattern starts."""
+    return bf16_stages(cfg) * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
 
 
 def _power_of_two(n: int) -> bool:

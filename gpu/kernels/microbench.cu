@@ -58,23 +58,20 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     long long s0;
     int le, col0;
     task_of(j, &s0, &le, &col0);
-#if MOE_BF16
-    // the next task's first slices, asked for as the megakernel's processor asks for them: by the
-    // thread that takes its next command, once this task's multiply is done (its operands worked
-    // out here: task_of's 64-bit divisions inside gemm_task would serialize its wgmmas)
-    long long s1 = 0;
-    int le1 = 0, col1 = 0;
-    if (j + 1 < reps) task_of(j + 1, &s1, &le1, &col1);
-    const GemmOperands next_op = task_operands(q, kind == TASK_GEMM0, s1, le1, col1);
-    auto ahead = [&] {
-      if (threadIdx.x == 32 && j + 1 < reps) TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prime(next_op, smem_raw);
-    };
-    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw, ahead);
-#else
     gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw);
-#endif
-    __syncthreads();  // (bf16: thread 0 reads how many slices were primed as the next task starts)
+    __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
+#if MOE_BF16
+    // the next task's first slices, as the megakernel's processor asks for them once it has
+    // taken its next command
+    if (threadIdx.x == 32 && j + 1 < reps) {
+      long long s1;
+      int le1, col1;
+      task_of(j + 1, &s1, &le1, &col1);
+      TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prime(task_operands(q, kind == TASK_GEMM0, s1, le1, col1), smem_raw);
+    }
+    __syncthreads();  // thread 0 reads how many slices were primed as the next task starts
+#endif
   }
   if (threadIdx.x == 0) ns[blockIdx.x] = now_ns() - t0;
 }

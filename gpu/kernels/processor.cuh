@@ -216,21 +216,15 @@ __device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int ro
 // float32 rows). tf32: float32 operands rounded to TF32 inside the tile GEMM, float32 stored.
 // (bf16: a function of its own, called: ptxas keeps wgmma asynchronous only in a function that
 // calls nothing it cannot see, and the kernel calls NVSHMEM's device library, linked in later)
-// `ahead` runs between the multiply and the epilogue, the stages free: the bf16 processor takes
-// its next command there and asks for that task's first slices (WgmmaTileGemm::prime).
-struct NothingAhead {
-  __device__ void operator()() const {}
-};
-template <int BM, int BN, int BK, class Out1, class Ahead = NothingAhead>
+template <int BM, int BN, int BK, class Out1>
 __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
-                                      void* smem, Ahead ahead = {}) {
+                                      void* smem) {
   using Gemm = TensorCoreGemm<BM, BN, BK>;
   typename Gemm::Acc acc;
   const int act = (int)p.act_kind;
   // one GEMM for both kinds (one copy of the main loop in the code), two epilogues
   const bool first = kind == TASK_GEMM0;
   if (!tile_gemm<Gemm>(p, first, s0, rows, le, col0, smem, acc)) return;
-  ahead();
   const float* b = (first ? p.b1 : p.b2) + (long long)le * (first ? p.I : p.H) + col0;
   if (first) {
     with_activation(act, [&](auto activate) {
@@ -302,21 +296,17 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   // when a task's work is done: warp 1 takes it then, its two dependent loads (mailbox, queue) in
   // flight while thread 0's fence and atomics finish the task. Taken after them, they left ~2 us
   // between tasks (telemetry, one H100), the SM's tensor cores idle at one block per SM.
-  // A bf16 GEMM task takes it as soon as its multiply is done, and the next task has its first
-  // slices asked for by the same thread (it saw their rows written): they land while this task's
-  // epilogue, bookkeeping and the call go on. Where it was not there yet, it is looked for again
-  // once the task's work is done.
+  // The bf16 GEMM's next task then has its first slices asked for by the same thread (it saw
+  // their rows written), and they land while this task's bookkeeping and the call go on.
   // the first row of tile `tile` of a block of C rows (inbox, hidden, combox: [blocks][C])
   auto tile_row = [&](long long block, int tile) { return block * p.C + (long long)tile * BM; };
-  // (inside gemm_task: no 64-bit division, which ptxas makes a subroutine call that serializes
-  // the task's wgmmas, its layers 21-31% slower on one H200)
   auto take_ahead = [&](int seq) {
-    if (tid != 32 || ahead) return;
+    if (tid != 32) return;
     ahead = take_command(p, me, seq, &next_seq, &next);
 #if MOE_BF16
     if (ahead && (next.x == TASK_GEMM0 || next.x == TASK_GEMM1))
       TensorCoreGemm<BM, BN, BK>::prime(
-          task_operands(p, next.x == TASK_GEMM0, tile_row(next.y, next.z), next.y % (int)p.L, next.w), smem);
+          task_operands(p, next.x == TASK_GEMM0, tile_row(next.y, next.z), (int)(next.y % p.L), next.w), smem);
 #endif
   };
   if (tid == 0) {
@@ -385,7 +375,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
 #if MOE_BF16
     // the bf16 task is a called function that must call nothing (gemm_task): handed its output
     elem_t* const dst = tk.x == TASK_GEMM1 ? out1() : nullptr;
-    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, [dst] { return dst; }, smem, [&] { take_ahead(seq); });
+    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, [dst] { return dst; }, smem);
 #else
     gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, out1, smem);
 #endif

@@ -22,14 +22,17 @@
 // waited for, whose stage then takes the next slice. (Before, every thread issued 16-byte
 // cp.async copies: 16 a slice at 128 x 128, plus their addresses, a wait and a barrier more per
 // slice.) The stages' barriers are set once per block and their phases carried from task to
-// task, and a task's first STAGES - 1 slices are asked for as soon as the task before it is done
-// with the stages, before its epilogue, where the processor has taken the command that names it
-// (prime: the scheduler sends a busy processor its next command, MAILBOX_SLOTS): they land during
-// that task's epilogue (which stages its rows past them, EPI_AT), its bookkeeping and the call.
-// Asked for after the epilogue (fd02f60), against each task setting its barriers, meeting, and
-// only then asking, the layers with 8 and 16 experts were 2-3% faster side by side on one H100,
-// the others within their spread (-1 to +1%). A third mailbox slot, for the scheduler to name the
-// next task earlier still, made every float32 layer 3.6-5.4% slower and the bf16 ones no faster.
+// task, and a task's first STAGES - 1 slices are asked for as the task before it ends, once the
+// processor has taken the command that names it (prime): they land during that task's
+// bookkeeping and the call, where each task used to set its barriers, meet, and only then ask.
+// Side by side on one H100 the layers with 8 and 16 experts were 2-3% faster, the others within
+// their spread (-1 to +1%). Naming the next task earlier, so that its slices could come in
+// during the epilogue, takes a third mailbox slot (MAILBOX_SLOTS, os.cuh): every float32 layer
+// was 3.6-5.4% slower with it, and the bf16 ones no faster. Taking the next command (already in
+// the second slot) as the multiply ends and asking for its slices then, the epilogue staged 64
+// rows at a time from the last stage on, clear of them, made every bf16 layer slower on one
+// H200 (b048a91 with 55dfffc, side by side with 86a63ed): the 64-row epilogue alone 0.3-3.6%
+// (the default 0.756 -> 0.776 ms), asking before it 4.5-8.5% in all (0.812; 8 experts 0.674 -> 0.730).
 // The copy engine writes wgmma's 128-byte-swizzled K-major layout itself: 8-row groups of 1024
 // bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
 // tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
@@ -161,13 +164,7 @@ struct WgmmaTileGemm {
   static constexpr int MMA_N = WN < 128 ? WN : 128, NB_N = WN / MMA_N, NREG = MMA_N / 2;
   static constexpr int A_BOX_BYTES = 64 * BK * 2;  // one TMA box: 64 rows of A (gpu/tma.py A_BOX_ROWS)
   static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-  // The epilogue puts 64 rows of float32 accumulators at a time into the last stage and on past it
-  // (a row 8 floats longer than the tile's: store), clear of the stages the next task's first
-  // slices land in meanwhile (prime)
-  static constexpr int EPI_ROWS = 64, ROW_FLOATS = BN + 8, EPI_BYTES = EPI_ROWS * ROW_FLOATS * 4;
-  static constexpr int EPI_AT = (STAGES - 1) * STAGE_BYTES;
-  static constexpr int SMEM_BYTES =  // + room to start the stages on 1024 bytes
-      EPI_AT + (EPI_BYTES > STAGE_BYTES ? EPI_BYTES : STAGE_BYTES) + 1024;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to start the stages on 1024 bytes
   static_assert(WGS_M * WGS_N == WGS && WM % 64 == 0 && (MMA_N == 32 || MMA_N == 64 || MMA_N == 128) &&
                     WN % MMA_N == 0 && BN <= 256 && BK == 64 && STAGES >= 3,
                 "bf16 tile shape: whole 64-row blocks per warpgroup, columns per warpgroup of 32, 64 or a multiple "
@@ -221,14 +218,13 @@ struct WgmmaTileGemm {
     return blocks_of<MB>(mine, nb, p, op, smem, acc);
   }
 
-  // One thread, once the block's task before this one is done with the stages (its multiply has
-  // ended) and its next GEMM is known: asks for that GEMM's first STAGES - 1 slices (all of A's
-  // 64-row boxes: its rows are not known here) into the stages before EPI_AT, so that they land
-  // during the task's epilogue, its bookkeeping and the call. A's rows were seen written by this
-  // thread (it took the command that names them). The block meets before the next task starts:
-  // its thread 0 reads `primed`.
-  __device__ __forceinline__ static void prime(const GemmOperands& op, void* smem) {
-    fence_async_shared();  // an epilogue or the gate wrote these stages through the generic proxy
+  // One thread, as the block's task before this one has ended and its next GEMM is known: asks
+  // for that GEMM's first STAGES - 1 slices (all of A's 64-row boxes: its rows are not known
+  // here), so that they land during the task's bookkeeping and the call. A's rows were seen
+  // written by this thread (it took the command that names them). The block meets before the
+  // next task starts: its thread 0 reads `primed`.
+  __device__ static void prime(const GemmOperands& op, void* smem) {
+    fence_async_shared();  // the epilogue wrote the stages through the generic proxy
     fence_async_global();
     const int n = min(STAGES - 1, op.K / BK);
     for (int s = 0; s < n; ++s) load(op, stages_base(smem), BM / 64, s, s);
@@ -236,7 +232,7 @@ struct WgmmaTileGemm {
   }
 
   // one thread: slice kt of op (`boxes` 64-row boxes of A and the B box) into `stage`
-  __device__ __forceinline__ static void load(const GemmOperands& op, unsigned base, int boxes, int stage, int kt) {
+  __device__ static void load(const GemmOperands& op, unsigned base, int boxes, int stage, int kt) {
     const unsigned s = base + stage * STAGE_BYTES, bar = smem_addr(&ring().landed[stage]);
     mbar_expect_tx(bar, boxes * A_BOX_BYTES + B_BYTES);
     for (int m = 0; m < boxes; ++m) tma_load_2d(s + m * A_BOX_BYTES, op.map_a, kt * BK, op.a_row + m * 64, bar);
@@ -310,37 +306,33 @@ struct WgmmaTileGemm {
   }
 
   // The tile's rows < `rows` into out (row r at out + r * ld) as bf16, element (r, c) =
-  // act(acc + bias[c]) in float32, rounded to nearest even, through shared memory EPI_ROWS rows at
-  // a time: each thread puts its accumulators of those rows as they are at EPI_AT, then every
-  // thread takes 4 columns of a row at a time, the same 4 in every row it takes, so it loads their
-  // biases once, and stores them as 8 bytes, 256 contiguous bytes a warp. (Applied pair by pair
-  // from the fragments, each bias load waited behind the store before it, which might have written
-  // it: the epilogue took 5-9 us of a 128 x 256 task, now 2.5-3.6, clocked inside the task on one
-  // H100.) A row is 8 floats longer than the tile's, so the 4 rows a half-warp's 8-byte fragment
-  // stores fall on take 32 banks. The stages before EPI_AT may be taking the next task's first
-  // slices meanwhile (prime).
+  // act(acc + bias[c]) in float32, rounded to nearest even, through shared memory: each thread puts
+  // its accumulators into the stages (idle now) as they are, then every thread takes 4 columns of
+  // a row at a time, the same 4 in every row it takes, so it loads their biases once, and stores
+  // them as 8 bytes, 256 contiguous bytes a warp. (Applied pair by pair from the fragments, each
+  // bias load waited behind the store before it, which might have written it: the epilogue took
+  // 5-9 us of a 128 x 256 task, now 2.5-3.6, clocked inside the task on one H100.) A row is 8
+  // floats longer than the tile's, so the 4 rows a half-warp's 8-byte fragment stores fall on take
+  // 32 banks.
   template <class Act>
   __device__ static void store(const Acc& acc, int rows, void* smem, __nv_bfloat16* out, long long ld,
                                const float* bias, Act act) {
-    constexpr int QUADS = BN / 4;
-    static_assert(THREADS % QUADS == 0, "every thread keeps its 4 columns");
-    float* s = reinterpret_cast<float*>(static_cast<char*>(smem) + (stages_base(smem) - smem_addr(smem)) + EPI_AT);
+    constexpr int ROW_FLOATS = BN + 8, QUADS = BN / 4;
+    static_assert(BM * ROW_FLOATS * 4 <= STAGES * STAGE_BYTES && THREADS % QUADS == 0,
+                  "the float32 tile fits the stages, and every thread keeps its 4 columns");
+    float* s = static_cast<float*>(smem);
+    epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
+      *reinterpret_cast<float2*>(s + r * ROW_FLOATS + c) = make_float2(v0, v1);
+    });
+    __syncthreads();
     const int tid = thread_index(), c = 4 * (tid % QUADS);
     const float4 b = *reinterpret_cast<const float4*>(bias + c);
-    for (int lo = 0; lo < rows; lo += EPI_ROWS) {
-      if (lo) __syncthreads();  // every thread has copied the rows before these out of the stage
-      epilogue(acc, rows, [&](int r, int col, float v0, float v1) {
-        if (r >= lo && r < lo + EPI_ROWS)
-          *reinterpret_cast<float2*>(s + (r - lo) * ROW_FLOATS + col) = make_float2(v0, v1);
-      });
-      __syncthreads();
-      for (int r = lo + tid / QUADS; r < min(rows, lo + EPI_ROWS); r += THREADS / QUADS) {
-        const float4 v = *reinterpret_cast<const float4*>(s + (r - lo) * ROW_FLOATS + c);
-        const __nv_bfloat162 lo2 = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
-        const __nv_bfloat162 hi2 = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
-        *reinterpret_cast<uint2*>(out + r * ld + c) =
-            make_uint2(*reinterpret_cast<const unsigned*>(&lo2), *reinterpret_cast<const unsigned*>(&hi2));
-      }
+    for (int r = tid / QUADS; r < rows; r += THREADS / QUADS) {
+      const float4 v = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
+      *reinterpret_cast<uint2*>(out + r * ld + c) =
+          make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
     }
   }
 
