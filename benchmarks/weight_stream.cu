@@ -19,6 +19,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+// the kernel's own mbarrier and TMA helpers
+#include "../gpu/kernels/tile_gemm_bf16.cuh"
+
 #define CHECK(x)                                                                        \
   do {                                                                                  \
     int e_ = (int)(x);                                                                  \
@@ -36,23 +39,6 @@ struct Maps {
   CUtensorMap a, b;
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ bool try_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done;
-}
-__device__ __forceinline__ void tma_2d(unsigned dst, const CUtensorMap* map, int x, int y, unsigned bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
-
 // Block b streams tasks b, b + grid, ...: slice i of its stream is slice i % KT of its task i / KT.
 __global__ void __launch_bounds__(128, 1) stream(const __grid_constant__ Maps maps, int with_a, int blocked,
                                                  int multiply_ns, unsigned* sink) {
@@ -60,7 +46,7 @@ __global__ void __launch_bounds__(128, 1) stream(const __grid_constant__ Maps ma
   __shared__ uint64_t landed[STAGES];
   const unsigned base = (smem_addr(smem) + 1023) & ~1023u;  // the 128-byte swizzle's 1024-byte pattern
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&landed[s])));
+    for (int s = 0; s < STAGES; ++s) mbar_init(smem_addr(&landed[s]), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -68,24 +54,23 @@ __global__ void __launch_bounds__(128, 1) stream(const __grid_constant__ Maps ma
   auto load = [&](long long i) {
     const int task = blockIdx.x + (int)(i / KT) * gridDim.x, kt = (int)(i % KT), s = (int)(i % STAGES);
     const unsigned dst = base + s * STAGE_BYTES, bar = smem_addr(&landed[s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                 "r"((with_a ? A_BYTES : 0) + B_BYTES) : "memory");
+    mbar_expect_tx(bar, (with_a ? A_BYTES : 0) + B_BYTES);
     if (with_a) {
       const int row = (task / TASKS_PER_TILE) % TILES * BM;
-      tma_2d(dst, &maps.a, kt * BK, row, bar);
-      tma_2d(dst + A_BYTES / 2, &maps.a, kt * BK, row + 64, bar);
+      tma_load_2d(dst, &maps.a, kt * BK, row, bar);
+      tma_load_2d(dst + A_BYTES / 2, &maps.a, kt * BK, row + 64, bar);
     }
     if (blocked)
-      tma_2d(dst + A_BYTES, &maps.b, 0, (task * KT + kt) * BN, bar);
+      tma_load_2d(dst + A_BYTES, &maps.b, 0, (task * KT + kt) * BN, bar);
     else
-      tma_2d(dst + A_BYTES, &maps.b, kt * BK, task * BN, bar);
+      tma_load_2d(dst + A_BYTES, &maps.b, kt * BK, task * BN, bar);
   };
   if (threadIdx.x == 0)
     for (long long i = 0; i < STAGES - 1 && i < slices; ++i) load(i);
   unsigned phase = 0, seen = 0;
   for (long long i = 0; i < slices; ++i) {
     const int s = (int)(i % STAGES);
-    while (!try_wait(smem_addr(&landed[s]), (phase >> s) & 1)) {
+    while (!mbar_try_wait(smem_addr(&landed[s]), (phase >> s) & 1)) {
     }
     phase ^= 1u << s;
     __syncthreads();  // every thread is past slice i - 1: its stage takes slice i + STAGES - 1
