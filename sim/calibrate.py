@@ -9,10 +9,10 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 - matrix_efficiency, gemm_fixed_ns, weight_load_ns_per_byte, gemm_row_group, gemm_overlap_power:
   the tile GEMM task as fixed cost + flops / block rate (its rows in whole groups where the
   multiply computes them so) + its weight slice's bytes over the tiles sharing it x per byte, the
-  last two added or, where a p-norm of them fits markedly better, overlapped (sim.costs.overlapped),
-  least squares over tile heights (GEMM0 and GEMM1): the megakernel's own tasks on the in_layer layers, or, in files
-  without them, the microbenchmark's at the megakernel's grid; task_overhead_ns is 0 (each
-  measurement times a whole task body);
+  last two added or, where a p-norm of them fits markedly better, overlapped
+  (sim.costs.overlapped), least squares over tile heights (GEMM0 and GEMM1): the megakernel's own
+  tasks on the in_layer layers, or, in files without them, the microbenchmark's at the
+  megakernel's grid; task_overhead_ns is 0 (each measurement times a whole task body);
 - l2_knee_bytes, copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by
   1 to all blocks at once: time per byte = alone while the bytes all blocks move at once fit in
   the L2 (up to the knee), + extra x beyond / (beyond + half) for the bytes beyond it;
