@@ -297,7 +297,13 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   and the calibration's own one-GPU layers show the same at two tiles per expert: GEMM1 tasks 16%
   (H200) and 27% (H100) above the GEMM fit, GEMM0 tasks 5% and 2% below it (task-weighted), where
   at 1, 3, 6 and 14 tiles both kinds lie within 9% of it; one fit for both kinds cannot say so,
-  and a fixed cost and weight term per kind leave GEMM1 at two tiles 11-22% above.
+  and a fixed cost and weight term per kind leave GEMM1 at two tiles 11-22% above. Those two-tile
+  points all come from the 6144-token layer (a 128-row and a 64-row tile an expert), where a
+  128-row GEMM1 task takes 39.4 us (H200) and 51.1 (H100), near a lone tile's 42-44 and 54-56,
+  against GEMM0's 32.2 and 38.8 beside it: as if the two tiles' GEMM1 tasks did not share the
+  slice. Each tile's GEMM1 tasks are queued when its own GEMM0 tasks end, and tiles of two
+  heights end theirs apart; at three equal tiles (12288 tokens) GEMM1 shares as GEMM0 does (32.4
+  against 30.3 us).
   Why is open: an expert's GEMM1 tasks are queued tile by tile as each tile's GEMM0 ends, but in
   the 1K two-GPU traces the two tiles' GEMM1 tasks still start a median 0.06-0.07 of a task apart
   (p90 0.8), so they mostly run side by side. On the H200 at
