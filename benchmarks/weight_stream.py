@@ -3,10 +3,9 @@
 
     python benchmarks/weight_stream.py --out OUT_DIR --commit SHA [--prefix h200x1-] [--multiply-ns 920]
 
-Writes OUT_DIR/<prefix>weight-stream.json (prefix: the GPU's tag and a dash where not given; GPU,
-driver, nvcc, commit, command and date under "meta";
-the copy engine's read+write rate for scale; each variant's time per 1 MiB task) and prints a
-table. Needs nvcc and an sm_90 GPU.
+Writes OUT_DIR/<prefix>weight-stream.json (prefix: the GPU's tag and a dash where not given): GPU,
+driver, nvcc, commit, command and date under "meta", the copy engine's read+write rate for scale,
+and each variant's time per 1 MiB task; and prints a table. Needs nvcc and an sm_90 GPU.
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ def table(head: dict, variants: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="folder for <gpu>-weight-stream.json")
+    ap.add_argument("--out", type=Path, required=True, help="folder for <prefix>weight-stream.json")
     ap.add_argument("--commit", default="unknown", help="the repository's commit (the GPU machine's copy has no .git)")
     ap.add_argument("--prefix", default="", help="the file name's start (device_run.sh: the machine, e.g. h200x1-)")
     ap.add_argument("--multiply-ns", type=int, default=920,
