@@ -129,9 +129,10 @@ __device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, i
     // A tile for this GPU's own experts is read by this GPU's subscriber and processors only: GPU
     // scope orders the shares' stores before its signal (as a GEMM1 count on this GPU).
     const bool here = owner == p.rank;
-    here ? __threadfence() : __threadfence_system();  // this share's stores, before its count
+    auto fence_for_owner = [here] { here ? __threadfence() : __threadfence_system(); };
+    fence_for_owner();  // this share's stores, before its count
     if (parts == 1 || atomicAdd(p.dispatch_done + (long long)e * p.TM + tile, 1) == parts - 1) {
-      here ? __threadfence() : __threadfence_system();  // every counted share's stores, before the signal
+      fence_for_owner();  // every counted share's stores, before the signal
       if (here)
         st_relaxed_gpu(reinterpret_cast<unsigned long long*>(p.sig_tile + slot), (unsigned long long)epoch);
       else
