@@ -59,11 +59,16 @@ def unmet(gpus: int) -> str | None:
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
+def ephemeral_start() -> int:
+    """The first port of the range the kernel hands out for bind(0) (Linux's default where unreadable)."""
+    return int(EPHEMERAL_RANGE.read_text().split()[0]) if EPHEMERAL_RANGE.is_file() else 32768
+
+
 def free_port(rng: random.Random | None = None) -> int:
     """A free port for rank 0's TCP store, below the kernel's ephemeral range: one the kernel hands
     out for bind(0) and takes back can go to another socket (NCCL's, a finished job's) before rank 0
     binds it again, which failed `moelab gpu` with EADDRINUSE right after the GPU tests (H100s)."""
-    high = int(EPHEMERAL_RANGE.read_text().split()[0]) if EPHEMERAL_RANGE.is_file() else 32768
+    high = ephemeral_start()
     low = max(1024, high - 12000)
     rng = rng or random.Random()
     for _ in range(200):

@@ -11,7 +11,7 @@ from gpu import spawn
 
 
 def test_the_port_is_below_the_ephemeral_range_and_bindable():
-    low = int(spawn.EPHEMERAL_RANGE.read_text().split()[0]) if spawn.EPHEMERAL_RANGE.is_file() else 32768
+    low = spawn.ephemeral_start()
     for _ in range(20):
         port = spawn.free_port()
         assert port < low
