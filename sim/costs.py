@@ -41,7 +41,7 @@ from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK
 from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
-GATE_DEPTH, GATE_MAX_SPLITS = 32, 8  # its slice of H, and the most blocks one item's H is split over
+GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one item's H is split over
 DISPATCH_PATHS = ("store", "put")  # how dispatched rows move (processor.cuh dispatch_tile; gpu Layer direct_stores)
 # when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles, from every
 # source, once the last has landed (os.cuh enqueue_expert), or as it lands (queue_policy)

@@ -14,7 +14,7 @@
 
 constexpr int GATE_TOKENS = 32;       // tokens per gate work item
 constexpr int GATE_EXPERTS = 64;      // experts per pass over H
-constexpr int GATE_DEPTH = 32;        // slice of H per pipeline stage
+constexpr int GATE_DEPTH = 64;        // slice of H per pipeline stage (gate_scores says why 64)
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
 constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
 constexpr int GATE_MAX_SPLITS = 8;    // blocks that may share one item's H (few tokens: every block busy)
@@ -57,9 +57,13 @@ __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool 
 // subtracted) go to p.logits; else the raw sums over the range go to partial[t][e] (split-K).
 // Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 2 x 2 mma tiles.
 // The slices of every pass form one cp.async pipeline, GATE_STAGES deep (one slice in flight per
-// block took ~1.9 us per slice on H200, bound by load latency). Three stages keep the loads ahead:
-// six left every bf16 layer and the float32 default within 1% on one H100 (a20cee6): with m8n8k4
-// mmas a slice took ~1.8 us of arithmetic (each warp also converts all of A to double).
+// block took ~1.9 us per 32-deep slice on H200, bound by load latency). Three stages keep the loads
+// ahead: six left every bf16 layer and the float32 default within 1% on one H100 (a20cee6), and the
+// gate phase itself within 2% on one H200. There an item's time follows the bytes it reads, not its
+// arithmetic: with the double conversions or the mmas taken out (timing builds) the phase kept its
+// time, and so it did with each item walking H from its own offset (no two units on the same
+// weight rows at once); 64-deep slices, half the per-slice syncs and waits, took it 3-9% down
+// (float32 and bf16, 8K and 16K tokens, 8 to 128 experts; measurements/gpu/h200x1-experiments-gate-2026-11-26.json).
 // Copies past T, H or E are zero-filled by the copy itself. The logits of E <= GATE_SMEM_LOGITS
 // experts are also left in shared memory (over the drained stages) for the selection.
 __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigned char* smem, double* partial) {
@@ -274,16 +278,33 @@ __device__ __forceinline__ int gate_splits(const Params& p, int items) {
   return ceil_div(slices, ceil_div(slices, want));
 }
 
+// The partial logits' sums (split order, the same every run), minus the skew offset, into p.logits:
+// every thread of the grid a few (token, expert) entries, all their splits' loads in flight together.
+// Against one unit per item adding its tokens' partials, one split after another, the 1K-token gate
+// phase went 50 -> 40 us (float32) and 46 -> 41 (bf16) on one H200, 4K 67 -> 59 (float32).
+__device__ void gate_sum_partials(const Params& p, int splits) {
+  const long long TE = p.T * p.E, step = (long long)gridDim.x * blockDim.x;
+  for (long long at = (long long)blockIdx.x * blockDim.x + threadIdx.x; at < TE; at += step) {
+    double part[GATE_MAX_SPLITS];
+#pragma unroll
+    for (int s = 0; s < GATE_MAX_SPLITS; ++s) part[s] = s < splits ? __ldcg(p.gate_partial + s * TE + at) : 0.0;
+    double z = 0.0;
+#pragma unroll
+    for (int s = 0; s < GATE_MAX_SPLITS; ++s)
+      if (s < splits) z += part[s];
+    p.logits[at] = z - p.logit_offset[at % p.E];
+  }
+}
+
 // The gate of every token, on all units: each GATE_TOKENS-token item's logits, then its top-k.
 // With few items the H range of an item is split over units, whose partial sums meet after a
-// grid barrier and are added in split order (the same every run), then selected from. Returns
-// the grid barriers it passed (0 or 1), -1 if the barrier was given up.
+// grid barrier (gate_sum_partials), and after a second one each item is selected from.
+// Returns the grid barriers it passed (0 or 2), -1 if a barrier was given up.
 __device__ int gate_phase(const Params& p, unsigned char* block_smem) {
   unsigned char* smem = gate_unit_smem(block_smem);
   const int items = ceil_div(p.T, GATE_TOKENS), splits = gate_splits(p, items);
   const int depth = ceil_div(ceil_div(p.H, GATE_DEPTH), splits) * GATE_DEPTH;  // H per split
   const long long TE = p.T * p.E;
-  double* logits_smem = reinterpret_cast<double*>(smem);
   // one loop for both cases: the gate's scores are inlined once (a second copy spilled registers)
   for (int u = unit_index(); u < items * splits; u += unit_count()) {
     const int item = u / splits, part = u % splits;
@@ -294,23 +315,19 @@ __device__ int gate_phase(const Params& p, unsigned char* block_smem) {
   }
   if (splits == 1) return 0;
   if (!grid_barrier(p, 0)) return -1;
+  gate_sum_partials(p, splits);
+  if (!grid_barrier(p, 1)) return -1;
   const int E = (int)p.E;
+  double* logits_smem = reinterpret_cast<double*>(smem);
   for (int item = unit_index(); item < items; item += unit_count()) {
-    const int t0 = item * GATE_TOKENS;
-    for (int i = unit_tid(); i < GATE_TOKENS * E; i += UNIT_THREADS) {
-      const int tok = i / E, e = i % E;
-      if (t0 + tok >= p.T) continue;
-      const long long at = (long long)(t0 + tok) * E + e;
-      double z = 0.0;
-      for (int part = 0; part < splits; ++part) z += __ldcg(p.gate_partial + part * TE + at);
-      z -= p.logit_offset[e];
-      p.logits[at] = z;
-      if (E <= GATE_SMEM_LOGITS) logits_smem[tok * E + e] = z;
+    if (E <= GATE_SMEM_LOGITS) {
+      const long long t0 = (long long)item * GATE_TOKENS, n = min((long long)GATE_TOKENS, p.T - t0) * E;
+      for (int i = unit_tid(); i < n; i += UNIT_THREADS) logits_smem[i] = __ldcg(p.logits + t0 * E + i);
+      unit_sync();
     }
-    unit_sync();
     gate_choose(p, item, smem);
   }
-  return 1;
+  return 2;
 }
 
 // Capacity: slots per expert in priority order (choice j first, then token index), from the
