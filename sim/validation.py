@@ -81,13 +81,14 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **70 of 72 runs hold every bound**: on one and two H100s (the kernel of 8e14b82) and on one
-  and two H200s (2679fb2, the same device code), the bf16 128 x 256 tile of two warpgroups, both
-  calibrated on the megakernel's own dispatch, GEMM tasks, per-tile and final combines: all 18
-  float32 runs and 17 of 18 bf16 runs on each GPU. Each run is predicted with its own commit's
-  measurements. Latency errors: H100 float32 -3.1% to +6.0%, bf16 -5.0% to +1.9% on one GPU and
-  -10.5% to +3.8% on two; H200 float32 -2.7% to +4.6%, bf16 -3.6% to +3.9% on one GPU and -12.9%
-  to +2.8% on two (the misses below). The layer is a queue of
+- **71 of 72 runs hold every bound**: on one and two H100s (the kernel of 8e14b82) and on one
+  and two H200s (d92b7fd: that device code with the gate's split sums added over the whole grid
+  and 64-deep gate slices), the bf16 128 x 256 tile of two warpgroups, both calibrated on the
+  megakernel's own dispatch, GEMM tasks, per-tile and final combines: all 36 H200 runs, and on
+  the H100 all 18 float32 runs and 17 of 18 bf16 runs. Each run is predicted with its own
+  commit's measurements. Latency errors: H100 float32 -3.1% to +6.0%, bf16 -5.0% to +1.9% on one
+  GPU and -10.5% to +3.8% on two; H200 float32 -2.7% to +4.4%, bf16 -4.8% to +1.4% on one GPU and
+  -9.2% to +1.2% on two (the miss below). The layer is a queue of
   equal tile tasks on 263 processors (131 on the bf16 H100 build), each task a fixed cost plus
   its FLOPs' time and its share of its weight slice's loads, overlapped (below), with a hand-off
   between tasks and the scheduler's latencies around idle processors.
@@ -275,7 +276,9 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 - the **gate runs in float64 work items** (FP64 tensor cores, 32 tokens x 64 experts), 0.04 to
   0.16 ms with its capacity phase on either GPU (m16n8k8 mmas since 1458e09; 0.05 to 0.23 ms at
   965330c), not the microseconds of the matrix roofline; with fewer items
-  than blocks an item's H is split over up to 8 blocks (`gate_split_ns`, ~6 us);
+  than blocks an item's H is split over up to 8 blocks, whose partial sums meet after a grid
+  barrier (`gate_split_ns`: 30-32 us on the H100 at 8e14b82, 24-27 us on the H200 since
+  d92b7fd adds them on every thread of the grid, 1K tokens' gate 50 -> 38 us float32);
 - **GEMM1 stores its output straight into the source GPU's memory** (its column block, with a
   count signal per task); the model adds those stores over NVLink to each task at the rate timed
   for them in a two-GPU layer (above);
@@ -287,13 +290,14 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **The 1K bf16 run on two GPUs, on both GPUs** (H100 at 8e14b82, H200 at 2679fb2): every phase
-  runs longer than modelled, none by more than 20%. H100: the gate 47.5 us against 43.9, a
-  dispatch share 9.1 against 8.1, the GEMM tasks 33.9 and 37.3 us against 32.9 and 33.4
-  (medians over both ranks), layer -10.5%; H200: the gate 48.3 against 43.8, the GEMM tasks 27.2
-  and 30.4 us against 25.8 and 25.9, busy times -8.6% to -13.9%, layer -12.9% (-13.8% and -16.0%
-  before the overlapped GEMM model). The one-GPU runs hold (-1.3%, -3.5%): what slows the two-GPU
-  one is not timed apart. Its GEMM tasks are 32-row tiles, two per expert (one from each GPU),
+- **The 1K bf16 run on two GPUs, on the H100** (8e14b82): every phase runs longer than
+  modelled, none by more than 20%: the gate 47.5 us against 43.9, a dispatch share 9.1 against
+  8.1, the GEMM tasks 33.9 and 37.3 us against 32.9 and 33.4 (medians over both ranks), layer
+  -10.5% (-13.8% before the overlapped GEMM model). The H200's run missed the same way at
+  2679fb2 (layer -12.9%, the gate 48.3 us against 43.8); at d92b7fd, whose gate's split sums
+  take 41 us there, it holds at -9.2% (busy times -5.6% to -13.6%, the GEMM tasks 26.8 and 28.8
+  us against 25.8 and 25.9). The one-GPU runs hold (-1.3%, -4.8%): what slows the two-GPU one is
+  not timed apart. Its GEMM tasks are 32-row tiles, two per expert (one from each GPU),
   and the calibration's own one-GPU layers show the same at two tiles per expert: GEMM1 tasks 16%
   (H200) and 27% (H100) above the GEMM fit, GEMM0 tasks 5% and 2% below it (task-weighted), where
   at 1, 3, 6 and 14 tiles both kinds lie within 9% of it; one fit for both kinds cannot say so,

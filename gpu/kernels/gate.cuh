@@ -62,8 +62,8 @@ __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool 
 // gate phase itself within 2% on one H200. There an item's time follows the bytes it reads, not its
 // arithmetic: with the double conversions or the mmas taken out (timing builds) the phase kept its
 // time, and so it did with each item walking H from its own offset (no two units on the same
-// weight rows at once); 64-deep slices, half the per-slice syncs and waits, took it 3-9% down
-// (float32 and bf16, 8K and 16K tokens, 8 to 128 experts; measurements/gpu/h200x1-experiments-gate-2026-11-26.json).
+// weight rows at once); 64-deep slices, half the per-slice syncs and waits, took it down at 8K
+// tokens and more (float32 4-5%, bf16 1-9%; measurements/gpu/h200x1-experiments-gate-2026-11-26.json).
 // Copies past T, H or E are zero-filled by the copy itself. The logits of E <= GATE_SMEM_LOGITS
 // experts are also left in shared memory (over the drained stages) for the selection.
 __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigned char* smem, double* partial) {
