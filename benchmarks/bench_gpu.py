@@ -174,6 +174,8 @@ def main() -> int:
                          "by GEMM1's last task); put points end in -put, untraced")
     ap.add_argument("--tile", type=tile_shape, help="run every bench point at this tile shape, MxNxK (e.g. "
                     "128x256x64), instead of its precision's bench tile: names gain -tileMxNxK")
+    ap.add_argument("--apart", action="store_true", help="run only the points whose tiles merging sources changes, "
+                    "each source's rows in tiles of their own (merge_sources false): names end in -apart")
     args = ap.parse_args()
     if args.tile:
         for dt in args.dtypes:
@@ -205,7 +207,7 @@ def main() -> int:
         if "bench" in args.suite:
             for dt in args.dtypes:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced,
-                                     direct_stores=args.transfers == "store", tile=args.tile)
+                                     direct_stores=args.transfers == "store", tile=args.tile, apart=args.apart)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
         for c in cases:

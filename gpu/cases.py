@@ -15,7 +15,7 @@ memory).
 
 from __future__ import annotations
 
-from reference import Config, presets
+from reference import Config, plan, presets
 
 # the kernel's max rel. error against the golden of its precision (gpu.worker.golden_path), by
 # Config.gemm_precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
@@ -146,7 +146,8 @@ def in_dtype(cfg: Config, dtype: str) -> Config:
 
 
 def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True,
-                direct_stores: bool = True, tile: tuple[int, int, int] | None = None) -> list[dict]:
+                direct_stores: bool = True, tile: tuple[int, int, int] | None = None,
+                apart: bool = False) -> list[dict]:
     """Every point is timed beside the torch layer of the same precision `dtype` (float32, bfloat16
     or tf32; float32 points also beside torch bf16, tf32 points beside torch float32) and, with
     `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16|-tf32]-pP.npz); the default
@@ -156,8 +157,13 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
     tile home from one block (its path where a peer is not load/store reachable): names end in -put
     and keep no trace (the simulator models the direct stores' return path). With `tile` (m, n, k)
     every point runs at that tile shape instead of the precision's own (names gain -tileMxNxK, no
-    tile variants): a sweep of another tile, side by side with the bench tile's."""
+    tile variants): a sweep of another tile, side by side with the bench tile's. With `apart` only
+    the points whose tiles merging sources changes run, each source's rows in tiles of their own
+    (merge_sources false; names end in -apart, no tile variants): the merged tiles measured
+    against them."""
     _, tag, baselines, variants = PRECISIONS[dtype]
+    if apart:
+        tag, variants = f"-apart{tag}", ()
     if not direct_stores:
         tag, trace = f"{tag}-put", False
     if tile:
@@ -169,7 +175,10 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
         if c.experts % p:
             continue
         c = in_dtype(c.replace(ranks=p), dtype)
-        chosen.append(c.replace(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2]) if tile else c)
+        c = c.replace(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2]) if tile else c
+        if apart and (p == 1 or plan.source_stride(c) == plan.source_stride(c.replace(merge_sources=False))):
+            continue  # merged or apart, the same tiles
+        chosen.append(c.replace(merge_sources=False) if apart else c)
     if variants and points in ("sweep", "tiles"):
         # the default at other tile shapes: operand bytes from L2 per FLOP go as (BM + BN) / (BM BN),
         # barriers per task as K / BK

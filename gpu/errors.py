@@ -13,8 +13,8 @@ ERROR_WORDS = 11
 _WHAT = {
     1: ("barrier", "grid barrier {a} (arrivals {value} of {expected}: are all blocks co-resident?)"),
     2: ("count", "the row count of source rank {a} for local expert {b}"),
-    3: ("tile", "dispatched tile {c} of source rank {a}, local expert {b}"),
-    4: ("return", "returned tile {c} of expert {b} from its owner rank {a}"),
+    3: ("tile", "tile window {c} of local expert {b} to land ({value} of its {expected} chunks landed)"),
+    4: ("return", "returned chunk {c} of expert {b} from its owner rank {a}"),
     5: ("command", "the scheduler's command {b} to processor {a}"),
     6: ("tasks", "tasks to hand out (assigned {a} of {b}, published {c})"),
     7: ("bad_count", "source rank {a} announced {value} rows for local expert {b}, over the capacity {expected}"),

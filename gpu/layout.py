@@ -1,10 +1,10 @@
 """What the megakernel supports (float32 on CUDA cores or, with tf32, on TF32 tensor cores; bfloat16
 on tensor cores), its buffers' sizes, its arguments.
 
-All sizes derive from the `Config` (never ad hoc): the capacity C per (source rank, expert)
-block is `cfg.capacity` (or T when nothing is dropped; a token picks an expert at most once, so
-no block exceeds T rows), tiles per block TM = ceil(C / tile_m), one task queue slot per task
-the layer call can make. The argument block's field order is read from kernels/params.cuh, the
+All sizes derive from the `Config` (never ad hoc): the slots C per (source rank, expert) block
+are `cfg.slots`; a local expert's tiles are W windows over its P sources' slots and a block is cut
+into at most CH chunks (reference/plan.py, kernels/tiles.cuh); one task queue slot per task the
+layer call can make. The argument block's field order is read from kernels/params.cuh, the
 one place it is defined.
 """
 
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference import Config, ConfigError
+from reference import Config, ConfigError, plan
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias")  # params.cuh order
@@ -25,6 +25,7 @@ MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in r
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
 GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
 MAX_TOP_K = 16
+MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
@@ -45,6 +46,11 @@ TF32_STAGES = 3  # cp.async stages of the TF32 tile GEMM (Tf32TileGemm::STAGES)
 TF32_MAX_TILE_M = 128  # 2 mma row tiles per warp: at 256 rows the TF32 kernel spills registers (ptxas -v)
 TF32_MAX_ACC = 128  # accumulator floats per thread, tile_m x tile_n / 128 threads: more spill
 STATIC_SMEM_BYTES = 48 * 1024  # the TF32 tile GEMM keeps its stages within what static memory could hold
+
+
+def tile_sources(cfg: Config) -> int:
+    """The most source ranks one tile window spans (reference/plan.py windows)."""
+    return min(cfg.ranks, -(-cfg.tile_m // plan.source_stride(cfg)) + 1)
 
 
 class UnsupportedConfig(ConfigError):
@@ -100,6 +106,10 @@ def check_supported(cfg: Config) -> None:
         raise UnsupportedConfig("tile_n", cfg.tile_n, "a multiple of 8 (8 column groups of threads)")
     if cfg.tile_k % 4:
         raise UnsupportedConfig("tile_k", cfg.tile_k, "a multiple of 4 (16-byte loads)")
+    if cfg.merge_sources and tile_sources(cfg) > MAX_TILE_SOURCES:
+        raise UnsupportedConfig("merge_sources", cfg.merge_sources, f"false here: with {cfg.slots} slots per "
+                                f"source, a tile of {cfg.tile_m} rows would span {tile_sources(cfg)} source ranks, "
+                                f"more than the kernel's {MAX_TILE_SOURCES}")
     if cfg.experts > 0xFFFF:
         raise UnsupportedConfig("experts", cfg.experts, "at most 65535 (telemetry packs 16 bits)")
 
@@ -201,7 +211,9 @@ class Sizes:
     P: int
     L: int
     C: int
-    TM: int
+    W: int  # tile windows per local expert
+    CH: int  # chunk slots per (source, expert) block
+    stride: int  # positions between two sources' slots in a window
     n0: int  # GEMM0 tasks per tile
     n1: int  # GEMM1 tasks per tile
     queue_cap: int
@@ -209,12 +221,12 @@ class Sizes:
 
     @classmethod
     def of(cls, cfg: Config) -> Sizes:
-        c = cfg.tokens if cfg.capacity is None else min(cfg.capacity, cfg.tokens)
-        tm = -(-c // cfg.tile_m)
+        stride, ch = plan.source_stride(cfg), plan.chunk_slots(cfg)
+        w = -(-cfg.ranks * stride // cfg.tile_m)
         n0, n1 = cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n
-        e = cfg.experts
-        return cls(T=cfg.tokens, H=cfg.hidden, I=cfg.ffn, E=e, K=cfg.top_k, P=cfg.ranks, L=cfg.local_experts,
-                   C=c, TM=tm, n0=n0, n1=n1, queue_cap=e * tm * (n0 + n1) + e * tm,
+        e, L = cfg.experts, cfg.local_experts
+        return cls(T=cfg.tokens, H=cfg.hidden, I=cfg.ffn, E=e, K=cfg.top_k, P=cfg.ranks, L=L, C=cfg.slots,
+                   W=w, CH=ch, stride=stride, n0=n0, n1=n1, queue_cap=L * w * (n0 + n1) + e * ch,
                    elem_bytes=ELEM_BYTES.get(cfg.dtype, 4))
 
     @property
@@ -225,8 +237,18 @@ class Sizes:
 
     @property
     def signal_words(self) -> int:
-        """sig_count (E), sig_tile (E x TM), sig_comb (E x TM), sig_start (P)."""
-        return self.E + 2 * self.E * self.TM + self.P
+        """sig_count (E), sig_tile (L x W), sig_comb (E x CH), sig_start (P)."""
+        return self.E + self.L * self.W + self.E * self.CH + self.P
+
+    @property
+    def signal_slices(self) -> dict[str, tuple[int, int]]:
+        """[start, end) of each signal array in the signal words (params.cuh order)."""
+        sizes = {"sig_count": self.E, "sig_tile": self.L * self.W, "sig_comb": self.E * self.CH, "sig_start": self.P}
+        out, at = {}, 0
+        for name, n in sizes.items():
+            out[name] = (at, at + n)
+            at += n
+        return out
 
 
 KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),

@@ -338,10 +338,13 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                         layer._work32.zero_()  # telemetry counts
                     s.barrier()
                     s.sync()
-                    b.launch("mb_dispatch", layer.n_proc, ptr(layer._params), np.uint64(layer.epoch),
-                             np.int32(layer.n_proc))
+                    b.launch("mb_dispatch", layer.n_proc, ptr(layer._params), np.int32(layer.n_proc))
                     s.barrier()
                     s.sync()
+                    with b.torch.cuda.stream(s.torch_stream):
+                        layer.buffers["sig_tile"].zero_()  # the chunks' counts (no subscriber reset them)
+                    s.sync()
+                    s.barrier()
                 ev = tlog_events(layer, EV_DISPATCH)
                 for where, sel in (("self", [e for e in ev if e[2] == s.rank]),
                                    ("nvlink", [e for e in ev if e[2] != s.rank])):

@@ -252,22 +252,21 @@ class Layer:
                      row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=elem),
                      queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))
             b.update(inbox=self._sym_f[0], staging=self._sym_f[1], outbuf=self._sym_f[2], combox=self._sym_f[3],
-                     sig_count=self._sym_sig[: s.E], sig_tile=self._sym_sig[s.E: s.E + s.E * s.TM],
-                     sig_comb=self._sym_sig[s.E + s.E * s.TM: s.E + 2 * s.E * s.TM],
-                     sig_start=self._sym_sig[s.E + 2 * s.E * s.TM:])
+                     **{name: self._sym_sig[lo:hi] for name, (lo, hi) in s.signal_slices.items()})
             # working state zeroed before every launch: 64-bit words, then 32-bit words
             self._work64 = torch.zeros(errors.ERROR_WORDS + layout.MAILBOX_SLOTS * self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
-            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=s.E * s.TM, tile_done1=s.E * s.TM,
-                       dispatch_done=s.E * s.TM, in_count=s.E,
-                       seen=2 * s.E * s.TM, expert_tiles=2 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
+            tiles = s.L * s.W
+            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=tiles, tile_done1=tiles,
+                       dispatch_done=s.E * s.CH, in_count=s.E, window_rows=tiles, window_chunks=tiles,
+                       seen=tiles + s.E * s.CH, expert_tiles=2 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
             at = 0
             for name, n in n32.items():
                 b[name] = self._work32[at: at + n]
                 at += n
         self.buffers = b
-        sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, TM=s.TM, rank=session.rank,
+        sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride, rank=session.rank,
                      gate_kind=layout.GATES.index(cfg.gate), act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(self.direct_stores),
@@ -369,9 +368,9 @@ class Layer:
     def trace_builder(self, origin_ns: int, send_counts: np.ndarray | None):
         """This rank's events of the last telemetry launch, and the number of dropped events."""
         tlog, counts = self.telemetry_logs()
-        bases = telemetry.tile_base(send_counts, self.cfg.tile_m) if send_counts is not None else None
+        ids = telemetry.tile_ids(self.cfg, send_counts) if send_counts is not None else None
         return telemetry.decode(tlog, counts, rank=self.session.rank, node=self.cfg.node_of(self.session.rank),
-                                n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, bases=bases,
+                                n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, ids=ids,
                                 elem_bytes=self.sizes.elem_bytes)
 
     def clock_sync(self) -> int:

@@ -5,28 +5,30 @@ Each processor block and each OS warp has a log of 4 uint64 words per event (ker
 then tile | column << 32. Log n_proc is the scheduler warp, logs n_proc + 1.. the subscriber
 warps. Times become ns relative to `origin_ns` (the earliest kernel start over all ranks, so
 ranks line up on one axis); tiles become the tile plan's indices when the send counts of every
-rank are given (a tile is (source, expert, chunk) on the device).
+rank are given (the device logs a tile, and a chunk, as its (expert, window), reference/plan.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from reference import Config, plan
 from sim.trace import KINDS, Trace, TraceBuilder
 
 _DISPATCH, _GEMM0, _GEMM1, _COMBINE, _SIGNAL = (KINDS.index(k) for k in ("dispatch", "gemm0", "gemm1", "combine",
                                                                           "signal"))
 
 
-def tile_base(send_counts: np.ndarray, tile_m: int) -> np.ndarray:
-    """(P, E) index of each (source, expert) block's first tile in the plan's tile order."""
-    tiles = -(-np.asarray(send_counts, np.int64) // tile_m)
-    flat = np.concatenate([[0], np.cumsum(tiles.reshape(-1))[:-1]])
-    return flat.reshape(tiles.shape)
+def tile_ids(cfg: Config, send_counts: np.ndarray) -> np.ndarray:
+    """(E, windows) plan index of each routed expert's tile window, -1 where it has no tile."""
+    (expert, _, window, _), _ = plan.windows(cfg, send_counts)
+    ids = np.full((cfg.experts, int(window.max(initial=-1)) + 1), -1, np.int64)
+    ids[expert, window] = np.arange(expert.size)
+    return ids
 
 
 def decode(tlog: np.ndarray, counts: np.ndarray, *, rank: int, node: int, n_proc: int, hidden: int,
-           origin_ns: int, bases: np.ndarray | None = None, elem_bytes: int = 4) -> tuple[TraceBuilder, int]:
+           origin_ns: int, ids: np.ndarray | None = None, elem_bytes: int = 4) -> tuple[TraceBuilder, int]:
     """Events of one rank's logs appended to a TraceBuilder; also the number of dropped events.
     A moved row is `hidden` elements of `elem_bytes` (2 in the bf16 kernel).
 
@@ -51,15 +53,11 @@ def decode(tlog: np.ndarray, counts: np.ndarray, *, rank: int, node: int, n_proc
             expert = (w2 >> 8) & 0xFFFF
             peer = (w2 >> 24) & 0xFFFF
             rows = (w2 >> 40) & 0xFFFF
-            chunk = np.int64(w3 & 0xFFFFFFFF).astype(np.int32).item()
-            col = w3 >> 32
+            tile = np.int64(w3 & 0xFFFFFFFF).astype(np.int32).item()
             expert = -1 if expert == 0xFFFF else expert
             peer = -1 if peer == 0xFFFF else peer
-            tile = chunk
-            if bases is not None and chunk >= 0 and expert >= 0:
-                # the tile's source rank: the sender of a dispatch is this rank, of a GEMM the peer
-                src = rank if kind in (_DISPATCH, _COMBINE) or (kind == _SIGNAL and col == 1) else peer
-                tile = int(bases[src, expert]) + chunk
+            if ids is not None and tile >= 0 and expert >= 0:
+                tile = int(ids[expert, tile])
             moved = rows * hidden * elem_bytes if kind in (_DISPATCH, _COMBINE, _SIGNAL) else 0
             tb.add(rank, node, lane, role, KINDS[kind], float(w0 - origin_ns), float(w1 - origin_ns),
                    expert=expert, tile=tile, peer=peer, nbytes=int(moved))

@@ -69,6 +69,10 @@ class Config:
     tile_m: int = 128  # bM: token rows per tile
     tile_n: int = 64  # bN: output columns per GEMM task
     tile_k: int = 8  # bK: reduction depth per step inside a task
+    # an expert's rows from every source rank share its tiles: tiles are windows of tile_m slots
+    # over the expert's ranks x C slots (reference/plan.py), so few rows per source still fill a
+    # tile; False: each (source rank, expert) block has tiles of its own
+    merge_sources: bool = True
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -93,6 +97,8 @@ class Config:
             raise ConfigError("bias", self.bias, "true or false")
         if not isinstance(self.tf32, bool):
             raise ConfigError("tf32", self.tf32, "true or false")
+        if not isinstance(self.merge_sources, bool):
+            raise ConfigError("merge_sources", self.merge_sources, "true or false")
         if self.tf32 and self.dtype != "float32":
             raise ConfigError("tf32", self.tf32, f"false with dtype = {self.dtype!r} (TF32 is a way to multiply "
                               "float32 operands: true only with dtype float32)")
@@ -142,6 +148,12 @@ class Config:
             return None
         # round before ceil so that e.g. 1.1 * 10 does not become 11.000000000000002 -> 12
         return max(1, math.ceil(round(self.capacity_factor * self.tokens * self.top_k / self.experts, 9)))
+
+    @property
+    def slots(self) -> int:
+        """C as the kernel lays out its buffers: the capacity, at most T (a token picks an expert
+        at most once, so no block exceeds T rows); T when nothing is dropped."""
+        return self.tokens if self.capacity is None else min(self.capacity, self.tokens)
 
     def owner(self, expert: int) -> int:
         """Rank holding `expert` (contiguous blocks of experts / ranks)."""

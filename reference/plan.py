@@ -7,12 +7,20 @@ neither derives routing on its own. Everything is a plain NumPy array:
   experts last). The rows of block b, in slot order, are rows[block_offsets[b]:block_offsets[b+1]]
   and each row names the token (index on the source rank), its choice j (k + s for shared expert
   s) and its combine weight. Only routed rows are listed: no padding.
-- tiles: the tile_m-row chunks of each non-empty block; a tile is dispatched from its source rank
-  to the expert's owner, runs its GEMM tasks there and is combined back at the source rank.
-- tasks: per tile, ffn / tile_n GEMM0 tasks (a tile_n-column block of I: x W1 + b1, activation),
-  hidden / tile_n GEMM1 tasks (a tile_n-column block of H: h W2 + b2), and one combine task at
-  the home rank (weighted accumulation of the returned rows). FLOPs and HBM bytes per task.
-- transfers: per tile one dispatch (source -> owner) and one combine (owner -> source) transfer,
+- tiles: the GEMM work of an expert at its owner. A routed expert's slots are laid out source by
+  source, `source_stride` positions apart (block s's slot q at position s * stride + q), and tile
+  w is the window of positions [w * tile_m, (w + 1) * tile_m); windows holding no row have no
+  tile. With cfg.merge_sources the stride is C (Config.slots), so an expert's few rows from many
+  sources fill one tile; without, it is C rounded up to whole tiles, so a tile holds one source's
+  rows. A tile computes its positions up to its last row (tile_rows): the unused slots between
+  two sources' rows ride along, and their outputs are never read. A shared expert's tiles are
+  its source's own (owner = source), windows over that block alone.
+- chunks: the rows of one block inside one tile; a chunk moves from its source to the owner
+  (dispatch), and back (combine transfer) once its tile's GEMM1 tasks are done.
+- tasks: per tile, ffn / tile_n GEMM0 tasks (a tile_n-column block of I: x W1 + b1, activation)
+  and hidden / tile_n GEMM1 tasks (a tile_n-column block of H: h W2 + b2); per chunk one combine
+  task at its source (weighted accumulation of the returned rows). FLOPs and HBM bytes per task.
+- transfers: per chunk one dispatch (source -> owner) and one combine (owner -> source) transfer,
   with the bytes moved and the link class (local copy, NVLink inside a node, network).
 """
 
@@ -41,19 +49,24 @@ class TilePlan:
     row_token: np.ndarray
     row_choice: np.ndarray
     row_weight: np.ndarray
-    tile_src: np.ndarray
     tile_expert: np.ndarray
     tile_owner: np.ndarray
-    tile_row0: np.ndarray
+    tile_window: np.ndarray
     tile_rows: np.ndarray
+    chunk_tile: np.ndarray
+    chunk_src: np.ndarray
+    chunk_slot0: np.ndarray
+    chunk_rows: np.ndarray
     task_kind: np.ndarray
     task_tile: np.ndarray
+    task_chunk: np.ndarray
     task_rank: np.ndarray
     task_col0: np.ndarray
     task_cols: np.ndarray
     task_flops: np.ndarray
     task_bytes: np.ndarray
     transfer_kind: np.ndarray
+    transfer_chunk: np.ndarray
     transfer_tile: np.ndarray
     transfer_src: np.ndarray
     transfer_dst: np.ndarray
@@ -73,12 +86,19 @@ class TilePlan:
         b = src * self.n_experts + expert
         return slice(int(self.block_offsets[b]), int(self.block_offsets[b + 1]))
 
+    def chunk_row_slice(self, chunk: int) -> slice:
+        """The chunk's rows in the row arrays (row_token, row_choice, row_weight)."""
+        b = int(self.chunk_src[chunk]) * self.n_experts + int(self.tile_expert[self.chunk_tile[chunk]])
+        lo = int(self.block_offsets[b]) + int(self.chunk_slot0[chunk])
+        return slice(lo, lo + int(self.chunk_rows[chunk]))
+
     def summary(self) -> dict:
         kinds = np.bincount(self.task_kind, minlength=3)
         bytes_by_link = np.bincount(self.transfer_link, weights=self.transfer_bytes, minlength=3)
         return {
             "rows": int(self.row_token.size),
-            "tiles": int(self.tile_src.size),
+            "tiles": int(self.tile_expert.size),
+            "chunks": int(self.chunk_src.size),
             **{f"{k}_tasks": int(n) for k, n in zip(TASK_KINDS, kinds)},
             "flops": int(self.task_flops.sum()),
             **{f"bytes_{name}": int(b) for name, b in zip(LINKS, bytes_by_link)},
@@ -114,32 +134,92 @@ def _blocks(cfg: Config, routing: Routing):
     return offsets, token, choice, weight
 
 
+def source_stride(cfg: Config) -> int:
+    """Positions between two sources' slots in a routed expert's tile windows: C merged, else C
+    rounded up to whole tiles (each source's rows in tiles of their own)."""
+    c = cfg.slots
+    return c if cfg.merge_sources else -(-c // cfg.tile_m) * cfg.tile_m
+
+
+def chunk_slots(cfg: Config) -> int:
+    """The most chunks a (source, routed expert) block of C slots can be cut into: the windows
+    its slots can touch, from wherever in a window its source's first slot falls."""
+    c, m, stride = cfg.slots, cfg.tile_m, source_stride(cfg)
+    return max((s * stride % m + c - 1) // m + 1 for s in range(min(cfg.ranks, m)))
+
+
+def windows(cfg: Config, send_counts: np.ndarray):
+    """Tiles and chunks of a layer call whose (P, E + S) blocks hold `send_counts` rows.
+
+    Returns (tile_expert, tile_owner, tile_window, tile_rows) and (chunk_tile, chunk_src,
+    chunk_slot0, chunk_rows): tiles routed experts first, each expert's in window order, then the
+    shared experts' source by source; a tile's chunks in source order. The kernel numbers its
+    tiles (expert, window) the same way (gpu/kernels/tiles.cuh)."""
+    counts = np.asarray(send_counts, np.int64)
+    p, m = cfg.ranks, cfg.tile_m
+    n_exp = cfg.experts + cfg.shared_experts
+    if counts.shape != (p, n_exp):
+        raise ValueError(f"send counts have shape {counts.shape}, expected ({p}, {n_exp})")
+    # (expert, source, window) of every chunk: routed blocks at source * stride, shared at 0
+    stride = source_stride(cfg)
+    src, exp = np.nonzero(counts > 0)
+    n = counts[src, exp]
+    shared = exp >= cfg.experts
+    start = np.where(shared, 0, src * stride)
+    first, last = start // m, (start + n - 1) // m
+    per_block = last - first + 1
+    c_src = np.repeat(src, per_block)
+    c_exp = np.repeat(exp, per_block)
+    c_start, c_n = np.repeat(start, per_block), np.repeat(n, per_block)
+    c_win = np.repeat(first, per_block) + np.arange(per_block.sum()) - np.repeat(
+        np.cumsum(per_block) - per_block, per_block)
+    lo = np.maximum(c_win * m, c_start)
+    hi = np.minimum((c_win + 1) * m, c_start + c_n)
+    c_slot0, c_rows = lo - c_start, hi - lo
+    c_shared = c_exp >= cfg.experts
+    # tile key: routed (expert, window); shared after them, (source, expert, window)
+    owner_of = np.where(c_shared, c_src, c_exp // cfg.local_experts)
+    big = int(c_win.max(initial=0)) + 1
+    key = np.where(c_shared, (n_exp + c_src * n_exp + c_exp) * big + c_win, c_exp * big + c_win)
+    order = np.lexsort((c_src, key))
+    key, c_src, c_exp, c_win, c_slot0, c_rows = (a[order] for a in (key, c_src, c_exp, c_win, c_slot0, c_rows))
+    owner_of, hi = owner_of[order], hi[order]
+    new = np.r_[True, key[1:] != key[:-1]] if key.size else np.zeros(0, bool)
+    chunk_tile = (np.cumsum(new) - 1).astype(np.int32)
+    heads = np.flatnonzero(new)
+    tile_expert = c_exp[heads].astype(np.int32)
+    tile_owner = owner_of[heads].astype(np.int32)
+    tile_window = c_win[heads].astype(np.int32)
+    # computed rows: from the window's first position to the tile's last row
+    end = np.maximum.reduceat(hi, heads) if heads.size else np.zeros(0, np.int64)
+    tile_rows = (end - tile_window.astype(np.int64) * m).astype(np.int32)
+    return ((tile_expert, tile_owner, tile_window, tile_rows),
+            (chunk_tile, c_src.astype(np.int32), c_slot0.astype(np.int32), c_rows.astype(np.int32)))
+
+
 def build(cfg: Config, routing: Routing) -> TilePlan:
     """The tile plan of one layer call."""
     offsets, token, choice, weight = _blocks(cfg, routing)
     n_exp = cfg.experts + cfg.shared_experts
-    counts = np.diff(offsets)
-    n_tiles_per_block = -(-counts // cfg.tile_m)
-    block = np.repeat(np.arange(counts.size), n_tiles_per_block)
-    chunk = np.arange(block.size) - np.repeat(np.cumsum(n_tiles_per_block) - n_tiles_per_block,
-                                              n_tiles_per_block)
-    tile_src = (block // n_exp).astype(np.int32)
-    tile_expert = (block % n_exp).astype(np.int32)
-    shared = tile_expert >= cfg.experts
-    tile_owner = np.where(shared, tile_src, tile_expert // cfg.local_experts).astype(np.int32)
-    tile_row0 = offsets[block] + chunk * cfg.tile_m
-    tile_rows = np.minimum(cfg.tile_m, offsets[block + 1] - tile_row0).astype(np.int32)
+    counts = np.diff(offsets).reshape(cfg.ranks, n_exp)
+    (tile_expert, tile_owner, tile_window, tile_rows), (c_tile, c_src, c_slot0, c_rows) = windows(cfg, counts)
+    n_tiles, n_chunks = tile_expert.size, c_tile.size
 
-    # tasks, tile-major: GEMM0 column blocks, GEMM1 column blocks, one combine
+    # tasks, tile-major: GEMM0 column blocks, GEMM1 column blocks, then a combine per chunk
     n0, n1 = cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n
-    per_tile = n0 + n1 + 1
-    n_tiles = tile_src.size
-    kind = np.tile(np.r_[np.full(n0, GEMM0), np.full(n1, GEMM1), COMBINE].astype(np.int8), n_tiles)
-    col0 = np.tile(np.r_[np.arange(n0), np.arange(n1), 0] * cfg.tile_n, n_tiles).astype(np.int32)
-    cols = np.where(kind == COMBINE, cfg.hidden, cfg.tile_n).astype(np.int32)
+    chunks_of = np.bincount(c_tile, minlength=n_tiles)
+    per_tile = n0 + n1 + chunks_of
     task_tile = np.repeat(np.arange(n_tiles, dtype=np.int32), per_tile)
-    rows = tile_rows[task_tile].astype(np.int64)
-    task_rank = np.where(kind == COMBINE, tile_src[task_tile], tile_owner[task_tile]).astype(np.int32)
+    at = np.arange(task_tile.size) - np.repeat(np.cumsum(per_tile) - per_tile, per_tile)
+    kind = np.select([at < n0, at < n0 + n1], [GEMM0, GEMM1], COMBINE).astype(np.int8)
+    col0 = (np.where(at < n0, at, at - n0) * cfg.tile_n * (kind != COMBINE)).astype(np.int32)
+    cols = np.where(kind == COMBINE, cfg.hidden, cfg.tile_n).astype(np.int32)
+    # combine tasks take the tile's chunks in order (chunks are tile-major)
+    chunk_base = np.cumsum(chunks_of) - chunks_of
+    task_chunk = np.where(kind == COMBINE, chunk_base[task_tile] + at - n0 - n1, -1).astype(np.int32)
+    combine = task_chunk >= 0
+    rows = np.where(combine, c_rows[np.maximum(task_chunk, 0)], tile_rows[task_tile]).astype(np.int64)
+    task_rank = np.where(combine, c_src[np.maximum(task_chunk, 0)], tile_owner[task_tile]).astype(np.int32)
     widen = ffn_in_width(cfg) // cfg.ffn  # swiglu computes gate and up columns in one task
     depth = np.select([kind == GEMM0, kind == GEMM1], [cfg.hidden, cfg.ffn], 1)
     flops = np.where(kind == COMBINE, 2 * rows * cfg.hidden,
@@ -150,19 +230,21 @@ def build(cfg: Config, routing: Routing) -> TilePlan:
     gemm_bytes = nb * (rows * depth + depth * cols * np.where(kind == GEMM0, widen, 1) + rows * cols)
     task_bytes = np.where(kind == COMBINE, rows * cfg.hidden * (nb + 4), gemm_bytes)
 
-    # transfers, tile-major: dispatch then combine
-    x_tile = np.repeat(np.arange(n_tiles, dtype=np.int32), 2)
-    x_kind = np.tile(np.array([DISPATCH, RETURN], np.int8), n_tiles)
-    x_src = np.where(x_kind == DISPATCH, tile_src[x_tile], tile_owner[x_tile]).astype(np.int32)
-    x_dst = np.where(x_kind == DISPATCH, tile_owner[x_tile], tile_src[x_tile]).astype(np.int32)
-    x_bytes = tile_rows[x_tile].astype(np.int64) * cfg.hidden * nb
+    # transfers, chunk-major: dispatch then combine
+    x_chunk = np.repeat(np.arange(n_chunks, dtype=np.int32), 2)
+    x_kind = np.tile(np.array([DISPATCH, RETURN], np.int8), n_chunks)
+    owner = tile_owner[c_tile[x_chunk]]
+    x_src = np.where(x_kind == DISPATCH, c_src[x_chunk], owner).astype(np.int32)
+    x_dst = np.where(x_kind == DISPATCH, owner, c_src[x_chunk]).astype(np.int32)
+    x_bytes = c_rows[x_chunk].astype(np.int64) * cfg.hidden * nb
 
     return TilePlan(
         config=cfg, block_offsets=offsets, row_token=token, row_choice=choice, row_weight=weight,
-        tile_src=tile_src, tile_expert=tile_expert, tile_owner=tile_owner,
-        tile_row0=tile_row0.astype(np.int64), tile_rows=tile_rows,
-        task_kind=kind, task_tile=task_tile, task_rank=task_rank, task_col0=col0, task_cols=cols,
-        task_flops=flops.astype(np.int64), task_bytes=task_bytes.astype(np.int64),
-        transfer_kind=x_kind, transfer_tile=x_tile, transfer_src=x_src, transfer_dst=x_dst,
-        transfer_link=link_class(cfg, x_src, x_dst), transfer_bytes=x_bytes,
+        tile_expert=tile_expert, tile_owner=tile_owner, tile_window=tile_window, tile_rows=tile_rows,
+        chunk_tile=c_tile, chunk_src=c_src, chunk_slot0=c_slot0, chunk_rows=c_rows,
+        task_kind=kind, task_tile=task_tile, task_chunk=task_chunk, task_rank=task_rank, task_col0=col0,
+        task_cols=cols, task_flops=flops.astype(np.int64), task_bytes=task_bytes.astype(np.int64),
+        transfer_kind=x_kind, transfer_chunk=x_chunk, transfer_tile=c_tile[x_chunk].astype(np.int32),
+        transfer_src=x_src, transfer_dst=x_dst, transfer_link=link_class(cfg, x_src, x_dst),
+        transfer_bytes=x_bytes,
     )

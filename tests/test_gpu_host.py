@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpu import build, errors, layout, telemetry
-from reference import Config, presets
+from reference import Config, plan, presets
 from sim import costs
 from sim.trace import KIND
 
@@ -158,10 +158,17 @@ def test_tf32_stages_are_the_kernels():
 
 def test_sizes_derive_from_config():
     s = layout.Sizes.of(presets.get("flashmoe"))
-    assert (s.C, s.TM, s.L, s.n0, s.n1) == (256, 2, 16, 32, 32)
-    assert s.queue_cap == 64 * 2 * 64 + 64 * 2
+    # 4 sources' 256 slots in windows of 128: 8 tiles a local expert, 2 chunks a block
+    assert (s.C, s.W, s.CH, s.stride, s.L, s.n0, s.n1) == (256, 8, 2, 256, 16, 32, 32)
+    assert s.queue_cap == 16 * 8 * 64 + 64 * 2
     nodrop = layout.Sizes.of(Config(tokens=100, capacity_factor=None, tile_m=32))
-    assert nodrop.C == 100 and nodrop.TM == 4
+    assert (nodrop.C, nodrop.W, nodrop.CH) == (100, 4, 4)  # 100 slots from position 0: 4 windows
+    two = layout.Sizes.of(Config(tokens=100, capacity_factor=None, tile_m=32, ranks=2, experts=8))
+    assert (two.W, two.CH) == (7, 4)  # source 1's slots 100..199 start mid-window: windows 3..6
+    apart = layout.Sizes.of(Config(tokens=100, capacity_factor=None, tile_m=32, merge_sources=False))
+    assert (apart.W, apart.CH, apart.stride) == (4, 4, 128)
+    merged = layout.Sizes.of(presets.get("flashmoe").replace(tokens=1024, ranks=2))
+    assert (merged.C, merged.W, merged.CH, merged.stride) == (32, 1, 1, 32)  # both sources' rows in one tile
     big_cf = layout.Sizes.of(Config(tokens=10, experts=2, top_k=1, capacity_factor=8.0))
     assert big_cf.C == 10  # a block never exceeds T rows
 
@@ -170,7 +177,7 @@ def test_param_fields_match_the_struct():
     fields = layout.param_fields()
     assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
     assert len(fields) == len(set(fields))
-    sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "TM", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
+    sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
              "tlog_cap", "timeout_ns", "direct_stores", "gate_splits"}
     assert sizes <= set(fields)
 
@@ -192,7 +199,7 @@ def test_simulated_queue_policy_is_the_kernel_builds():
     by_build = re.search(r"#if MOE_BF16\nconstexpr bool QUEUE_BY_EXPERT = (\w+);\n#else\n"
                          r"constexpr bool QUEUE_BY_EXPERT = (\w+);", text)
     assert by_build and by_build.groups() == ("true", "false")
-    assert "if (QUEUE_BY_EXPERT) {" in text and "enqueue_expert<BM>(p, le, n0, BN)" in text
+    assert "if (QUEUE_BY_EXPERT) {" in text and "enqueue_expert(p, le, n0, BN)" in text
     cfg = presets.get("flashmoe")
     policy = {name: costs.queue_policy(c) for name, c in (
         ("float32", cfg), ("tf32", cfg.replace(tf32=True)), ("bfloat16", cfg.replace(dtype="bfloat16")))}
@@ -211,15 +218,15 @@ def test_simulated_gate_item_is_the_kernels():
 
 
 def test_simulated_dispatch_shares_are_the_kernels():
-    """sim.costs splits a stored tile over processors as processor.cuh does: the same most shares,
-    and the kernel's tile slots E x TM (layout.Sizes) in its split."""
+    """sim.costs splits a stored chunk over processors as processor.cuh does: the same most shares,
+    and the kernel's chunk slots E x CH (layout.Sizes) in its split."""
     text = (layout.KERNEL_DIR / "processor.cuh").read_text()
     assert int(re.search(r"constexpr int DISPATCH_MAX_PARTS = (\d+);", text)[1]) == costs.DISPATCH_MAX_PARTS
     for cfg in (presets.get("flashmoe"), presets.get("tiny"), presets.get("tiny-nodrop"),
-                presets.get("flashmoe").replace(tokens=1024, experts=128)):
+                presets.get("tiny").replace(merge_sources=False), presets.get("flashmoe").replace(tokens=1024, experts=128)):
         s = layout.Sizes.of(cfg)
-        assert costs.dispatch_slots(cfg) == s.E * s.TM
-        assert costs.dispatch_parts(cfg, 263, "store") == max(1, min(263 // (s.E * s.TM), costs.DISPATCH_MAX_PARTS))
+        assert costs.dispatch_slots(cfg) == s.E * s.CH
+        assert costs.dispatch_parts(cfg, 263, "store") == max(1, min(263 // (s.E * s.CH), costs.DISPATCH_MAX_PARTS))
         assert costs.dispatch_parts(cfg, 263, "put") == 1
 
 
@@ -284,7 +291,7 @@ def test_telemetry_decoding():
     n_proc, cap = 2, 4
     tlog = np.zeros((n_proc + 4, cap, 4), np.uint64)
     counts = np.zeros(n_proc + 4, np.int64)
-    tlog[0, 0] = _event(1000, 1500, KIND["gemm0"], 5, 1, 128, 1, 64)
+    tlog[0, 0] = _event(1000, 1500, KIND["gemm0"], 5, 1, 128, 3, 64)
     tlog[0, 1] = _event(1500, 1600, KIND["combine"], -1, 0, 0, -1)
     counts[0] = 2
     tlog[1, 0] = _event(1100, 1200, KIND["dispatch"], 3, 1, 100, 0)
@@ -292,17 +299,20 @@ def test_telemetry_decoding():
     tlog[n_proc + 1, 0] = _event(1300, 1300, KIND["signal"], 4, 1, 64, 0, 1)
     counts[n_proc + 1] = 1
     send_counts = np.array([[10, 0, 0, 300, 64, 0, 0, 0], [0, 0, 0, 0, 0, 256, 0, 0]])
-    bases = telemetry.tile_base(send_counts, 128)
-    tb, dropped = telemetry.decode(tlog, counts, rank=0, node=0, n_proc=n_proc, hidden=64, origin_ns=1000,
-                                   bases=bases)
+    # no dropping, C = 300: source 1's rows of expert 5 are positions 300..555, windows 2..4
+    cfg = Config(tokens=300, hidden=64, ffn=128, experts=8, ranks=2, capacity_factor=None, tile_m=128)
+    ids = telemetry.tile_ids(cfg, send_counts)
+    tb, dropped = telemetry.decode(tlog, counts, rank=0, node=0, n_proc=n_proc, hidden=64, origin_ns=1000, ids=ids)
     tr = tb.build()
     assert dropped == 2 and len(tr) == 2 + 4 + 1  # log 1 holds its cap of 4 (3 of them blank here)
     gemm = tr.where(kind="gemm0")
     assert gemm["start"][0] == 0 and gemm["end"][0] == 500 and gemm["expert"][0] == 5
-    assert gemm["tile"][0] == bases[1, 5] + 1  # source rank 1's second tile of expert 5
+    (expert, _, window, _), _ = plan.windows(cfg, send_counts)
+    assert (expert[gemm["tile"][0]], window[gemm["tile"][0]]) == (5, 3)  # expert 5's second tile
+    assert ids[5, 1] == -1 and ids[5, 2] >= 0  # windows without rows have no tile
     assert tr.where(kind="combine")["expert"][0] == -1
     disp = tr.where(kind="dispatch")
-    assert disp["tile"][0] == bases[0, 3] and disp["bytes"][0] == 100 * 64 * 4
+    assert disp["tile"][0] == ids[3, 0] and disp["bytes"][0] == 100 * 64 * 4
     sig = tr.where(role="subscriber")
-    assert sig["lane"][0] == 0 and sig["tile"][0] == bases[0, 4]  # a return to this rank
+    assert sig["lane"][0] == 0 and sig["tile"][0] == ids[4, 0]  # a return to this rank
     assert 0 < telemetry.processor_utilization(tr, n_proc) <= 1

@@ -9,7 +9,7 @@
 //   mb_put       put-with-signal of `bytes` by each of `gridDim` blocks to one PE
 //   mb_pingpong  put-with-signal (or a bare signal) round trips between two PEs
 //   mb_gate      the gate phase exactly as moe.cu runs it: gate items, capacity (slots), barrier
-//   mb_dispatch  dispatch_tiles over this rank's routed tiles (telemetry logs per share)
+//   mb_dispatch  dispatch_chunks over this rank's routed chunks (telemetry logs per share)
 //   mb_combine   the per-token ordered combine of the processors (telemetry logs per block)
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -52,13 +52,18 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
 #if MOE_BF16
   TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prepare();
 #endif
+  // GEMM1's rows all go to `out`, as to one source whose slots span every position
+  __shared__ elem_t* out_rows[1];
+  constexpr long long ONE_SOURCE = 1LL << 62;
+  if (threadIdx.x == 0) out_rows[0] = out;
   __syncthreads();
   const uint64_t t0 = now_ns();
   for (int j = 0; j < reps; ++j) {
     long long s0;
     int le, col0;
     task_of(j, &s0, &le, &col0);
-    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, [&] { return out + s0 * N; }, smem_raw);
+    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, SourceRows{out_rows, s0, ONE_SOURCE, 0, N},
+                                      smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
 #if MOE_BF16
@@ -177,13 +182,13 @@ MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
   }
 }
 
-// Blocks 0..n-1 dispatch this rank's routed tiles as the megakernel's processors do (n = n_proc:
+// Blocks 0..n-1 dispatch this rank's routed chunks as the megakernel's processors do (n = n_proc:
 // the same shares); each share's interval goes to the block's telemetry log (tlog counts and
 // dispatch_done zeroed).
-MB_KERNEL mb_dispatch(const Params* __restrict__ params, uint64_t epoch, int n) {
+MB_KERNEL mb_dispatch(const Params* __restrict__ params, int n) {
   const Params& p = *params;
   if (blockIdx.x >= n) return;
-  dispatch_tiles<TILE_M>(p, epoch, 1, n);
+  dispatch_chunks<TILE_M>(p, 1, n);
   if (threadIdx.x == 0) nvshmem_quiet();
 }
 

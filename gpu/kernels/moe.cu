@@ -4,7 +4,7 @@
 // with -DMOE_TF32=1, moelab_moe_tf32 (float32 data, tensor-core tile GEMM on TF32 operands).
 // Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
 // Phases: gate (all blocks; split over H with a barrier when the tokens are few) | barrier | slot
-// scan per expert | barrier | slots per gate item | barrier | dispatch (a tile's rows shared by
+// scan per expert | barrier | slots per gate item | barrier | dispatch (a chunk's rows shared by
 // processors) + count signals,
 // then the task pipeline (GEMM0 -> GEMM1 storing home -> combine) | final ordered combine.
 // Tile shape (TILE_M, TILE_N, TILE_K, and the bf16 GEMM's GEMM_STAGES and BLOCK_WARPGROUPS: a
@@ -74,8 +74,8 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
     return;
   }
 
-  // processors: dispatch this rank's tiles, then tasks, then the ordered combine
-  dispatch_tiles<TILE_M>(p, epoch, telemetry, (int)p.n_proc);
+  // processors: dispatch this rank's chunks, then tasks, then the ordered combine
+  dispatch_chunks<TILE_M>(p, telemetry, (int)p.n_proc);
   processor<TILE_M, TILE_N, TILE_K>(p, telemetry, smem_raw);
   if (!aborted(p)) combine_tokens(p, telemetry);
   if (threadIdx.x == 0) nvshmem_quiet();

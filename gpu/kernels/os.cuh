@@ -1,15 +1,16 @@
 // The OS block (FlashMoE's roles): warp 0 is the scheduler, warps 1..3 the subscriber.
 // - subscriber: learns how many rows each source sends to each local expert (count signals),
-//   then turns landed tiles into tasks: a dispatched tile into its GEMM0 tasks (in the bf16 build,
-//   all the dispatched tiles of a local expert, from every source, once the last has landed), a
-//   returned tile of this rank's tokens (all its GEMM1 column blocks counted in) into its combine
-//   task;
+//   works out the tiles (windows over the expert's slots, tiles.cuh) and the chunks each waits for,
+//   then turns landed tiles into tasks: a tile whose chunks have all landed into its GEMM0 tasks (in
+//   the bf16 build, all the tiles of a local expert once the last has landed), a returned chunk of
+//   this rank's tokens (all its GEMM1 column blocks counted in) into its combine task;
 // - scheduler: hands the published tasks, in queue order, to idle processors through their
 //   mailboxes, and stops them all once every task of the layer call has been done.
 #pragma once
 #include <nvshmem.h>
 #include <nvshmemx.h>
 #include "common.cuh"
+#include "tiles.cuh"
 
 constexpr unsigned STOP_INDEX = 0xffffffffu;
 constexpr int SUBSCRIBER_LANES = 96;
@@ -54,26 +55,39 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
   return true;
 }
 
-// Every dispatched tile of local expert le, from every source, once all have landed: their GEMM0
-// tasks column block by column block, so that the tasks reading one weight slice sit side by side
-// in the queue and run at once, the slice read from HBM once for all of them. (Enqueued tile by
-// tile as they landed, a peer's tiles ran 170-390 us after this GPU's own, two H100s: the slice
-// had left the L2 by then, and each was read once per source.) The counts are read once per
-// source: a read per task, each waited for in turn, held the lane ~1 us a task, and 8 experts'
-// layers were 50% slower for it.
-template <int BM>
+// Every tile of local expert le once all have landed: their GEMM0 tasks column block by column
+// block, so that the tasks reading one weight slice sit side by side in the queue and run at once,
+// the slice read from HBM once for all of them. (Enqueued tile by tile as they landed, a peer's
+// tiles ran 170-390 us after this GPU's own, two H100s: the slice had left the L2 by then, and each
+// was read once per source.) The windows' rows are read once per window: a read per task, each
+// waited for in turn, held the lane ~1 us a task, and 8 experts' layers were 50% slower for it.
 __device__ bool enqueue_expert(const Params& p, int le, int n0, int col_step) {
   const int all = __ldcg(p.expert_tiles + le), n = all * n0, base = reserve(p, n);
   if (base < 0) return false;
   int4* task = p.queue + base;
   int kg = 0;
-  for (long long block = le; block < p.P * p.L; block += p.L) {
-    const int tiles = ceil_div(__ldcg(p.in_count + block), BM);
-    for (int k = 0; k < tiles; ++k, ++kg)
-      for (int c = 0; c < n0; ++c) task[c * all + kg] = make_int4(TASK_GEMM0, (int)block, k, c * col_step);
+  for (int w = 0; w < p.W; ++w) {
+    if (__ldcg(p.window_rows + le * p.W + w) == 0) continue;
+    for (int c = 0; c < n0; ++c) task[c * all + kg] = make_int4(TASK_GEMM0, le, w, c * col_step);
+    ++kg;
   }
   publish(p, base, n);
   return true;
+}
+
+// The rows tile window w of local expert le computes (from its first position to its last row)
+// and the chunks it waits for, from the sources' row counts
+template <int BM>
+__device__ void window_extent(const Params& p, int le, int w, int* rows, int* chunks) {
+  int end = 0, n = 0;
+  for (int s = window_first_source<BM>(p, w); s <= window_last_source<BM>(p, w); ++s) {
+    const Chunk c = chunk_in<BM>(p, s, p.in_count[s * p.L + le], w);
+    if (c.empty()) continue;
+    ++n;
+    end = (int)(s * p.stride + c.b - (long long)w * BM);
+  }
+  *rows = end;
+  *chunks = n;
 }
 
 template <int BM, int BN>
@@ -81,8 +95,11 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
   const int sl = threadIdx.x - 32, log = p.n_proc + 1 + sl / 32;
   const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
   const long long PL = p.P * p.L;
-  // 1. row counts from every source rank, and the number of tasks this layer call will make
-  long long tasks = 0;
+  auto lanes_sync = [] {
+    __syncwarp();
+    asm volatile("bar.sync 1, %0;" ::"r"(SUBSCRIBER_LANES));
+  };
+  // 1. row counts from every source rank
   for (long long idx = sl; idx < PL; idx += SUBSCRIBER_LANES) {
     Waiter w;
     uint64_t v;
@@ -92,17 +109,31 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     int rows = (int)(v & 0xffffffffu);
     if ((v >> 32) >= epoch && rows > p.C) record_error(p, BAD_COUNT, idx / p.L, idx % p.L, 0, rows, p.C, 0);
     p.in_count[idx] = rows;
-    tasks += (long long)ceil_div(rows, BM) * (n0 + n1);
-    if (QUEUE_BY_EXPERT) atomicAdd(p.expert_tiles + idx % p.L, ceil_div(rows, BM));
   }
-  for (long long e = sl; e < p.E; e += SUBSCRIBER_LANES) tasks += ceil_div(__ldcg(p.counts + e), BM);
+  lanes_sync();
+  // 2. the tiles and their chunks, and the number of tasks this layer call will make: the tiles'
+  // GEMM tasks and a combine per chunk of this rank's rows
+  long long tasks = 0;
+  const long long D = p.L * p.W, R = p.E * p.CH;
+  for (long long it = sl; it < D; it += SUBSCRIBER_LANES) {
+    const int le = (int)(it / p.W), w = (int)(it % p.W);
+    int rows, chunks;
+    window_extent<BM>(p, le, w, &rows, &chunks);
+    p.window_rows[it] = rows;
+    p.window_chunks[it] = chunks;
+    if (rows == 0) continue;
+    tasks += n0 + n1;
+    if (QUEUE_BY_EXPERT) atomicAdd(p.expert_tiles + le, 1);
+  }
+  const int first = first_window<BM>(p, (int)p.rank);
+  for (long long r = sl; r < R; r += SUBSCRIBER_LANES)
+    tasks += !chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + r / p.CH), first + (int)(r % p.CH)).empty();
   atomicAdd(s_acc, (int)tasks);
-  __syncwarp();
-  asm volatile("bar.sync 1, %0;" ::"r"(SUBSCRIBER_LANES));
+  __threadfence();  // the windows' rows, before the tasks that read them are published by any lane
+  lanes_sync();
   if (sl == 0) *s_total = aborted(p) ? -1 : *s_acc;
   if (aborted(p)) return;
-  // 2. watch every expected tile of this lane until it has landed
-  const long long D = PL * p.TM, R = p.E * p.TM;
+  // 3. watch every expected tile and returned chunk of this lane until it has landed
   Waiter w;
   for (;;) {
     int pending = 0;
@@ -110,35 +141,38 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     for (long long it = sl; it < D + R; it += SUBSCRIBER_LANES) {
       if (p.seen[it]) continue;
       if (it < D) {
-        long long idx = it / p.TM;
-        int tile = (int)(it % p.TM), rows_all = p.in_count[idx];
-        if (tile >= ceil_div(rows_all, BM)) continue;
-        if (ld_acquire_sys(p.sig_tile + it) < epoch) {
+        const int chunks = p.window_chunks[it];
+        if (chunks == 0) continue;
+        if (ld_acquire_sys(p.sig_tile + it) < (uint64_t)chunks) {
           ++pending;
           if (first_pending < 0) first_pending = it;
           continue;
         }
+        // every chunk has landed; the count starts again from 0 for the next call, whose adds all
+        // come after every rank's kernel of that call has started, after this one has ended
+        p.sig_tile[it] = 0;
         p.seen[it] = 1;
         w.restart();
         uint64_t t = now_ns();
-        int src = (int)(idx / p.L), le = (int)(idx % p.L);
-        int rows = min(BM, rows_all - tile * BM);
-        log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), src, rows, tile, 0);
+        const int le = (int)(it / p.W), tile = (int)(it % p.W);
+        log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), window_first_source<BM>(p, tile),
+                  p.window_rows[it], tile, 0);
         if (QUEUE_BY_EXPERT) {
           // the lane that counts the expert's last tile enqueues them all; what each lane saw land
           // (its acquire above) is ordered before its count by this fence, and before the tasks'
           // publication by the counting lane's fence in publish
           __threadfence();
           if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le) &&
-              !enqueue_expert<BM>(p, le, n0, BN))
+              !enqueue_expert(p, le, n0, BN))
             return;
-        } else if (!enqueue(p, TASK_GEMM0, (int)idx, tile, n0, BN)) {
+        } else if (!enqueue(p, TASK_GEMM0, le, tile, n0, BN)) {
           return;
         }
       } else {
-        long long r = it - D, e = r / p.TM;
-        int tile = (int)(r % p.TM), rows_all = __ldcg(p.counts + e);
-        if (tile >= ceil_div(rows_all, BM)) continue;
+        const long long r = it - D, e = r / p.CH;
+        const int j = (int)(r % p.CH);
+        const Chunk c = chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + e), first + j);
+        if (c.empty()) continue;
         if (ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
           ++pending;
           if (first_pending < 0) first_pending = it;
@@ -150,18 +184,20 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
         p.seen[it] = 1;
         w.restart();
         uint64_t t = now_ns();
-        int rows = min(BM, rows_all - tile * BM);
-        log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), rows, tile, 1);  // col 1: a return
-        if (!enqueue(p, TASK_COMBINE, (int)e, tile, 1, 0)) return;
+        log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), c.b - c.a, first + j, 1);  // col 1: a return
+        if (!enqueue(p, TASK_COMBINE, (int)e, j, 1, 0)) return;
       }
     }
     if (pending == 0) return;
-    long long idx_or_r = first_pending < D ? first_pending / p.TM : (first_pending - D) / p.TM;
-    int tile = (int)((first_pending < D ? first_pending : first_pending - D) % p.TM);
-    bool gave_up = first_pending < D
-        ? w.expired(p, WAIT_TILE, idx_or_r / p.L, idx_or_r % p.L, tile, 0, (long long)epoch)
-        : w.expired(p, WAIT_RETURN, idx_or_r / p.L, idx_or_r, tile, 
-                        (long long)ld_acquire_sys(p.sig_comb + first_pending - D), n1);
+    bool gave_up;
+    if (first_pending < D) {
+      gave_up = w.expired(p, WAIT_TILE, 0, first_pending / p.W, first_pending % p.W,
+                          (long long)ld_acquire_sys(p.sig_tile + first_pending), p.window_chunks[first_pending]);
+    } else {
+      const long long r = first_pending - D;
+      gave_up = w.expired(p, WAIT_RETURN, r / p.CH / p.L, r / p.CH, r % p.CH,
+                          (long long)ld_acquire_sys(p.sig_comb + r), n1);
+    }
     if (gave_up) return;
   }
 }

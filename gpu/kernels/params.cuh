@@ -36,29 +36,30 @@ struct Params {
   int* row_choice;             // [E][C] choice index of each slot
   float* row_weight;           // [E][C] combine weight of each slot
   // symmetric (NVSHMEM) buffers
-  elem_t* inbox;               // [P][L][C][H] dispatched rows arriving from each source rank
+  elem_t* inbox;               // [L][P][C][H] dispatched rows arriving from each source rank (tiles.cuh)
   elem_t* staging;             // [E][C][H]    this rank's rows packed per expert, put from here
                                //              (where the owner's inbox is not load/store reachable)
-  elem_t* outbuf;              // [P][L][C][H] GEMM1 output per source, put back from here
+  elem_t* outbuf;              // [L][P][C][H] GEMM1 output per source, put back from here
                                //              (where the source's combox is not load/store reachable)
   elem_t* combox;              // [E][C][H]    returned rows of this rank's tokens
   uint64_t* sig_count;         // [P][L]       (epoch << 32) | rows, from each source
-  uint64_t* sig_tile;          // [P][L][TM]   epoch when a dispatched tile has landed
-  uint64_t* sig_comb;          // [E][TM]      GEMM1 column blocks of a returned tile landed so far
+  uint64_t* sig_tile;          // [L][W]       chunks of a tile window landed so far (tiles.cuh)
+  uint64_t* sig_comb;          // [E][CH]      GEMM1 column blocks of a returned chunk landed so far
   uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
   // local working state, zeroed before every launch
-  elem_t* hidden;              // [P][L][C][I] GEMM0 output
+  elem_t* hidden;              // [L][P][C][I] GEMM0 output
   double* gate_partial;        // [gate_splits][T][E] the gate's partial logits over a range of H
   int* state;                  // STATE_WORDS ints: barrier, abort, queue tail, ...
   int4* queue;                 // [Q] task descriptors
   int* queue_ready;            // [Q] 1 once the descriptor is written
-  int* tile_done0;             // [P][L][TM] GEMM0 tasks finished per tile
-  int* tile_done1;             // [P][L][TM] GEMM1 tasks finished per tile
-  int* dispatch_done;          // [E][TM]    blocks done storing their share of a dispatched tile
+  int* tile_done0;             // [L][W] GEMM0 tasks finished per tile
+  int* tile_done1;             // [L][W] GEMM1 tasks finished per tile
+  int* dispatch_done;          // [E][CH] blocks done storing their share of a dispatched chunk
   int* in_count;               // [P][L] rows arriving from each source, from sig_count
-  int* seen;                   // [P*L*TM + E*TM] 1 once the subscriber has seen a tile land
-  int* expert_tiles;           // [2][L] dispatched tiles each local expert expects (from every source), and
-                               //        those landed so far
+  int* window_rows;            // [L][W] rows a tile computes (to its last row; 0: no tile), by the subscriber
+  int* window_chunks;          // [L][W] chunks a tile waits for, by the subscriber
+  int* seen;                   // [L*W + E*CH] 1 once the subscriber has seen a tile or a returned chunk land
+  int* expert_tiles;           // [2][L] tiles each local expert expects, and those landed so far
   unsigned long long* mailbox; // [NP][2] (sequence << 32) | task index, written by the scheduler
                                //         (slot sequence % 2: the running task's and the next one's)
   int* mailbox_done;           // [NP] last sequence number a processor finished
@@ -68,7 +69,10 @@ struct Params {
   const unsigned char* tmaps;  // bf16: [4][128 B] TMA tensor maps of inbox, hidden, w1, w2 (TMAP_*, gpu/tma.py);
                                //       null in the other builds
   // sizes
-  long long T, H, I, E, K, P, L, C, TM;
+  long long T, H, I, E, K, P, L, C;
+  long long W;                 // tile windows per local expert (tiles.cuh)
+  long long CH;                // chunk slots per (source, expert) block: the most chunks it can be cut into
+  long long stride;            // positions between two sources' slots in a window (tiles.cuh)
   long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
   long long direct_stores;     // 1: rows are stored straight into peers' memory where nvshmem_ptr reaches it
                                //    (dispatch into the owner's inbox, GEMM1 into the source's combox); 0: puts
@@ -85,7 +89,7 @@ enum { ST_BARRIER = 0, ST_ABORT = 1, ST_QTAIL = 2, STATE_WORDS = 8 };
 enum { GATE_SOFTMAX_TOPK = 0, GATE_SOFTMAX_TOPK_RENORM = 1, GATE_TOPK_SOFTMAX = 2, GATE_SIGMOID_BIAS = 3 };
 enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
 
-// task kinds in queue descriptors {kind, block = src * L + le (combine: expert), tile, col0}
+// task kinds in queue descriptors: GEMM {kind, local expert, window, col0}, combine {kind, expert, chunk, 0}
 enum { TASK_GEMM0 = 0, TASK_GEMM1 = 1, TASK_COMBINE = 2, TASK_STOP = 3 };
 
 // error record: flag, rank, block, thread, what, a, b, c, value, expected, waited_ns
@@ -93,8 +97,8 @@ enum { ERROR_WORDS = 11 };
 enum {
   WAIT_BARRIER = 1,      // a grid barrier (a = barrier index)
   WAIT_COUNT = 2,        // the row count from source rank a for local expert b
-  WAIT_TILE = 3,         // dispatched tile c of (source a, local expert b)
-  WAIT_RETURN = 4,       // returned tile c of expert b (owner a)
+  WAIT_TILE = 3,         // tile window c of local expert b (a: chunks landed, value: of expected)
+  WAIT_RETURN = 4,       // returned chunk c of expert b (owner a)
   WAIT_COMMAND = 5,      // a processor waiting for the scheduler's next command
   WAIT_TASKS = 6,        // the scheduler waiting for tasks (a = assigned, b = total)
   BAD_COUNT = 7,         // source a announced more rows for local expert b than the capacity

@@ -95,67 +95,86 @@ __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const
   }
 }
 
-// How many processors share each dispatched tile: with direct stores, enough that every processor
-// has a share when the tile slots (E x TM) are fewer than the processors (a block alone copies a
+// How many processors share each dispatched chunk: with direct stores, enough that every processor
+// has a share when the chunk slots (E x CH) are fewer than the processors (a block alone copies a
 // 128-row bf16 tile in ~100 us: its loads' latency, not the memory, bounds it), at most
-// DISPATCH_MAX_PARTS; a packed tile is put by one block. sim/costs.py dispatch_parts mirrors it.
+// DISPATCH_MAX_PARTS; a packed chunk is put by one block. sim/costs.py dispatch_parts mirrors it.
 constexpr int DISPATCH_MAX_PARTS = 4;
 __device__ __forceinline__ int dispatch_parts(const Params& p) {
-  return p.direct_stores ? (int)max(1LL, min(p.n_proc / (p.E * p.TM), (long long)DISPATCH_MAX_PARTS)) : 1;
+  return p.direct_stores ? (int)max(1LL, min(p.n_proc / (p.E * p.CH), (long long)DISPATCH_MAX_PARTS)) : 1;
 }
 
-// Share `part` of `parts` of dispatch tile `tile` of expert e. Where the owner's inbox is load/store
-// reachable (this GPU or an NVLink peer) the rows are gathered straight into it, and the block
-// finishing the tile's last share sets its signal; else one block gathers the tile into staging
-// and puts it with its signal.
+// Share `part` of `parts` of chunk j of this rank's rows for expert e (tiles.cuh). Where the owner's
+// inbox is load/store reachable (this GPU or an NVLink peer) the rows are gathered straight into it,
+// and the block finishing the chunk's last share counts it in at the owner; else one block gathers
+// the chunk into staging and puts it with its count.
 template <int BM>
-__device__ void dispatch_tile(const Params& p, uint64_t epoch, int tel, int e, int tile, int part, int parts) {
-  const int rows_all = __ldcg(p.counts + e), rows = min(BM, rows_all - tile * BM);
+__device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, int part, int parts) {
+  const int rows = c.b - c.a;
   const uint64_t t0 = now_ns();
-  const long long H = p.H, s0 = (long long)tile * BM;
-  const int owner = (int)(e / p.L), le = (int)(e % p.L);
-  const long long block = p.rank * p.L + le;  // (source = this rank, local expert) at the owner
-  elem_t* const inbox = p.inbox + (block * p.C + s0) * H;
+  const long long H = p.H;
+  const int owner = (int)(e / p.L), le = (int)(e % p.L), w = first_window<BM>(p, (int)p.rank) + j;
+  elem_t* const inbox = p.inbox + (((long long)le * p.P + p.rank) * p.C + c.a) * H;
   elem_t* const there = p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(inbox, owner)) : nullptr;
   if (!there && part > 0) return;
   const int share = there ? ceil_div(rows, parts) : rows, r0 = min(rows, part * share), r1 = min(rows, r0 + share);
-  elem_t* dst = (there ? there : p.staging + ((long long)e * p.C + s0) * H) + r0 * H;
+  const long long from = (long long)e * p.C + c.a;  // the chunk's first slot in row_token and staging
+  elem_t* dst = (there ? there : p.staging + from * H) + r0 * H;
   copy_rows(p, dst, r1 - r0, [&](int r) {
-    return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + (long long)e * p.C + s0 + r0 + r) * H);
+    return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + from + r0 + r) * H);
   }, nullptr);
   __syncthreads();
-  const long long slot = block * p.TM + tile;
+  uint64_t* const landed = p.sig_tile + (long long)le * p.W + w;
   if (there && threadIdx.x == 0) {
-    // A tile for this GPU's own experts is read by this GPU's subscriber and processors only: GPU
-    // scope orders the shares' stores before its signal (as a GEMM1 count on this GPU).
+    // A chunk for this GPU's own experts is read by this GPU's subscriber and processors only: GPU
+    // scope orders the shares' stores before its count (as a GEMM1 count on this GPU).
     const bool here = owner == p.rank;
     auto fence_for_owner = [here] { here ? __threadfence() : __threadfence_system(); };
     fence_for_owner();  // this share's stores, before its count
-    if (parts == 1 || atomicAdd(p.dispatch_done + (long long)e * p.TM + tile, 1) == parts - 1) {
-      fence_for_owner();  // every counted share's stores, before the signal
+    if (parts == 1 || atomicAdd(p.dispatch_done + (long long)e * p.CH + j, 1) == parts - 1) {
+      fence_for_owner();  // every counted share's stores, before the chunk's count
       if (here)
-        st_relaxed_gpu(reinterpret_cast<unsigned long long*>(p.sig_tile + slot), (unsigned long long)epoch);
+        atomicAdd(reinterpret_cast<unsigned long long*>(landed), 1ull);
       else
-        nvshmemx_signal_op(p.sig_tile + slot, epoch, NVSHMEM_SIGNAL_SET, owner);
+        nvshmemx_signal_op(landed, 1, NVSHMEM_SIGNAL_ADD, owner);
     }
   } else if (!there) {
     __threadfence();
-    nvshmemx_putmem_signal_nbi_block(inbox, dst, (size_t)rows * H * sizeof(elem_t), p.sig_tile + slot, epoch,
-                                     NVSHMEM_SIGNAL_SET, owner);
+    nvshmemx_putmem_signal_nbi_block(inbox, dst, (size_t)rows * H * sizeof(elem_t), landed, 1, NVSHMEM_SIGNAL_ADD,
+                                     owner);
   }
-  if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, r1 - r0, tile, part);
+  if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, r1 - r0, w, part);
 }
 
-// This block's dispatch shares: share u of the tile slots' (E x TM x parts) by block u mod n.
+// This block's dispatch shares: share u of the chunk slots' (E x CH x parts) by block u mod n.
 template <int BM>
-__device__ void dispatch_tiles(const Params& p, uint64_t epoch, int tel, int n) {
-  const int parts = dispatch_parts(p);
-  for (long long u = blockIdx.x; u < p.E * p.TM * parts; u += n) {
+__device__ void dispatch_chunks(const Params& p, int tel, int n) {
+  const int parts = dispatch_parts(p), first = first_window<BM>(p, (int)p.rank);
+  for (long long u = blockIdx.x; u < p.E * p.CH * parts; u += n) {
     const long long f = u / parts;
-    const int e = (int)(f / p.TM), tile = (int)(f % p.TM);
-    if (tile < ceil_div(__ldcg(p.counts + e), BM)) dispatch_tile<BM>(p, epoch, tel, e, tile, (int)(u % parts), parts);
+    const int e = (int)(f / p.CH), j = (int)(f % p.CH);
+    const Chunk c = chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + e), first + j);
+    if (!c.empty()) dispatch_chunk<BM>(p, tel, e, j, c, (int)(u % parts), parts);
   }
 }
+
+// Where a GEMM task's output row r goes: GEMM0's into `hidden`, consecutive rows ld apart; GEMM1's
+// into the combox of each row's source (SourceRows), through a table of the window's sources' row
+// bases that the processor fills before the task (the bf16 task may call nothing to work it out)
+struct ConsecutiveRows {
+  elem_t* base;
+  long long ld;
+  __device__ __forceinline__ elem_t* operator()(int r) const { return base + r * ld; }
+};
+constexpr int MAX_TILE_SOURCES = 8;  // sources one window may span (gpu/layout.py checks the config)
+struct SourceRows {
+  elem_t* const* base;  // [MAX_TILE_SOURCES] slot 0 of source first + i's rows
+  long long pos0, stride, first, H;
+  __device__ __forceinline__ elem_t* operator()(int r) const {
+    const long long pos = pos0 + r;
+    return base[pos / stride - first] + (pos % stride) * H;
+  }
+};
 
 #if MOE_BF16 && MOE_TF32
 #error "MOE_TF32 multiplies float32 data: build it without MOE_BF16"
@@ -195,17 +214,17 @@ __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long
   return true;
 }
 #endif
-// A task's output tile, element (r, c) = act(acc + bias[c]): bf16 (rounded to nearest even)
-// through shared memory in whole rows (WgmmaTileGemm::store); tf32's float32 straight from the
-// fragments
-template <class Gemm, class Act>
-__device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, void* smem, elem_t* out,
-                                           long long ld, const float* bias, Act act) {
+// A task's output tile, element (r, c) = act(acc + bias[c]) at out(r) + c: bf16 (rounded to
+// nearest even) through shared memory in whole rows (WgmmaTileGemm::store); tf32's float32
+// straight from the fragments
+template <class Gemm, class Rows, class Act>
+__device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, void* smem, Rows out,
+                                           const float* bias, Act act) {
 #if MOE_BF16
-  Gemm::store(acc, rows, smem, out, ld, bias, act);
+  Gemm::store(acc, rows, smem, out, bias, act);
 #else
   Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-    *reinterpret_cast<float2*>(out + r * ld + c) = make_float2(act(v0 + bias[c]), act(v1 + bias[c + 1]));
+    *reinterpret_cast<float2*>(out(r) + c) = make_float2(act(v0 + bias[c]), act(v1 + bias[c + 1]));
   });
 #endif
 }
@@ -217,9 +236,9 @@ __device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int ro
 // float32 rows). tf32: float32 operands rounded to TF32 inside the tile GEMM, float32 stored.
 // (bf16: a function of its own, called: ptxas keeps wgmma asynchronous only in a function that
 // calls nothing it cannot see, and the kernel calls NVSHMEM's device library, linked in later)
-template <int BM, int BN, int BK, class Out1>
-__device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
-                                      void* smem) {
+template <int BM, int BN, int BK>
+__device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0,
+                                      SourceRows out1, void* smem) {
   using Gemm = TensorCoreGemm<BM, BN, BK>;
   typename Gemm::Acc acc;
   const int act = (int)p.act_kind;
@@ -229,17 +248,17 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   const float* b = (first ? p.b1 : p.b2) + (long long)le * (first ? p.I : p.H) + col0;
   if (first) {
     with_activation(act, [&](auto activate) {
-      store_tile<Gemm>(acc, rows, smem, p.hidden + s0 * p.I + col0, p.I, b, activate);
+      store_tile<Gemm>(acc, rows, smem, ConsecutiveRows{p.hidden + s0 * p.I + col0, p.I}, b, activate);
     });
     fence_async_global();  // GEMM1 tasks read these rows through the TMA (the async proxy)
   } else {
-    store_tile<Gemm>(acc, rows, smem, out1() + col0, p.H, b, Identity{});
+    store_tile<Gemm>(acc, rows, smem, [&](int r) { return out1(r) + col0; }, b, Identity{});
   }
 }
 #else
 // A GEMM0 or GEMM1 task of the float32 kernel: SIMT, bias and activation in float32.
-template <int BM, int BN, int BK, class Out1>
-__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
+template <int BM, int BN, int BK>
+__device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, SourceRows out1,
                           void* smem) {
   using Gemm = SimtTileGemm<BM, BN, BK>;
   float acc[Gemm::TM][Gemm::TN];
@@ -260,15 +279,15 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
     });
   } else {
     Gemm::run(p.hidden + s0 * p.I, p.I, rows, p.w2 + (long long)le * p.I * p.H + col0, p.H, (int)p.I, sm, acc);
-    elem_t* out = out1();
 #pragma unroll
     for (int i = 0; i < Gemm::TM; ++i) {
       int r = Gemm::row_of(i);
       if (r >= rows) continue;
+      elem_t* out = out1(r);
 #pragma unroll
       for (int j = 0; j < Gemm::TN; ++j) {
         int c = col0 + Gemm::col_of(j);
-        out[r * p.H + c] = acc[i][j] + p.b2[(long long)le * p.H + c];
+        out[c] = acc[i][j] + p.b2[(long long)le * p.H + c];
       }
     }
   }
@@ -291,6 +310,11 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   __shared__ int4 task, next;
   __shared__ int task_seq, next_seq, last;
   __shared__ bool ahead;  // `next` was taken during the task before it: nothing to wait for
+  // a GEMM1 task's destinations: each source's rows in its combox where that is load/store
+  // reachable (this GPU or an NVLink peer), so no block spends a task putting the rows afterwards;
+  // else outbuf's, put home by the tile's last task
+  __shared__ elem_t* dst_base[MAX_TILE_SOURCES];
+  __shared__ bool dst_direct[MAX_TILE_SOURCES];
   const int me = blockIdx.x, tid = threadIdx.x;
   const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
   // The scheduler sends a busy processor its next command (MAILBOX_SLOTS), so it is usually there
@@ -299,15 +323,13 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   // between tasks (telemetry, one H100), the SM's tensor cores idle at one block per SM.
   // The bf16 GEMM's next task then has its first slices asked for by the same thread (it saw
   // their rows written), and they land while this task's bookkeeping and the call go on.
-  // the first row of tile `tile` of a block of C rows (inbox, hidden, combox: [blocks][C])
-  auto tile_row = [&](long long block, int tile) { return block * p.C + (long long)tile * BM; };
   auto take_ahead = [&](int seq) {
     if (tid != 32) return;
     ahead = take_command(p, me, seq, &next_seq, &next);
 #if MOE_BF16
     if (ahead && (next.x == TASK_GEMM0 || next.x == TASK_GEMM1))
       TensorCoreGemm<BM, BN, BK>::prime(
-          task_operands(p, next.x == TASK_GEMM0, tile_row(next.y, next.z), (int)(next.y % p.L), next.w), smem);
+          task_operands(p, next.x == TASK_GEMM0, window_row<BM>(p, next.y, next.z), next.y, next.w), smem);
 #endif
   };
   if (tid == 0) {
@@ -333,92 +355,99 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       }
       task_seq = got;
     }
+    if (tid == 0 && task.x == TASK_GEMM1) {
+      const int le = task.y, s_first = window_first_source<BM>(p, task.z);
+      for (int s = s_first; s <= window_last_source<BM>(p, task.z); ++s) {
+        elem_t* home = p.combox + (p.rank * p.L + le) * p.C * p.H;
+        elem_t* there = p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(home, s)) : nullptr;
+        dst_direct[s - s_first] = there != nullptr;
+        dst_base[s - s_first] = there ? there : p.outbuf + ((long long)le * p.P + s) * p.C * p.H;
+      }
+    }
     __syncthreads();
     const int4 tk = task;
     const int seq = task_seq;
     if (tk.x == TASK_STOP) break;
     const uint64_t t0 = now_ns();
-    const int block = tk.y, tile = tk.z, col0 = tk.w;
     if (tk.x == TASK_COMBINE) {
-      const int e = block, rows = min(BM, __ldcg(p.counts + e) - tile * BM);
+      const int e = tk.y, j = tk.z;
+      const Chunk c = chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + e), first_window<BM>(p, (int)p.rank) + j);
 #if !MOE_BF16
-      // weight the returned rows of expert `block` in place: combox row = weight * row
-      const long long s0 = tile_row(e, tile);
+      // weight the returned rows of the chunk in place: combox row = weight * row
+      const long long s0 = (long long)e * p.C + c.a;
       elem_t* rows_at = p.combox + s0 * p.H;
-      copy_rows(p, rows_at, rows, [&](int r) { return reinterpret_cast<const float4*>(rows_at + (long long)r * p.H); },
-                p.row_weight + s0);
+      copy_rows(p, rows_at, c.b - c.a,
+                [&](int r) { return reinterpret_cast<const float4*>(rows_at + (long long)r * p.H); }, p.row_weight + s0);
 #endif
       // (bf16: the returned bf16 rows are weighted in float32 by the final combine; this task only
-      // marks the tile's arrival, which the scheduler waits for before it stops the processors)
+      // marks the chunk's arrival, which the scheduler waits for before it stops the processors)
       take_ahead(seq);
       __syncthreads();
       if (tid == 0) {
         __threadfence();
-        log_event(p, tel, me, EV_COMBINE, t0, now_ns(), e, (int)(e / p.L), rows, tile, 0);
+        log_event(p, tel, me, EV_COMBINE, t0, now_ns(), e, (int)(e / p.L), c.b - c.a,
+                  first_window<BM>(p, (int)p.rank) + j, 0);
         st_release_gpu(p.mailbox_done + me, seq);
       }
       continue;
     }
-    const int rows = min(BM, __ldcg(p.in_count + block) - tile * BM);
-    const long long s0 = tile_row(block, tile);
-    const int le = (int)(block % p.L), src = (int)(block / p.L);
-    // GEMM1's output goes straight into the source's combox where that is load/store reachable
-    // (this GPU or an NVLink peer): no block spends a task putting a whole tile afterwards. Where
-    // it goes is worked out after the GEMM, so that it holds no registers through it.
-    auto home = [&] { return p.combox + tile_row(p.rank * p.L + le, tile) * p.H; };
-    auto direct = [&]() -> elem_t* {
-      return tk.x == TASK_GEMM1 && p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(home(), src)) : nullptr;
-    };
-    auto out1 = [&] {
-      elem_t* there = direct();
-      return there ? there : p.outbuf + s0 * p.H;
-    };
-#if MOE_BF16
-    // the bf16 task is a called function that must call nothing (gemm_task): handed its output
-    elem_t* const dst = tk.x == TASK_GEMM1 ? out1() : nullptr;
-    gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, [dst] { return dst; }, smem);
-#else
+    const int le = tk.y, tile = tk.z, col0 = tk.w;
+    const long long tile_id = (long long)le * p.W + tile;
+    const int rows = __ldcg(p.window_rows + tile_id);
+    const long long s0 = window_row<BM>(p, le, tile);
+    const int s_first = window_first_source<BM>(p, tile), s_last = window_last_source<BM>(p, tile);
+    const SourceRows out1{dst_base, (long long)tile * BM, p.stride, s_first, p.H};
     gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, out1, smem);
-#endif
     __syncthreads();
     take_ahead(seq);
-    const long long tile_id = (long long)block * p.TM + tile;
     if (tid == 0) {
       __threadfence();
       if (tk.x == TASK_GEMM0) {
         last = atomicAdd(p.tile_done0 + tile_id, 1) == n0 - 1;
-        if (last) enqueue(p, TASK_GEMM1, block, tile, n1, BN);
+        if (last) enqueue(p, TASK_GEMM1, le, tile, n1, BN);
       } else {
         last = atomicAdd(p.tile_done1 + tile_id, 1) == n1 - 1;
       }
     }
     __syncthreads();
-    // the source counts GEMM1 column blocks: its combine task starts once all n1 have landed
-    const long long count = (p.rank * p.L + le) * p.TM + tile;
+    if (tk.x == TASK_GEMM1) {
+      // each chunk's source counts GEMM1 column blocks: its combine task starts once all n1 have
+      // landed. A stored chunk counts this task in; a chunk in outbuf is put home by the last task.
+      bool fenced = false;
+      for (int s = s_first; s <= s_last; ++s) {
+        const Chunk c = chunk_in<BM>(p, s, __ldcg(p.in_count + s * p.L + le), tile);
+        if (c.empty()) continue;
+        const long long count = (p.rank * p.L + le) * p.CH + (tile - first_window<BM>(p, s));
+        if (dst_direct[s - s_first] && tid == 0) {
 #if MOE_BF16
-    // A count on this GPU needs no system-scope fence: thread 0's fence above ordered the block's
-    // stores before it at the scope of the subscriber that reads it. That fence cost a bf16 GEMM1
-    // task 1-4 us (its layers 1-6% slower, two H100s). The float32 build keeps one path: with two,
-    // ptxas spilled 16 more bytes and its layers were 2-4% slower.
-    const bool count_here = src == p.rank;
+          // A count on this GPU needs no system-scope fence: thread 0's fence above ordered the
+          // block's stores before it at the scope of the subscriber that reads it. That fence cost a
+          // bf16 GEMM1 task 1-4 us (its layers 1-6% slower, two H100s). The float32 build keeps one
+          // path: with two, ptxas spilled 16 more bytes and its layers were 2-4% slower.
+          const bool count_here = s == p.rank;
 #else
-    const bool count_here = false;
+          const bool count_here = false;
 #endif
-    if (tk.x == TASK_GEMM1 && direct() && tid == 0) {
-      if (count_here) {
-        atomicAdd(reinterpret_cast<unsigned long long*>(p.sig_comb + count), 1ull);
-      } else {
-        __threadfence_system();
-        nvshmemx_signal_op(p.sig_comb + count, 1, NVSHMEM_SIGNAL_ADD, src);
+          if (count_here) {
+            atomicAdd(reinterpret_cast<unsigned long long*>(p.sig_comb + count), 1ull);
+          } else {
+            if (!fenced) __threadfence_system();
+            fenced = true;
+            nvshmemx_signal_op(p.sig_comb + count, 1, NVSHMEM_SIGNAL_ADD, s);
+          }
+        } else if (!dst_direct[s - s_first] && last) {
+          // the chunk's output is complete: send it home, into the (expert, slot) rows of its source
+          __threadfence();
+          const long long from = ((long long)le * p.P + s) * p.C + c.a;
+          nvshmemx_putmem_signal_nbi_block(p.combox + ((p.rank * p.L + le) * p.C + c.a) * p.H,
+                                           p.outbuf + from * p.H, (size_t)(c.b - c.a) * p.H * sizeof(elem_t),
+                                           p.sig_comb + count, n1, NVSHMEM_SIGNAL_ADD, s);
+        }
       }
-    } else if (tk.x == TASK_GEMM1 && last && !direct()) {
-      // the tile's output is complete: send it home, into the (expert, slot) rows of its source
-      __threadfence();
-      nvshmemx_putmem_signal_nbi_block(home(), p.outbuf + s0 * p.H, (size_t)rows * p.H * sizeof(elem_t),
-                                       p.sig_comb + count, n1, NVSHMEM_SIGNAL_ADD, src);
+      __syncthreads();  // every thread is done with the destinations before thread 0 fills the next task's
     }
     if (tid == 0) {
-      log_event(p, tel, me, tk.x == TASK_GEMM0 ? EV_GEMM0 : EV_GEMM1, t0, now_ns(), (int)(p.rank * p.L + le), src,
+      log_event(p, tel, me, tk.x == TASK_GEMM0 ? EV_GEMM0 : EV_GEMM1, t0, now_ns(), (int)(p.rank * p.L + le), s_first,
                 rows, tile, col0);
       st_release_gpu(p.mailbox_done + me, seq);
     }

@@ -305,7 +305,7 @@ struct WgmmaTileGemm {
     return true;
   }
 
-  // The tile's rows < `rows` into out (row r at out + r * ld) as bf16, element (r, c) =
+  // The tile's rows < `rows` into out (row r at out(r)) as bf16, element (r, c) =
   // act(acc + bias[c]) in float32, rounded to nearest even, through shared memory: each thread puts
   // its accumulators into the stages (idle now) as they are, then every thread takes 4 columns of
   // a row at a time, the same 4 in every row it takes, so it loads their biases once, and stores
@@ -314,9 +314,8 @@ struct WgmmaTileGemm {
   // 5-9 us of a 128 x 256 task, now 2.5-3.6, clocked inside the task on one H100.) A row is 8
   // floats longer than the tile's, so the 4 rows a half-warp's 8-byte fragment stores fall on take
   // 32 banks.
-  template <class Act>
-  __device__ static void store(const Acc& acc, int rows, void* smem, __nv_bfloat16* out, long long ld,
-                               const float* bias, Act act) {
+  template <class Rows, class Act>
+  __device__ static void store(const Acc& acc, int rows, void* smem, Rows out, const float* bias, Act act) {
     constexpr int ROW_FLOATS = BN + 8, QUADS = BN / 4;
     static_assert(BM * ROW_FLOATS * 4 <= STAGES * STAGE_BYTES && THREADS % QUADS == 0,
                   "the float32 tile fits the stages, and every thread keeps its 4 columns");
@@ -331,7 +330,7 @@ struct WgmmaTileGemm {
       const float4 v = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
       const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
       const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
-      *reinterpret_cast<uint2*>(out + r * ld + c) =
+      *reinterpret_cast<uint2*>(out(r) + c) =
           make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
     }
   }
