@@ -45,7 +45,7 @@ def main() -> None:
         plan = reference.plan_of(cfg)
         t_plan = time.perf_counter() - t0
         r = sim.simulate(cfg, transport=transport, plan=plan)
-        rows.append((cfg.name, f"{cfg.nodes}x{min(cfg.ranks, cfg.gpus_per_node)}", transport, plan.tile_src.size,
+        rows.append((cfg.name, f"{cfg.nodes}x{min(cfg.ranks, cfg.gpus_per_node)}", transport, plan.tile_expert.size,
                      plan.task_kind.size, r.events, len(r.trace), round(t_plan, 2), round(r.wall_s, 2),
                      round(t_plan + r.wall_s, 2), f"{r.events / r.wall_s:,.0f}", round(r.metrics["latency_ms"], 3)))
         print(f"done: {cfg.name}", flush=True)

@@ -3,10 +3,10 @@
 Two computations of one layer call, which must agree:
 - `dense`: y[t] = sum_j weight[t, j] * FFN_{e_j}(x[t]) over kept assignments (plus shared
   experts with weight 1), FFN(x) = act(x W1 + b1) W2 + b2, grouped by expert;
-- `tile_walk`: the same output reached by executing the tile plan rank by rank: dispatch the
-  routed rows into per-(source, expert) buffers on the expert's owner, run each tile's GEMM0
-  tasks (column blocks of W1, bias, activation) and GEMM1 tasks (column blocks of W2), send the
-  rows back and combine at the home rank.
+- `tile_walk`: the same output reached by executing the tile plan rank by rank: dispatch each
+  tile's chunks (the routed rows of one source rank each) to the expert's owner, run the tile's
+  GEMM0 tasks (column blocks of W1, bias, activation) and GEMM1 tasks (column blocks of W2) on
+  their rows together, send each chunk's rows back and combine them at its home rank.
 Both accumulate a token's contributions in one fixed order (choice 0, 1, .., k-1, then shared
 experts), as the kernel must, so results are deterministic. Precision paths: float64 (the
 truth), float32, bfloat16 (operands and the GEMM0 output rounded to bf16, float32
@@ -99,14 +99,17 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
     k_all = cfg.top_k + cfg.shared_experts
     # each home rank keeps one float32/64 row per (token, choice): the combine target
     combine_buf = np.zeros((cfg.ranks, cfg.tokens, k_all, cfg.hidden), dt)
-    task_lo = np.searchsorted(plan.task_tile, np.arange(plan.tile_src.size + 1))
+    n_tiles = plan.tile_expert.size
+    task_lo = np.searchsorted(plan.task_tile, np.arange(n_tiles + 1))
+    chunk_lo = np.searchsorted(plan.chunk_tile, np.arange(n_tiles + 1))  # chunks are tile-major
     for owner in range(cfg.ranks):
         cache: dict[int, tuple] = {}
         for tile in np.nonzero(plan.tile_owner == owner)[0]:
-            src, e = int(plan.tile_src[tile]), int(plan.tile_expert[tile])
-            rows = slice(int(plan.tile_row0[tile]), int(plan.tile_row0[tile] + plan.tile_rows[tile]))
-            # dispatch: the source rank's token rows land in the owner's buffer for (src, e)
-            a = x[src, plan.row_token[rows]]
+            e = int(plan.tile_expert[tile])
+            chunks = [(int(plan.chunk_src[c]), plan.chunk_row_slice(c))
+                      for c in range(chunk_lo[tile], chunk_lo[tile + 1])]
+            # dispatch: each chunk's token rows come from its source rank into the tile's rows
+            a = np.concatenate([x[src, plan.row_token[rows]] for src, rows in chunks])
             if e not in cache:
                 cache[e] = _expert_operands(cfg, w, e, path)
             w1, b1, w2, b2 = cache[e]
@@ -117,7 +120,11 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             out = np.empty((a.shape[0], cfg.hidden), dt)
             cols1 = _columns(_task_columns(plan, lo, hi, tile_plan.GEMM1), cfg.hidden)
             out[:, cols1] = gemm_operand(h, path) @ w2[:, cols1] + b2[cols1]
-            # combine: the rows go back to the home rank, weighted into their (token, choice) row
-            weight = plan.row_weight[rows].astype(dt)[:, None]
-            combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = weight * out
+            # combine: each chunk's rows go back to its source rank, weighted into their (token, choice) row
+            at = 0
+            for src, rows in chunks:
+                n = rows.stop - rows.start
+                weight = plan.row_weight[rows].astype(dt)[:, None]
+                combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = weight * out[at: at + n]
+                at += n
     return _ordered_sum(combine_buf)

@@ -114,10 +114,17 @@ def load_measured(path: str | Path) -> MeasuredRun:
     meta = trace.meta
     if meta.get("source") != "gpu" or "config" not in meta:
         raise CompareError("measured", str(path), "a kernel telemetry trace (meta source 'gpu' with its config)")
-    cfg = Config.from_dict(meta["config"])
+    cfg = measured_config(meta["config"])
     procs = int(meta.get("n_proc") or np.unique(trace["lane"][trace["role"] == ROLE["processor"]]).size)
     trace.meta["processors"] = procs
     return MeasuredRun(path, cfg, shifted_to_zero(trace), str(meta.get("gpu", "")), procs)
+
+
+def measured_config(d: dict) -> Config:
+    """The config a measured run recorded, as its kernel ran it. Runs recorded before Config had
+    "merge_sources" came from a kernel that gave each source rank's rows tiles of their own, so a
+    missing key means False, not the field's default."""
+    return Config.from_dict({"merge_sources": False, **d})
 
 
 def _trace_of_summary(path: Path) -> Path:

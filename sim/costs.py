@@ -17,15 +17,16 @@ where measured overlapped as the p-norm of the two (`gemm_overlap_power`: a slic
 hides most of a short tile's multiply), its rows computed in whole groups of
 `gemm_row_group` (where measured); a block copies token rows
 at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched
-tile's rows are gathered straight into the owner's inbox (its GPU, or an NVLink peer at the block's
-put rate and the port's share), shared by up to 4 processors when the tiles are fewer than they
-(the "store" path), or, across nodes and on the kernel's "put" path, packed by one block and put
-by its threads, slowed the same way by the bytes in flight; a GEMM1 task stores its output straight into the
-source GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts
-it through the NIC); after its last task every processor sums its share of tokens in choice
-order. The float32 kernel weights a tile's returned rows in its combine task (a copy); the bf16
+chunk's rows (a tile's rows of one source) are gathered straight into the owner's inbox (its GPU,
+or an NVLink peer at the block's put rate and the port's share), shared by up to 4 processors
+when the dispatch slots are fewer than they (the "store" path), or, across nodes and on the
+kernel's "put" path, packed by one block and put by its threads, slowed the same way by the
+bytes in flight; a GEMM1 task stores its output of each chunk straight into the chunk's source
+GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts it
+through the NIC); after its last task every processor sums its share of tokens in choice
+order. The float32 kernel weights a chunk's returned rows in its combine task (a copy); the bf16
 kernel weights the bf16 rows in float32 in that final sum, its combine task only marks the
-tile's arrival (modeled with the measured copy rate, i.e. for a calibrated preset). Times in
+chunk's arrival (modeled with the measured copy rate, i.e. for a calibrated preset). Times in
 ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
 """
 
@@ -36,7 +37,7 @@ import math
 import numpy as np
 
 from reference import Config
-from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK
+from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK, chunk_slots
 
 from .hardware import Hardware
 
@@ -83,13 +84,16 @@ def queue_policy(cfg: Config) -> str:
 def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.ndarray:
     """Per task: its weight slice's bytes over the tiles that share the slice at once: all of its
     expert's, from every source, where the subscriber queues them together (`queue` "expert",
-    QUEUE_POLICIES); those of its own source only where each tile was queued as it landed
+    QUEUE_POLICIES); only those of the same source where each tile was queued as it landed
     ("tile": a peer's tiles ran 170-390 us after the GPU's own, two H100s, when the slice had
-    left the L2). A GEMM0 task's slice is H x its columns, a GEMM1 task's I x its columns; at
-    most processors / the tile's tasks of that kind run at once; 0 for a combine task."""
+    left the L2), a tile counting as the source of its last chunk (it lands with it). A GEMM0
+    task's slice is H x its columns, a GEMM1 task's I x its columns; at most processors / the
+    tile's tasks of that kind run at once; 0 for a combine task."""
     kind, tile = plan.task_kind, plan.task_tile
     experts = cfg.experts + cfg.shared_experts
-    src = 0 if queue == "expert" else plan.tile_src
+    # chunks are tile-major: a tile's last is the one before the next tile's first
+    last_chunk = np.searchsorted(plan.chunk_tile, np.arange(plan.tile_expert.size), side="right") - 1
+    src = 0 if queue == "expert" else plan.chunk_src[last_chunk]
     key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
     tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
     tasks_per_tile = np.where(kind == GEMM0, cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n)
@@ -282,8 +286,8 @@ def stores_dispatch(path: str, link: int) -> bool:
 
 
 def dispatch_parts(cfg: Config, processors: int, path: str) -> int:
-    """Processors sharing each stored tile (processor.cuh dispatch_parts): as many as leave every
-    processor a share when the tile slots (experts x ceil(C / tile_m)) are fewer, at most
+    """Processors sharing each stored chunk (processor.cuh dispatch_parts): as many as leave every
+    processor a share when the dispatch slots (dispatch_slots) are fewer, at most
     DISPATCH_MAX_PARTS; 1 on the put path."""
     if path != "store":
         return 1
@@ -291,10 +295,9 @@ def dispatch_parts(cfg: Config, processors: int, path: str) -> int:
 
 
 def dispatch_slots(cfg: Config) -> int:
-    """Dispatch tile slots per (source, expert) block times the experts: the kernel's E x TM, TM =
-    ceil(C / tile_m) with C the capacity (T when nothing is dropped, and never more)."""
-    c = cfg.tokens if cfg.capacity is None else min(cfg.capacity, cfg.tokens)
-    return (cfg.experts + cfg.shared_experts) * math.ceil(c / cfg.tile_m)
+    """Dispatch slots per (source, expert) block times the experts: the kernel's one slot per
+    chunk a block can be cut into (plan.chunk_slots, from C = Config.slots)."""
+    return (cfg.experts + cfg.shared_experts) * chunk_slots(cfg)
 
 
 def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: float | None = None,

@@ -93,7 +93,8 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     env = _CountingEnvironment(say)
     rec = TraceBuilder()
     what = "bulk-synchronous baseline" if baseline else f"fused kernel, {transport}"
-    say(f"simulating {plan.tile_src.size} tiles, {plan.task_kind.size} tasks ({what}, {hw.name})")
+    say(f"simulating {plan.tile_expert.size} tiles ({plan.chunk_src.size} chunks), {plan.task_kind.size} tasks "
+        f"({what}, {hw.name})")
     if baseline:
         Baseline(env, cfg, plan, hw, rec).start()
         processors, left = hw.sms, [0]
@@ -102,7 +103,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         processors = hw.processors
     env.run()
     if left[0]:
-        raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} tiles not combined")
+        raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
     say(f"{env.events:,} events; building the trace")
     meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
             "transport": transport, "dispatch": dispatch, "queue": queue, "baseline": baseline,
@@ -114,19 +115,19 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
 
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
                dispatch: str, queue: str) -> list[int]:
-    """Set up every GPU's kernel on the fabric; returns [tiles not yet combined]."""
+    """Set up every GPU's kernel on the fabric; returns [chunks not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
                               plan.task_bytes.astype(np.float64),
                               costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan))
-    left = [plan.tile_src.size]
+    left = [plan.chunk_src.size]
 
-    def tile_done(_tile: int) -> None:
+    def chunk_done(_chunk: int) -> None:
         left[0] -= 1
 
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
-    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, tile_done, dispatch,
+    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, dispatch,
                                queue) for r in range(cfg.ranks))
     for k in kernels:
         k.start()

@@ -1,33 +1,36 @@
 """FlashMoE's persistent kernel on one GPU: gate, dispatch, then processors fed by the OS block.
 
-Every block runs the gate, then the processor blocks move this GPU's outgoing token tiles: on the
-kernel's "store" path each tile for this GPU or an NVLink peer is gathered straight into the
-owner's inbox by up to 4 blocks (all processors busy when the tiles are fewer) and the last one
-signals; a tile across nodes, or every tile on the "put" path, is packed by one block and put
-with its signal. Then the OS block's subscriber warps
-watch the arrival flags and turn arrived tiles into tasks for the scheduler warp, which
-hands them to processor blocks in queue order:
+The work is the tile plan's (reference.plan): a tile is a window of an expert's slots at its
+owner, made of chunks, each the rows of one source rank. Every block runs the gate, then the
+processor blocks move this GPU's outgoing chunks: on the kernel's "store" path each chunk for
+this GPU or an NVLink peer is gathered straight into the owner's inbox by up to 4 blocks (all
+processors busy when the dispatch slots are fewer) and the last one signals; a chunk across
+nodes, or every chunk on the "put" path, is packed by one block and put with its signal. Then
+the OS block's subscriber warps watch the arrival flags (one signal per chunk) and turn landed
+tiles into tasks for the scheduler warp, which hands them to processor blocks in queue order:
 
-- a dispatched tile arrives at its expert's owner: its GEMM0 tasks (one per tile_n columns of I)
-  go into the queue, or, with the "expert" queue policy (the bf16 kernel's, costs.queue_policy),
-  wait for the expert's last tile from any source and go in with all of its tiles' tasks, column
-  block by column block, the tasks reading one weight slice side by side;
+- a tile lands at its expert's owner with the last of its chunks: its GEMM0 tasks (one per
+  tile_n columns of I) go into the queue, or, with the "expert" queue policy (the bf16
+  kernel's, costs.queue_policy), wait for the expert's last tile to land and go in with all of
+  its tiles' tasks, column block by column block, the tasks reading one weight slice side by side;
 - the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
-- each GEMM1 task stores its column block straight into the source rank's memory (its GPU or an
-  NVLink peer; the stores' time over NVLink is added to every task) and counts itself in there;
-  the tile is back when the last one's count lands. Across nodes there is no such path: the one
-  finishing the last GEMM1 puts the whole tile, through the NIC;
-- the returned tile arrives at the source: one combine task, and the tile is done;
+- each GEMM1 task stores its column block of every chunk straight into the chunk's source rank
+  (its GPU or an NVLink peer; the stores' time over NVLink is added to every task) and counts
+  itself in there; a chunk is back when the last one's count lands. Across nodes there is no
+  such path: the one finishing the tile's last GEMM1 puts each chunk, through the NIC;
+- a returned chunk arrives at its source: one combine task, and the chunk is done;
 - once every task of this GPU is done, each processor sums its share of the tokens' returned
   rows in choice order (the final combine; costs.reduce_ns, absent when the preset gives it 0).
 A processor is free again `handoff_ns` after its task ends (the scheduler sees it idle and mails
-the next task); a landed tile's tasks can start `wake_ns` after the subscriber's turn, a burst of
-tasks goes out one each `assign_ns`, and the final combine starts `stop_ns` after the last task.
+the next task); a landed tile's or returned chunk's tasks can start `wake_ns` after the
+subscriber's turn, a burst of tasks goes out one each `assign_ns`, and the final combine starts
+`stop_ns` after the last task.
 
 The scheduler is a FIFO ready queue served by identical processors, so each task goes to the
 processor that frees first. `Scheduler` computes that assignment when the tasks are enqueued,
 which gives the same schedule as processor processes polling the queue, with one simulation
-event per tile phase instead of several per task (the trace still has one row per task).
+event per tile phase (and per chunk combine) instead of several per task (the trace still has
+one row per task, its "tile" column the plan's tile).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 import simpy
 
 from reference import Config, TilePlan
-from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, RETURN, TASK_KINDS
+from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, RETURN, TASK_KINDS, chunk_slots
 
 from . import costs
 from .hardware import Hardware
@@ -72,18 +75,30 @@ class Scheduler:
 
 
 class TilePhases:
-    """The tasks of each tile grouped by phase: tasks[tile][kind] -> task ids in plan order."""
+    """The plan's work as the kernel meets it: tasks[tile][kind] -> the tile's GEMM0 or GEMM1 task
+    ids in plan order, combine[chunk] -> the chunk's combine task, chunks(tile) -> the tile's
+    chunk ids, transfer[chunk, kind] -> its dispatch or return transfer."""
 
     def __init__(self, plan: TilePlan):
-        order = np.lexsort((np.arange(plan.task_kind.size), plan.task_kind, plan.task_tile))
+        gemm = np.flatnonzero(plan.task_chunk < 0)
+        order = gemm[np.lexsort((gemm, plan.task_kind[gemm], plan.task_tile[gemm]))]
         tile, kind = plan.task_tile[order], plan.task_kind[order]
         cut = np.flatnonzero((np.diff(tile) != 0) | (np.diff(kind) != 0)) + 1
-        self.tasks: list[dict[int, np.ndarray]] = [{} for _ in range(plan.tile_src.size)]
+        n_tiles, n_chunks = plan.tile_expert.size, plan.chunk_tile.size
+        self.tasks: list[dict[int, np.ndarray]] = [{} for _ in range(n_tiles)]
         for group in np.split(order, cut):
             if group.size:
                 self.tasks[int(plan.task_tile[group[0]])][int(plan.task_kind[group[0]])] = group
-        self.transfer = np.full((plan.tile_src.size, 2), -1, np.int64)
-        self.transfer[plan.transfer_tile, plan.transfer_kind] = np.arange(plan.transfer_tile.size)
+        combine = np.flatnonzero(plan.task_chunk >= 0)
+        self.combine = np.full(n_chunks, -1, np.int64)
+        self.combine[plan.task_chunk[combine]] = combine
+        # the plan lists chunks tile-major: tile t's are [first[t], first[t + 1])
+        self.first = np.searchsorted(plan.chunk_tile, np.arange(n_tiles + 1))
+        self.transfer = np.full((n_chunks, 2), -1, np.int64)
+        self.transfer[plan.transfer_chunk, plan.transfer_kind] = np.arange(plan.transfer_chunk.size)
+
+    def chunks(self, tile: int) -> range:
+        return range(int(self.first[tile]), int(self.first[tile + 1]))
 
 
 class FusedKernel:
@@ -91,27 +106,27 @@ class FusedKernel:
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
-                 send: Callable[..., None], on_tile_done: Callable[[int], None], dispatch: str, queue: str):
+                 send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # costs.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec
-        self.send, self.on_tile_done = send, on_tile_done
+        self.send, self.on_chunk_done = send, on_chunk_done
         self.processors = hw.processors
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
         self.scheduler: Scheduler | None = None
+        mine = np.flatnonzero(plan.tile_owner == rank)
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
-        # of the tiles of its tokens; at zero the final combine starts
-        self.phases_left = sum(len(phases.tasks[t]) - (COMBINE in phases.tasks[t])
-                               for t in np.flatnonzero(plan.tile_owner == rank)) + \
-            sum(COMBINE in phases.tasks[t] for t in np.flatnonzero(plan.tile_src == rank))
-        # each local expert's dispatched tiles, from every source: its GEMM0 tasks wait for all
+        # of each chunk of its tokens; at zero the final combine starts
+        self.phases_left = sum(len(phases.tasks[t]) for t in mine) + int(np.count_nonzero(plan.chunk_src == rank))
+        # chunks of each tile here not landed yet: the tile lands with its last
+        self.chunks_left = {int(t): len(phases.chunks(t)) for t in mine}
+        # each local expert's landed tiles: its GEMM0 tasks wait for all
         self.expert_waiting: dict[int, list[int]] = {}
-        self.expert_tiles = {int(e): int(n) for e, n in
-                             zip(*np.unique(plan.tile_expert[plan.tile_owner == rank], return_counts=True))}
+        self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
 
     def start(self) -> None:
-        """Gate on every block, then the processor blocks move this GPU's outgoing tiles, each
+        """Gate on every block, then the processor blocks move this GPU's outgoing chunks, each
         block its shares in the kernel's order."""
         gate = costs.gate_ns(self.hw, self.cfg) + self.hw.task_overhead_ns
         for lane in range(self.processors):
@@ -150,50 +165,65 @@ class FusedKernel:
 
     def dispatch_shares(self) -> list[tuple[int, int, int, int]]:
         """(share index u, processor, transfer, bytes) of this GPU's dispatch shares in u order: the
-        kernel numbers the shares of tile slot (expert, chunk) slot x parts + part and gives share u
-        to processor u mod processors; a tile it packs and puts is one block's."""
+        kernel has plan.chunk_slots dispatch slots per expert, slot j for the j-th chunk of this
+        GPU's block in window order; it numbers the shares of slot (expert, j) slot x parts + part
+        and gives share u to processor u mod processors; a chunk it packs and puts is one block's."""
         p, cfg = self.plan, self.cfg
         parts = costs.dispatch_parts(cfg, self.processors, self.dispatch)
-        per_expert = costs.dispatch_slots(cfg) // (cfg.experts + cfg.shared_experts)
+        per_expert = chunk_slots(cfg)
+        taken: dict[int, int] = {}  # chunks of each expert's block met so far
         out = []
+        # dispatch transfers in plan order: a block's chunks in window order (chunks are tile-major)
         for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):
-            t = int(p.transfer_tile[x])
-            e, rows = int(p.tile_expert[t]), int(p.tile_rows[t])
-            chunk = (int(p.tile_row0[t]) - int(p.block_offsets[self.rank * p.n_experts + e])) // cfg.tile_m
+            c = int(p.transfer_chunk[x])
+            e, rows = int(p.tile_expert[p.chunk_tile[c]]), int(p.chunk_rows[c])
+            j = taken.get(e, 0)
+            taken[e] = j + 1
             n = parts if costs.stores_dispatch(self.dispatch, int(p.transfer_link[x])) else 1
             share = -(-rows // n)
             for part in range(n):
                 r0 = min(rows, part * share)
-                u = (e * per_expert + chunk) * parts + part
+                u = (e * per_expert + j) * parts + part
                 nbytes = (min(rows, r0 + share) - r0) * int(p.transfer_bytes[x]) // rows
                 out.append((u, u % self.processors, int(x), nbytes))
         return sorted(out)
 
     def arrive(self, x: int) -> None:
-        """Transfer `x`'s signal has landed here: a subscriber warp turns its tile into tasks."""
-        t = int(self.plan.transfer_tile[x])
+        """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk. A dispatched
+        tile lands with its last chunk and its tasks are queued; a returned chunk is combined."""
+        p = self.plan
+        c, t = int(p.transfer_chunk[x]), int(p.transfer_tile[x])
         free, warp = heapq.heappop(self.subscribers)
         start = max(self.env.now, free)
         end = start + self.hw.subscriber_ns
         heapq.heappush(self.subscribers, (end, warp))
         self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end,
-                     int(self.plan.tile_expert[t]), t, int(self.plan.transfer_src[x]))
-        if int(self.plan.transfer_kind[x]) == DISPATCH and self.queue == "expert":
+                     int(p.tile_expert[t]), t, int(p.transfer_src[x]))
+        wake = end + self.hw.wake_ns - self.env.now
+        if int(p.transfer_kind[x]) == RETURN:
+            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_combine(c))
+            return
+        self.chunks_left[t] -= 1
+        if self.chunks_left[t]:
+            return
+        if self.queue == "expert":
             # the expert's tiles wait for its last, then go into the queue together
-            e = int(self.plan.tile_expert[t])
+            e = int(p.tile_expert[t])
             waiting = self.expert_waiting.setdefault(e, [])
             waiting.append(t)
             if len(waiting) < self.expert_tiles[e]:
                 return
-            self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(
-                lambda _: self.enqueue_expert(sorted(waiting)))
+            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_expert(sorted(waiting)))
         else:
-            kind = GEMM0 if int(self.plan.transfer_kind[x]) == DISPATCH else COMBINE
-            self.env.timeout(end + self.hw.wake_ns - self.env.now).callbacks.append(lambda _: self.enqueue(t, kind))
+            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue(t, GEMM0))
 
     def enqueue(self, t: int, kind: int) -> None:
-        """Hand tile `t`'s tasks of one phase to the scheduler."""
+        """Hand tile `t`'s tasks of one GEMM phase to the scheduler."""
         self.hand_out(kind, [(t, int(task)) for task in self.phases.tasks[t][kind]])
+
+    def enqueue_combine(self, c: int) -> None:
+        """Hand chunk `c`'s combine task to the scheduler."""
+        self.hand_out(COMBINE, [(c, int(self.phases.combine[c]))])
 
     def enqueue_expert(self, tiles: list[int]) -> None:
         """An expert's tiles' GEMM0 tasks, column block by column block (os.cuh enqueue_expert)."""
@@ -202,32 +232,40 @@ class FusedKernel:
                               for t, tasks in zip(tiles, per_tile) if c < len(tasks)])
 
     def hand_out(self, kind: int, order: list[tuple[int, int]]) -> None:
-        """Hand (tile, task) pairs of one phase to the scheduler in queue order; each tile goes on
-        when its last task ends."""
-        stores: dict[int, float] = {}
-        if kind == GEMM1:  # each task stores its share of the tile home (none across nodes: a NIC puts it)
-            for t in {t for t, _ in order}:
-                x = int(self.phases.transfer[t, RETURN])
-                stores[t] = costs.store_ns(self.hw, int(self.plan.transfer_link[x]),
-                                           int(self.plan.transfer_bytes[x]) / len(self.phases.tasks[t][kind]))
-        durations = [float(self.durations[task]) + stores.get(t, 0.0) for t, task in order]
+        """Hand (unit, task) pairs of one phase to the scheduler in queue order, a unit being a
+        tile (GEMM0, GEMM1) or a chunk (combine); each unit goes on when its last task ends."""
+        stores = {t: self.stores_ns(t) for t in dict.fromkeys(u for u, _ in order)} if kind == GEMM1 else {}
+        durations = [float(self.durations[task]) + stores.get(u, 0.0) for u, task in order]
         last: dict[int, float] = {}
-        for (t, _), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations)):
+        for (u, task), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations)):
+            t = int(self.plan.task_tile[task])
             self.rec.add(self.rank, self.node, lane, "processor", TASK_KINDS[kind], start, end,
                          int(self.plan.tile_expert[t]), t)
-            last[t] = max(last.get(t, end), end)
-        for t, end in last.items():
-            self.env.timeout(end - self.env.now).callbacks.append(lambda _, t=t: self.phase_done(t, kind))
+            last[u] = max(last.get(u, end), end)
+        for u, end in last.items():
+            self.env.timeout(end - self.env.now).callbacks.append(lambda _, u=u: self.phase_done(u, kind))
 
-    def phase_done(self, t: int, kind: int) -> None:
+    def stores_ns(self, t: int) -> float:
+        """A GEMM1 task's extra time to store its column block of each of tile `t`'s chunks into
+        the chunk's source (none across nodes: the tile's last task hands those to a NIC)."""
+        p, share = self.plan, len(self.phases.tasks[t][GEMM1])
+        total = 0.0
+        for c in self.phases.chunks(t):
+            x = int(self.phases.transfer[c, RETURN])
+            total += costs.store_ns(self.hw, int(p.transfer_link[x]), int(p.transfer_bytes[x]) / share)
+        return total
+
+    def phase_done(self, u: int, kind: int) -> None:
+        """Unit `u` (a tile, or a chunk for the combine) finished its phase `kind`."""
         self.phases_left -= 1
         if kind == GEMM0:
-            self.enqueue(t, GEMM1)
-        elif kind == GEMM1:
-            x = int(self.phases.transfer[t, RETURN])
-            self.send(x, stored=int(self.plan.transfer_link[x]) != NETWORK)
+            self.enqueue(u, GEMM1)
+        elif kind == GEMM1:  # every chunk goes home: stored by the tasks, or put through the NIC
+            for c in self.phases.chunks(u):
+                x = int(self.phases.transfer[c, RETURN])
+                self.send(x, stored=int(self.plan.transfer_link[x]) != NETWORK)
         else:
-            self.on_tile_done(t)
+            self.on_chunk_done(u)
         if not self.phases_left:
             self.final_combine(self.env.now + self.hw.stop_ns)
 

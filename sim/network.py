@@ -1,21 +1,24 @@
-"""How a tile moves between GPUs: local copies, NVLink puts, and the NIC path with its fence schemes.
+"""How a chunk moves between GPUs: local copies, NVLink puts, and the NIC path with its fence schemes.
+
+A chunk is the rows of one source rank in one tile (reference.plan): each goes to the tile's owner
+and back as a transfer of its own; trace rows name the chunk's tile.
 
 Inside a node a put-with-signal is one NVLink transfer: it shares the source GPU's NVLink port
 with the other puts in flight, then pays the NVLink latency; its flag lands with its data.
 Across nodes every GPU has a NIC (bandwidth shared by its writes in flight). A write lands at
 the peer one NIC latency after it leaves, and its completion comes back one latency later. The
-signal that tells the peer a tile has landed must not overtake the tile; the transports differ
+signal that tells the peer a chunk has landed must not overtake the chunk; the transports differ
 in how they guarantee that:
 
 - `ibgda`: the GPU posts the write and the signal to the NIC itself; the signal carries a fence
   flag, so the NIC sends it once the earlier writes to that peer have completed.
-- `ibrc`: a CPU proxy thread per GPU takes requests from a ring in host memory. For every tile
+- `ibrc`: a CPU proxy thread per GPU takes requests from a ring in host memory. For every chunk
   it posts the write, then fences (it blocks until all of its writes in flight have completed:
   the NIC pipeline drains), then posts the signal.
 - `decoupled` (Perseus): the proxy posts every write as its request comes; the signals are
-  batched per destination: once the last tile of a destination batch (this GPU's tiles for one
+  batched per destination: once the last chunk of a destination batch (this GPU's chunks for one
   peer in one phase, dispatch or return) is written, one fence and one signal cover them all.
-- `nic_order` (Perseus): per tile, the proxy posts the write and a signal with a fence flag; the
+- `nic_order` (Perseus): per chunk, the proxy posts the write and a signal with a fence flag; the
   NIC does the ordering and the proxy never blocks.
 - `perseus`: both: one flagged signal per destination batch, and the proxy never blocks.
 """
@@ -96,7 +99,7 @@ class Proxy:
         self.wake: simpy.Event | None = None
         plan = fabric.plan
         mine = np.flatnonzero((plan.transfer_src == nic.rank) & (plan.transfer_link == NETWORK))
-        # a destination batch: this GPU's tiles for one peer in one phase (dispatch or return)
+        # a destination batch: this GPU's chunks for one peer in one phase (dispatch or return)
         self.batch_size = Counter(zip(plan.transfer_dst[mine].tolist(), plan.transfer_kind[mine].tolist()))
         self.batches: dict[tuple[int, int], list[int]] = {}
         env.process(self.run())
@@ -125,7 +128,7 @@ class Proxy:
 
     def complete_batch(self, x: int, peer: int) -> list[int]:
         """The transfers whose signal is due once `x` is written: `x` alone, or with batching
-        the whole destination batch once its last tile is written (else none yet)."""
+        the whole destination batch once its last chunk is written (else none yet)."""
         if self.transport not in BATCHED:
             return [x]
         key = (peer, int(self.fabric.plan.transfer_kind[x]))

@@ -32,7 +32,7 @@ def configs(draw):
         bias=draw(st.booleans()), shared_experts=draw(st.integers(0, 1)),
         skew=draw(st.sampled_from([0.0, 0.0, 3.0])), seed=draw(st.integers(0, 2**32)),
         ranks=ranks, gpus_per_node=draw(st.sampled_from([1, 2, 8])) if ranks > 1 else 8,
-        tile_m=draw(st.sampled_from([4, 8, 32])), tile_n=tile_n, tile_k=tile_n)
+        tile_m=draw(st.sampled_from([4, 8, 32])), tile_n=tile_n, tile_k=tile_n, merge_sources=draw(st.booleans()))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

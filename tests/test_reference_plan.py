@@ -45,24 +45,53 @@ def test_sigmoid_bias_only_changes_selection():
     assert top.tolist() == [[0]] and w.tolist() == [[1.0]]
 
 
-@settings(max_examples=30, deadline=None)
+def chunk_positions(cfg, tp):
+    """Each chunk's first position in its expert's windows: source by source for a routed expert,
+    its own block alone for a shared one."""
+    routed = tp.tile_expert[tp.chunk_tile] < cfg.experts
+    return np.where(routed, tp.chunk_src * plan.source_stride(cfg), 0) + tp.chunk_slot0
+
+
+@settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["tiny", "tiny-nodrop", "tiny-deepseek"]), st.integers(0, 1000),
-       st.sampled_from([None, 0.3, 1.0]))
-def test_plan_invariants(name, seed, cf):
-    cfg = presets.get(name).replace(seed=seed, capacity_factor=cf)
+       st.sampled_from([None, 0.3, 1.0]), st.booleans(), st.sampled_from([8, 16, 32]))
+def test_plan_invariants(name, seed, cf, merge, tile_m):
+    cfg = presets.get(name).replace(seed=seed, capacity_factor=cf, merge_sources=merge, tile_m=tile_m)
     r = reference.route_config(cfg)
     tp = plan.build(cfg, r)
-    t, s = cfg.tokens, cfg.shared_experts
+    t, s, m = cfg.tokens, cfg.shared_experts, cfg.tile_m
+    n_tiles, n_chunks = tp.tile_expert.size, tp.chunk_src.size
     # every kept assignment is one row, no padding; shared experts see every token
     assert tp.row_token.size == r.kept.sum() + cfg.ranks * t * s
     assert np.array_equal(tp.send_counts[:, : cfg.experts], r.counts(cfg.experts))
     if cfg.capacity is not None:
         assert tp.send_counts[:, : cfg.experts].max() <= cfg.capacity
-    # tiles cover each block's rows exactly once, at most tile_m rows each
+    # chunks cover every row exactly once, each a run of one block's slots from its first on
     covered = np.zeros(tp.row_token.size, int)
-    for row0, rows in zip(tp.tile_row0, tp.tile_rows):
-        covered[row0: row0 + rows] += 1
-    assert np.all(covered == 1) and tp.tile_rows.max() <= cfg.tile_m and tp.tile_rows.min() >= 1
+    for c in range(n_chunks):
+        rows = tp.chunk_row_slice(c)
+        covered[rows] += 1
+        block = tp.block_rows(int(tp.chunk_src[c]), int(tp.tile_expert[tp.chunk_tile[c]]))
+        assert block.start <= rows.start and rows.stop <= block.stop
+    assert np.all(covered == 1) and tp.chunk_rows.min() >= 1
+    # chunks are tile-major, in source order within a tile; one chunk per (tile, source)
+    assert np.all(np.diff(tp.chunk_tile) >= 0) and np.array_equal(np.unique(tp.chunk_tile), np.arange(n_tiles))
+    same = tp.chunk_tile[1:] == tp.chunk_tile[:-1]
+    assert np.all(tp.chunk_src[1:][same] > tp.chunk_src[:-1][same])
+    # a chunk's rows lie in its tile's window; the tile computes from the window's start to its last row
+    pos = chunk_positions(cfg, tp)
+    w0 = tp.tile_window[tp.chunk_tile].astype(np.int64) * m
+    assert np.all(pos >= w0) and np.all(pos + tp.chunk_rows <= w0 + m)
+    end = np.zeros(n_tiles, np.int64)
+    np.maximum.at(end, tp.chunk_tile, pos + tp.chunk_rows - w0)
+    assert np.array_equal(tp.tile_rows, end) and tp.tile_rows.max() <= m
+    # tiles of one expert are distinct windows; a block is cut into at most chunk_slots chunks
+    assert np.unique(np.c_[tp.tile_expert, tp.tile_owner, tp.tile_window], axis=0).shape[0] == n_tiles
+    routed_chunk = tp.tile_expert[tp.chunk_tile] < cfg.experts
+    per_block = np.bincount(tp.chunk_src[routed_chunk] * cfg.experts + tp.tile_expert[tp.chunk_tile[routed_chunk]])
+    assert per_block.max(initial=0) <= plan.chunk_slots(cfg)
+    if not merge or cfg.ranks == 1:  # each (source, expert) block has tiles of its own
+        assert np.array_equal(tp.chunk_tile, np.arange(n_tiles)) and np.all(tp.chunk_slot0 % m == 0)
     # rows of a (src, expert) block are in slot order and name that block's tokens
     for src in range(cfg.ranks):
         for e in range(cfg.experts):
@@ -70,24 +99,60 @@ def test_plan_invariants(name, seed, cf):
             tt, jj = tp.row_token[rows], tp.row_choice[rows]
             assert np.all(r.expert[src, tt, jj] == e)
             assert r.slot[src, tt, jj].tolist() == list(range(len(tt)))
-    # owners follow contiguous placement; shared experts stay home
+    # owners follow contiguous placement; shared experts stay home, their tiles of one source
     routed = tp.tile_expert < cfg.experts
     assert np.array_equal(tp.tile_owner[routed], tp.tile_expert[routed] // cfg.local_experts)
-    assert np.array_equal(tp.tile_owner[~routed], tp.tile_src[~routed])
-    # tasks: per tile I/bN GEMM0, H/bN GEMM1, one combine at home; columns tile the width
-    per_tile = np.bincount(tp.task_tile, minlength=tp.tile_src.size)
-    assert np.all(per_tile == cfg.ffn // cfg.tile_n + cfg.hidden // cfg.tile_n + 1)
+    assert np.array_equal(tp.chunk_src[~routed_chunk], tp.tile_owner[tp.chunk_tile[~routed_chunk]])
+    # tasks: per tile I/bN GEMM0, H/bN GEMM1 at the owner, one combine per chunk at its source
+    chunks_of = np.bincount(tp.chunk_tile, minlength=n_tiles)
+    per_tile = np.bincount(tp.task_tile, minlength=n_tiles)
+    assert np.array_equal(per_tile, cfg.ffn // cfg.tile_n + cfg.hidden // cfg.tile_n + chunks_of)
     for kind, width in ((GEMM0, cfg.ffn), (GEMM1, cfg.hidden)):
         sel = tp.task_kind == kind
-        assert tp.task_cols[sel].sum() == width * tp.tile_src.size
+        assert tp.task_cols[sel].sum() == width * n_tiles and np.all(tp.task_chunk[sel] == -1)
         assert np.array_equal(tp.task_rank[sel], tp.tile_owner[tp.task_tile[sel]])
     comb = tp.task_kind == COMBINE
-    assert np.array_equal(tp.task_rank[comb], tp.tile_src[tp.task_tile[comb]])
-    # transfers: one dispatch out and one return per tile, bytes = rows x H x dtype
-    for kind, a, b in ((DISPATCH, tp.tile_src, tp.tile_owner), (RETURN, tp.tile_owner, tp.tile_src)):
+    assert np.array_equal(tp.task_chunk[comb], np.arange(n_chunks))
+    assert np.array_equal(tp.task_rank[comb], tp.chunk_src) and np.array_equal(tp.task_tile[comb], tp.chunk_tile)
+    # transfers: one dispatch out and one return per chunk, bytes = rows x H x dtype
+    for kind, a, b in ((DISPATCH, tp.chunk_src, tp.tile_owner[tp.chunk_tile]),
+                       (RETURN, tp.tile_owner[tp.chunk_tile], tp.chunk_src)):
         sel = tp.transfer_kind == kind
+        assert np.array_equal(tp.transfer_chunk[sel], np.arange(n_chunks))
+        assert np.array_equal(tp.transfer_tile[sel], tp.chunk_tile)
         assert np.array_equal(tp.transfer_src[sel], a) and np.array_equal(tp.transfer_dst[sel], b)
-        assert tp.transfer_bytes[sel].sum() == tp.tile_rows.sum() * cfg.hidden * cfg.dtype_bytes
+        assert np.array_equal(tp.transfer_bytes[sel], tp.chunk_rows.astype(np.int64) * cfg.hidden * cfg.dtype_bytes)
+
+
+@pytest.mark.parametrize("changes", [dict(ranks=2, merge_sources=False), dict(ranks=1, merge_sources=True),
+                                     dict(ranks=2, merge_sources=True, tokens=128, capacity_factor=1.0)])
+def test_tiles_of_one_source(changes):
+    """Without merging, on one rank, or with C a multiple of tile_m (here 128 x 4 / 16 = 32 slots), a
+    tile is one chunk: up to tile_m rows of one (source, expert) block, from a whole tile's slot on."""
+    cfg = presets.get("tiny-deepseek").replace(**changes)
+    assert not cfg.merge_sources or cfg.ranks == 1 or cfg.slots % cfg.tile_m == 0
+    tp = reference.plan_of(cfg)
+    assert np.array_equal(tp.chunk_tile, np.arange(tp.tile_expert.size))
+    counts = tp.send_counts[tp.chunk_src, tp.tile_expert]
+    assert np.all(tp.chunk_slot0 % cfg.tile_m == 0)
+    assert np.array_equal(tp.chunk_rows, np.minimum(cfg.tile_m, counts - tp.chunk_slot0))
+    assert np.array_equal(tp.tile_rows, tp.chunk_rows)
+
+
+def test_merged_sources_share_tiles():
+    """Two GPUs, 1024 tokens of the FlashMoE layer: C = 32 slots per (source, expert), under a tile
+    of 128 rows. Merged, an expert's rows from both sources fill one tile (two chunks); apart,
+    each source's take a tile of their own: twice the tiles, the same rows and bytes moved."""
+    cfg = presets.get("flashmoe").replace(ranks=2, tokens=1024)
+    assert cfg.slots == 32 < cfg.tile_m
+    merged, apart = (reference.plan_of(cfg.replace(merge_sources=m)) for m in (True, False))
+    assert 2 * merged.tile_expert.size == apart.tile_expert.size == 2 * cfg.experts
+    assert merged.chunk_src.size == apart.chunk_src.size == apart.tile_expert.size
+    assert np.all(np.bincount(merged.chunk_tile) == 2)
+    assert np.array_equal(merged.tile_rows, 32 + merged.chunk_rows[1::2])  # the second source's rows start at C
+    for key in ("rows", "chunks", "combine_tasks", "bytes_local", "bytes_nvlink"):
+        assert merged.summary()[key] == apart.summary()[key]
+    assert merged.summary()["gemm0_tasks"] * 2 == apart.summary()["gemm0_tasks"]
 
 
 def test_link_classes_and_flops():

@@ -61,7 +61,7 @@ def test_signals_never_precede_their_data(run):
     _, plan, trace = run
     puts = trace.select((trace["kind"] == KIND["put"]) & np.isin(trace["role"], [ROLE["link"], ROLE["nic"]]))
     subs = trace.where("subscriber")
-    assert len(subs) == 2 * plan.tile_src.size  # each tile is signalled at its owner and back home
+    assert len(subs) == 2 * plan.chunk_src.size  # each chunk is signalled at its owner and back home
     landed, seen = defaultdict(list), defaultdict(list)
     for t, s, d, e in zip(puts["tile"], puts["rank"], puts["peer"], puts["end"]):
         landed[int(t), int(s), int(d)].append(float(e))
@@ -86,8 +86,9 @@ def _npz_bytes(trace) -> bytes:
 
 
 @pytest.mark.parametrize("baseline", [False, True])
-def test_same_inputs_same_trace_bytes(tmp_path, baseline):
-    cfg = presets.get("tiny-nodrop")
+@pytest.mark.parametrize("name", ["tiny-nodrop", "tiny-deepseek"])  # tiles of one source; of several
+def test_same_inputs_same_trace_bytes(tmp_path, baseline, name):
+    cfg = sim.with_nodes(presets.get(name), 2)
     a = sim.simulate(cfg, transport="decoupled", baseline=baseline).trace
     b = sim.simulate(cfg, transport="decoupled", baseline=baseline).trace
     a.save(tmp_path / "a.npz")

@@ -1,6 +1,6 @@
-"""The simulated dispatch follows the kernel's two paths: "store" gathers a tile's rows straight
-into the owner's inbox, shared by up to 4 processors when the tile slots are fewer than the
-processors (this GPU and NVLink peers only), "put" packs and puts each tile from one block."""
+"""The simulated dispatch follows the kernel's two paths: "store" gathers a chunk's rows straight
+into the owner's inbox, shared by up to 4 processors when the dispatch slots are fewer than the
+processors (this GPU and NVLink peers only), "put" packs and puts each chunk from one block."""
 
 import numpy as np
 import pytest
@@ -21,7 +21,7 @@ def shares_of(trace, rank):
 
 
 @pytest.mark.parametrize("ranks,nodes", [(1, 1), (2, 1), (4, 2)])
-def test_every_tile_is_moved_whole_by_its_shares(ranks, nodes):
+def test_every_chunk_is_moved_whole_by_its_shares(ranks, nodes):
     cfg = sim.with_nodes(presets.get("flashmoe").replace(ranks=ranks, tokens=2048, seed=int(np.random.randint(1e6))),
                          nodes)
     plan = reference.plan_of(cfg)
@@ -30,8 +30,8 @@ def test_every_tile_is_moved_whole_by_its_shares(ranks, nodes):
     for path in costs.DISPATCH_PATHS:
         d = shares_of(sim.simulate(cfg, HW, dispatch=path, plan=plan).trace, None)
         for x in np.flatnonzero(plan.transfer_kind == DISPATCH):
-            t = plan.transfer_tile[x]
-            mine = (d["tile"] == t) & (d["rank"] == plan.transfer_src[x])
+            # a tile holds one chunk of each source at most: (tile, source) names the chunk
+            mine = (d["tile"] == plan.transfer_tile[x]) & (d["rank"] == plan.transfer_src[x])
             n = parts if path == "store" and plan.transfer_link[x] != NETWORK else 1
             assert mine.sum() == n and d["bytes"][mine].sum() == plan.transfer_bytes[x]
             assert np.unique(d["lane"][mine]).size == n  # each share on its own processor
@@ -46,17 +46,23 @@ def test_stored_shares_end_the_dispatch_sooner():
     assert ends["store"] < ends["put"]
 
 
-def test_shares_go_to_processors_in_the_kernels_order():
-    # share u of tile slot (expert, chunk) = slot x parts + part, processor u mod processors
-    cfg = presets.get("flashmoe").replace(tokens=1024)
-    d = shares_of(sim.simulate(cfg, HW).trace, 0)
+@pytest.mark.parametrize("merge", [True, False])
+def test_shares_go_to_processors_in_the_kernels_order(merge):
+    # share u of dispatch slot (expert, j) = slot x parts + part, processor u mod processors, j the
+    # chunk's place in its block: its tile's window less the window of the block's first slot
+    cfg = presets.get("flashmoe").replace(tokens=1536, merge_sources=merge)  # C = 48: merged blocks straddle tiles
+    d = shares_of(sim.simulate(cfg, HW).trace, None)
     plan = reference.plan_of(cfg)
     parts, per_expert = costs.dispatch_parts(cfg, HW.processors, "store"), costs.dispatch_slots(cfg) // cfg.experts
-    for t in np.unique(d["tile"]):
-        e = plan.tile_expert[t]
-        chunk = (plan.tile_row0[t] - plan.block_offsets[e]) // cfg.tile_m
-        want = [((e * per_expert + chunk) * parts + part) % HW.processors for part in range(parts)]
-        assert sorted(d["lane"][d["tile"] == t]) == sorted(want)
+    assert per_expert == (2 if merge else 1) and parts > 1
+    stride = reference.plan.source_stride(cfg)
+    places = set()
+    for src, t in zip(plan.chunk_src, plan.chunk_tile):
+        e, j = plan.tile_expert[t], plan.tile_window[t] - src * stride // cfg.tile_m
+        places.add(int(j))
+        want = [((e * per_expert + j) * parts + part) % HW.processors for part in range(parts)]
+        assert sorted(d["lane"][(d["tile"] == t) & (d["rank"] == src)]) == sorted(want)
+    assert places == ({0, 1} if merge else {0})
 
 
 def test_a_blocks_later_shares_run_beside_the_other_blocks_later_shares():
