@@ -106,6 +106,9 @@ def check_supported(cfg: Config) -> None:
         raise UnsupportedConfig("tile_n", cfg.tile_n, "a multiple of 8 (8 column groups of threads)")
     if cfg.tile_k % 4:
         raise UnsupportedConfig("tile_k", cfg.tile_k, "a multiple of 4 (16-byte loads)")
+    if cfg.ranks * plan.source_stride(cfg) + cfg.tile_m >= 2**30:
+        raise UnsupportedConfig("tokens", cfg.tokens, f"fewer: a local expert's {cfg.ranks} x "
+                                f"{plan.source_stride(cfg)} slot positions must stay below 2**30 (kernels/tiles.cuh)")
     if cfg.merge_sources and tile_sources(cfg) > MAX_TILE_SOURCES:
         raise UnsupportedConfig("merge_sources", cfg.merge_sources, f"false here: with {cfg.slots} slots per "
                                 f"source, a tile of {cfg.tile_m} rows would span {tile_sources(cfg)} source ranks, "

@@ -266,8 +266,9 @@ class Layer:
                 b[name] = self._work32[at: at + n]
                 at += n
         self.buffers = b
-        sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride, rank=session.rank,
-                     gate_kind=layout.GATES.index(cfg.gate), act_kind=layout.ACTIVATIONS.index(cfg.activation),
+        sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride,
+                     rank=session.rank, gate_kind=layout.GATES.index(cfg.gate),
+                     act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(self.direct_stores),
                      gate_splits=splits)

@@ -177,8 +177,8 @@ def test_param_fields_match_the_struct():
     fields = layout.param_fields()
     assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
     assert len(fields) == len(set(fields))
-    sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc", "queue_cap",
-             "tlog_cap", "timeout_ns", "direct_stores", "gate_splits"}
+    sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc",
+             "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "gate_splits"}
     assert sizes <= set(fields)
 
 
@@ -223,7 +223,8 @@ def test_simulated_dispatch_shares_are_the_kernels():
     text = (layout.KERNEL_DIR / "processor.cuh").read_text()
     assert int(re.search(r"constexpr int DISPATCH_MAX_PARTS = (\d+);", text)[1]) == costs.DISPATCH_MAX_PARTS
     for cfg in (presets.get("flashmoe"), presets.get("tiny"), presets.get("tiny-nodrop"),
-                presets.get("tiny").replace(merge_sources=False), presets.get("flashmoe").replace(tokens=1024, experts=128)):
+                presets.get("tiny").replace(merge_sources=False),
+                presets.get("flashmoe").replace(tokens=1024, experts=128)):
         s = layout.Sizes.of(cfg)
         assert costs.dispatch_slots(cfg) == s.E * s.CH
         assert costs.dispatch_parts(cfg, 263, "store") == max(1, min(263 // (s.E * s.CH), costs.DISPATCH_MAX_PARTS))
@@ -261,7 +262,8 @@ def test_error_record_decoding():
     words = np.array([1, 1, 263, 32, 3, 0, 5, 1, 0, 7, 5_000_000_000], np.int64)
     rec = errors.decode(words)
     assert rec["what"] == "tile" and rec["rank"] == 1 and rec["block"] == 263
-    with pytest.raises(errors.KernelTimeout, match=r"rank 1 block 263 .* tile 1 of source rank 0, local expert 5"):
+    waited = r"rank 1 block 263 .* tile window 1 of local expert 5 to land \(0 of its 7 chunks"
+    with pytest.raises(errors.KernelTimeout, match=waited):
         errors.raise_if_error(words)
     bad = words.copy()
     bad[4] = 7

@@ -54,7 +54,7 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
 #endif
   // GEMM1's rows all go to `out`, as to one source whose slots span every position
   __shared__ elem_t* out_rows[1];
-  constexpr long long ONE_SOURCE = 1LL << 62;
+  constexpr int ONE_SOURCE = 1 << 30;
   if (threadIdx.x == 0) out_rows[0] = out;
   __syncthreads();
   const uint64_t t0 = now_ns();
@@ -62,8 +62,8 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     long long s0;
     int le, col0;
     task_of(j, &s0, &le, &col0);
-    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0, SourceRows{out_rows, s0, ONE_SOURCE, 0, N},
-                                      smem_raw);
+    gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0,
+                                      [&] { return SourceRows{out_rows, (int)s0, ONE_SOURCE, 0, N}; }, smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
 #if MOE_BF16

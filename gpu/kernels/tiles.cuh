@@ -13,30 +13,32 @@ struct Chunk {
   __device__ bool empty() const { return a >= b; }
 };
 
+// Positions are ints (gpu/layout.py checks P x stride fits one): a 64-bit division is a called
+// subroutine, and a call in the bf16 task's function (gemm_task) makes ptxas serialize its wgmmas.
 template <int BM>
 __device__ __forceinline__ int first_window(const Params& p, int s) {
-  return (int)(s * p.stride / BM);
+  return s * (int)p.stride / BM;
 }
 
 template <int BM>
 __device__ __forceinline__ Chunk chunk_in(const Params& p, int s, int n, int w) {
-  const long long base = s * p.stride, lo = (long long)w * BM - base;
-  return {(int)max(lo, 0LL), (int)min(lo + BM, (long long)n)};
+  const int lo = w * BM - s * (int)p.stride;
+  return {max(lo, 0), min(lo + BM, n)};
 }
 
 // The sources whose slots window w touches: s_first .. s_last
 template <int BM>
 __device__ __forceinline__ int window_first_source(const Params& p, int w) {
-  return (int)((long long)w * BM / p.stride);
+  return w * BM / (int)p.stride;
 }
 template <int BM>
 __device__ __forceinline__ int window_last_source(const Params& p, int w) {
-  return (int)min(p.P - 1, ((long long)w * BM + BM - 1) / p.stride);
+  return min((int)p.P - 1, (w * BM + BM - 1) / (int)p.stride);
 }
 
 // The first row of window w of local expert le in inbox, hidden and outbuf
 template <int BM>
 __device__ __forceinline__ long long window_row(const Params& p, int le, int w) {
-  const long long pos = (long long)w * BM, s = pos / p.stride;
-  return ((long long)le * p.P + s) * p.C + pos % p.stride;
+  const int pos = w * BM, stride = (int)p.stride;
+  return ((long long)le * p.P + pos / stride) * p.C + pos % stride;
 }
