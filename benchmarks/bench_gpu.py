@@ -163,7 +163,7 @@ def main() -> int:
     ap.add_argument("--points", default="sweep", choices=["default", "sweep", "tiles"])
     ap.add_argument("--out", default="artifacts/gpu")
     ap.add_argument("--timeout", type=float, default=560.0, help="wall-clock limit per GPU count, seconds")
-    ap.add_argument("--prefix", default="", help="prefix of the trace files' names (e.g. h200x2-)")
+    ap.add_argument("--prefix", default="", help="prefix of the trace files' names (e.g. h200x4-)")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(PRECISIONS),
                     help="kernels to bench (and, with bfloat16 or tf32, to check)")
     ap.add_argument("--untraced", nargs="*", default=[], choices=list(PRECISIONS),
