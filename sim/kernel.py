@@ -15,7 +15,8 @@ tiles into tasks for the scheduler warp, which hands them to processor blocks in
   its tiles' tasks, column block by column block, the tasks reading one weight slice side by side;
 - the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
 - each GEMM1 task stores its column block of every chunk straight into the chunk's source rank
-  (its GPU or an NVLink peer; the stores' time over NVLink is added to every task) and counts
+  (its GPU or an NVLink peer; the stores' time over NVLink is added to every task, and its bytes
+  for the peers pass this GPU's NVLink port behind those of the tasks before it) and counts
   itself in there; a chunk is back when the last one's count lands. Across nodes there is no
   such path: the one finishing the tile's last GEMM1 puts each chunk, through the NIC;
 - a returned chunk arrives at its source: one combine task, and the chunk is done;
@@ -42,7 +43,7 @@ import numpy as np
 import simpy
 
 from reference import Config, TilePlan
-from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, RETURN, TASK_KINDS, chunk_slots
+from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK, RETURN, TASK_KINDS, chunk_slots
 
 from . import costs
 from .hardware import Hardware
@@ -61,14 +62,16 @@ class Scheduler:
         self.turn = 0.0  # when the scheduler can hand out its next task
         heapq.heapify(self.free)
 
-    def assign(self, now: float, durations) -> list[tuple[int, float, float]]:
-        """(lane, start, end) of tasks enqueued at `now`, in queue order."""
+    def assign(self, now: float, durations, finish: Callable[[int, float], float] | None = None
+               ) -> list[tuple[int, float, float]]:
+        """(lane, start, end) of tasks enqueued at `now`, in queue order; `finish(i, end)`, where
+        given, moves task i's end later (what it waits for once its own work is done)."""
         out = []
-        for d in durations:
+        for i, d in enumerate(durations):
             t, lane = heapq.heappop(self.free)
             start = max(now, t, self.turn)
             self.turn = max(now, self.turn) + self.assign_ns
-            end = start + d
+            end = start + d if finish is None else finish(i, start + d)
             heapq.heappush(self.free, (end + self.handoff, lane))
             out.append((lane, start, end))
         return out
@@ -115,6 +118,7 @@ class FusedKernel:
         self.processors = hw.processors
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
         self.scheduler: Scheduler | None = None
+        self.port_free = 0.0  # when this GPU's NVLink port has sent the GEMM1 stores queued so far
         mine = np.flatnonzero(plan.tile_owner == rank)
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
         # of each chunk of its tokens; at zero the final combine starts
@@ -236,8 +240,12 @@ class FusedKernel:
         tile (GEMM0, GEMM1) or a chunk (combine); each unit goes on when its last task ends."""
         stores = {t: self.stores_ns(t) for t in dict.fromkeys(u for u, _ in order)} if kind == GEMM1 else {}
         durations = [float(self.durations[task]) + stores.get(u, 0.0) for u, task in order]
+        finish = None
+        if kind == GEMM1:
+            over_port = [self.peer_bytes(u) for u, _ in order]
+            finish = lambda i, end: self.through_port(end, over_port[i])  # noqa: E731
         last: dict[int, float] = {}
-        for (u, task), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations)):
+        for (u, task), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations, finish)):
             t = int(self.plan.task_tile[task])
             self.rec.add(self.rank, self.node, lane, "processor", TASK_KINDS[kind], start, end,
                          int(self.plan.tile_expert[t]), t)
@@ -254,6 +262,22 @@ class FusedKernel:
             x = int(self.phases.transfer[c, RETURN])
             total += costs.store_ns(self.hw, int(p.transfer_link[x]), int(p.transfer_bytes[x]) / share)
         return total
+
+    def peer_bytes(self, t: int) -> float:
+        """The bytes a GEMM1 task of tile `t` stores into NVLink peers: its column block of each
+        chunk whose source is one."""
+        p, share = self.plan, len(self.phases.tasks[t][GEMM1])
+        xs = [int(self.phases.transfer[c, RETURN]) for c in self.phases.chunks(t)]
+        return sum(int(p.transfer_bytes[x]) / share for x in xs if int(p.transfer_link[x]) == NVLINK)
+
+    def through_port(self, end: float, nbytes: float) -> float:
+        """When a GEMM1 task whose own work ends at `end` is done, its `nbytes` for the peers having
+        gone through this GPU's NVLink port behind those of the tasks before it: a wave of tasks
+        ending together queues there (four H200s, 1K tokens: 131 tasks' 48 KiB each, 17 us)."""
+        if not nbytes:
+            return end
+        self.port_free = max(self.port_free, end - nbytes / self.hw.nvlink_gbps) + nbytes / self.hw.nvlink_gbps
+        return max(end, self.port_free)
 
     def phase_done(self, u: int, kind: int) -> None:
         """Unit `u` (a tile, or a chunk for the combine) finished its phase `kind`."""
