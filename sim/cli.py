@@ -111,8 +111,9 @@ def register(sub) -> None:
                    help="how tiles cross nodes (default: ibgda)")
     p.add_argument("--dispatch", default="store", choices=DISPATCH_PATHS,
                    help="how the fused kernel moves dispatched rows: stored straight into the owner's memory by "
-                        "up to 4 blocks a tile where a block can reach it (the kernel's default), or packed and put "
-                        "by one block a tile (the kernel's put path)")
+                        "up to 4 blocks a tile where a block can reach it (the kernel's default), packed and put "
+                        "by one block a tile (the kernel's put path), or staged: the peers' chunks stored by 32 "
+                        "blocks one after another, local expert by local expert (measured once, not in the kernel)")
     p.add_argument("--queue", choices=QUEUE_POLICIES,
                    help="when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
                         "the last has landed (expert), or as it lands (tile); default: as the kernel build of the "

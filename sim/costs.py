@@ -43,7 +43,12 @@ from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
 GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one item's H is split over
-DISPATCH_PATHS = ("store", "put")  # how dispatched rows move (processor.cuh dispatch_tile; gpu Layer direct_stores)
+# how dispatched rows move (processor.cuh dispatch_chunk; gpu Layer direct_stores); "staged" is a design
+# measured once and not in the kernel yet (measurements/gpu/h200x4-experiments-staged-dispatch-*.json):
+# stored as "store" does, the peers' chunks by STAGED_BLOCKS blocks one after another, local expert
+# by local expert, the other blocks storing their own GPU's chunks
+DISPATCH_PATHS = ("store", "put", "staged")
+STAGED_BLOCKS = 32
 # when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles, from every
 # source, once the last has landed (os.cuh enqueue_expert), or as it lands (queue_policy)
 QUEUE_POLICIES = ("expert", "tile")
@@ -281,14 +286,15 @@ def pack_ns(hw: Hardware, nbytes: float, link: int, inflight: float | None = Non
 
 def stores_dispatch(path: str, link: int) -> bool:
     """Whether the kernel stores a dispatched tile's rows straight into the owner's inbox (path
-    "store", to this GPU or an NVLink peer: nvshmem_ptr reaches it) rather than packing and putting it."""
-    return path == "store" and link in (LOCAL, NVLINK)
+    "store" or "staged", to this GPU or an NVLink peer: nvshmem_ptr reaches it) rather than packing
+    and putting it."""
+    return path in ("store", "staged") and link in (LOCAL, NVLINK)
 
 
 def dispatch_parts(cfg: Config, processors: int, path: str) -> int:
     """Processors sharing each stored chunk (processor.cuh dispatch_parts): as many as leave every
     processor a share when the dispatch slots (dispatch_slots) are fewer, at most
-    DISPATCH_MAX_PARTS; 1 on the put path."""
+    DISPATCH_MAX_PARTS; 1 on the put path and the staged one."""
     if path != "store":
         return 1
     return max(1, min(processors // dispatch_slots(cfg), DISPATCH_MAX_PARTS))

@@ -173,6 +173,8 @@ class FusedKernel:
         GPU's block in window order; it numbers the shares of slot (expert, j) slot x parts + part
         and gives share u to processor u mod processors; a chunk it packs and puts is one block's."""
         p, cfg = self.plan, self.cfg
+        if self.dispatch == "staged" and cfg.ranks > 1:
+            return self.staged_shares()
         parts = costs.dispatch_parts(cfg, self.processors, self.dispatch)
         per_expert = chunk_slots(cfg)
         taken: dict[int, int] = {}  # chunks of each expert's block met so far
@@ -191,6 +193,27 @@ class FusedKernel:
                 nbytes = (min(rows, r0 + share) - r0) * int(p.transfer_bytes[x]) // rows
                 out.append((u, u % self.processors, int(x), nbytes))
         return sorted(out)
+
+    def staged_shares(self) -> list[tuple[int, int, int, int]]:
+        """The staged dispatch's shares (costs.DISPATCH_PATHS), one per chunk: the peers' chunks
+        ordered by local expert, then peer (rank + 1, rank + 2, ...: the senders stagger their
+        owners), then window, go to processors 0..R-1 in turn; this GPU's own chunks, by expert and
+        window, to the other processors in turn."""
+        p, cfg = self.plan, self.cfg
+        r = min(costs.STAGED_BLOCKS, self.processors - 1)
+        mine = np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank))
+        e = p.tile_expert[p.chunk_tile[p.transfer_chunk[mine]]].astype(np.int64)
+        dst = p.transfer_dst[mine].astype(np.int64)
+        peer_rank = (dst - self.rank) % cfg.ranks  # 0: this GPU, 1: the next, ...
+        order = np.lexsort((p.transfer_chunk[mine], peer_rank, e % cfg.local_experts, peer_rank == 0))
+        out = []
+        remote = [int(x) for x in mine[order] if p.transfer_dst[x] != self.rank]
+        local = [int(x) for x in mine[order] if p.transfer_dst[x] == self.rank]
+        for i, x in enumerate(remote):
+            out.append((i, i % r, x, int(p.transfer_bytes[x])))
+        for i, x in enumerate(local):
+            out.append((len(remote) + i, r + i % (self.processors - r), x, int(p.transfer_bytes[x])))
+        return out
 
     def arrive(self, x: int) -> None:
         """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk. A dispatched
