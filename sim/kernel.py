@@ -5,7 +5,9 @@ owner, made of chunks, each the rows of one source rank. Every block runs the ga
 processor blocks move this GPU's outgoing chunks: on the kernel's "store" path each chunk for
 this GPU or an NVLink peer is gathered straight into the owner's inbox by up to 4 blocks (all
 processors busy when the dispatch slots are fewer) and the last one signals; a chunk across
-nodes, or every chunk on the "put" path, is packed by one block and put with its signal. Then
+nodes, or every chunk on the "put" path, is packed by one block and put with its signal (the
+"staged" path, a design measured once, stores the peers' chunks from 32 blocks one after another,
+local expert by local expert: `staged_shares`). Then
 the OS block's subscriber warps watch the arrival flags (one signal per chunk) and turn landed
 tiles into tasks for the scheduler warp, which hands them to processor blocks in queue order:
 
