@@ -99,15 +99,12 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
     k_all = cfg.top_k + cfg.shared_experts
     # each home rank keeps one float32/64 row per (token, choice): the combine target
     combine_buf = np.zeros((cfg.ranks, cfg.tokens, k_all, cfg.hidden), dt)
-    n_tiles = plan.tile_expert.size
-    task_lo = np.searchsorted(plan.task_tile, np.arange(n_tiles + 1))
-    chunk_lo = np.searchsorted(plan.chunk_tile, np.arange(n_tiles + 1))  # chunks are tile-major
+    task_lo = np.searchsorted(plan.task_tile, np.arange(plan.tile_expert.size + 1))
     for owner in range(cfg.ranks):
         cache: dict[int, tuple] = {}
         for tile in np.nonzero(plan.tile_owner == owner)[0]:
             e = int(plan.tile_expert[tile])
-            chunks = [(int(plan.chunk_src[c]), plan.chunk_row_slice(c))
-                      for c in range(chunk_lo[tile], chunk_lo[tile + 1])]
+            chunks = [(int(plan.chunk_src[c]), plan.chunk_row_slice(c)) for c in plan.tile_chunks(tile)]
             # dispatch: each chunk's token rows come from its source rank into the tile's rows
             a = np.concatenate([x[src, plan.row_token[rows]] for src, rows in chunks])
             if e not in cache:

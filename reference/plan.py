@@ -27,6 +27,7 @@ neither derives routing on its own. Everything is a plain NumPy array:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -86,6 +87,14 @@ class TilePlan:
         b = src * self.n_experts + expert
         return slice(int(self.block_offsets[b]), int(self.block_offsets[b + 1]))
 
+    @cached_property
+    def chunk_lo(self) -> np.ndarray:
+        """Chunks are tile-major: tile t's are chunk_lo[t]:chunk_lo[t + 1]."""
+        return np.searchsorted(self.chunk_tile, np.arange(self.tile_expert.size + 1))
+
+    def tile_chunks(self, tile: int) -> range:
+        return range(int(self.chunk_lo[tile]), int(self.chunk_lo[tile + 1]))
+
     def chunk_row_slice(self, chunk: int) -> slice:
         """The chunk's rows in the row arrays (row_token, row_choice, row_weight)."""
         b = int(self.chunk_src[chunk]) * self.n_experts + int(self.tile_expert[self.chunk_tile[chunk]])
@@ -134,6 +143,11 @@ def _blocks(cfg: Config, routing: Routing):
     return offsets, token, choice, weight
 
 
+def _within(sizes: np.ndarray) -> np.ndarray:
+    """0, 1, .., n - 1 for each group of n in `sizes`, concatenated: an item's place in its group."""
+    return np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+
+
 def source_stride(cfg: Config) -> int:
     """Positions between two sources' slots in a routed expert's tile windows: C merged, else C
     rounded up to whole tiles (each source's rows in tiles of their own)."""
@@ -171,8 +185,7 @@ def windows(cfg: Config, send_counts: np.ndarray):
     c_src = np.repeat(src, per_block)
     c_exp = np.repeat(exp, per_block)
     c_start, c_n = np.repeat(start, per_block), np.repeat(n, per_block)
-    c_win = np.repeat(first, per_block) + np.arange(per_block.sum()) - np.repeat(
-        np.cumsum(per_block) - per_block, per_block)
+    c_win = np.repeat(first, per_block) + _within(per_block)
     lo = np.maximum(c_win * m, c_start)
     hi = np.minimum((c_win + 1) * m, c_start + c_n)
     c_slot0, c_rows = lo - c_start, hi - lo
@@ -210,7 +223,7 @@ def build(cfg: Config, routing: Routing) -> TilePlan:
     chunks_of = np.bincount(c_tile, minlength=n_tiles)
     per_tile = n0 + n1 + chunks_of
     task_tile = np.repeat(np.arange(n_tiles, dtype=np.int32), per_tile)
-    at = np.arange(task_tile.size) - np.repeat(np.cumsum(per_tile) - per_tile, per_tile)
+    at = _within(per_tile)
     kind = np.select([at < n0, at < n0 + n1], [GEMM0, GEMM1], COMBINE).astype(np.int8)
     col0 = (np.where(at < n0, at, at - n0) * cfg.tile_n * (kind != COMBINE)).astype(np.int32)
     cols = np.where(kind == COMBINE, cfg.hidden, cfg.tile_n).astype(np.int32)

@@ -96,9 +96,7 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     tile's tasks of that kind run at once; 0 for a combine task."""
     kind, tile = plan.task_kind, plan.task_tile
     experts = cfg.experts + cfg.shared_experts
-    # chunks are tile-major: a tile's last is the one before the next tile's first
-    last_chunk = np.searchsorted(plan.chunk_tile, np.arange(plan.tile_expert.size), side="right") - 1
-    src = 0 if queue == "expert" else plan.chunk_src[last_chunk]
+    src = 0 if queue == "expert" else plan.chunk_src[plan.chunk_lo[1:] - 1]  # each tile's last chunk
     key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
     tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
     tasks_per_tile = np.where(kind == GEMM0, cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n)

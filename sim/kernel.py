@@ -81,8 +81,8 @@ class Scheduler:
 
 class TilePhases:
     """The plan's work as the kernel meets it: tasks[tile][kind] -> the tile's GEMM0 or GEMM1 task
-    ids in plan order, combine[chunk] -> the chunk's combine task, chunks(tile) -> the tile's
-    chunk ids, transfer[chunk, kind] -> its dispatch or return transfer."""
+    ids in plan order, combine[chunk] -> the chunk's combine task, transfer[chunk, kind] -> its
+    dispatch or return transfer (a tile's chunks: TilePlan.tile_chunks)."""
 
     def __init__(self, plan: TilePlan):
         gemm = np.flatnonzero(plan.task_chunk < 0)
@@ -97,13 +97,8 @@ class TilePhases:
         combine = np.flatnonzero(plan.task_chunk >= 0)
         self.combine = np.full(n_chunks, -1, np.int64)
         self.combine[plan.task_chunk[combine]] = combine
-        # the plan lists chunks tile-major: tile t's are [first[t], first[t + 1])
-        self.first = np.searchsorted(plan.chunk_tile, np.arange(n_tiles + 1))
         self.transfer = np.full((n_chunks, 2), -1, np.int64)
         self.transfer[plan.transfer_chunk, plan.transfer_kind] = np.arange(plan.transfer_chunk.size)
-
-    def chunks(self, tile: int) -> range:
-        return range(int(self.first[tile]), int(self.first[tile + 1]))
 
 
 class FusedKernel:
@@ -126,7 +121,7 @@ class FusedKernel:
         # of each chunk of its tokens; at zero the final combine starts
         self.phases_left = sum(len(phases.tasks[t]) for t in mine) + int(np.count_nonzero(plan.chunk_src == rank))
         # chunks of each tile here not landed yet: the tile lands with its last
-        self.chunks_left = {int(t): len(phases.chunks(t)) for t in mine}
+        self.chunks_left = {int(t): len(plan.tile_chunks(t)) for t in mine}
         # each local expert's landed tiles: its GEMM0 tasks wait for all
         self.expert_waiting: dict[int, list[int]] = {}
         self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
@@ -283,7 +278,7 @@ class FusedKernel:
         the chunk's source (none across nodes: the tile's last task hands those to a NIC)."""
         p, share = self.plan, len(self.phases.tasks[t][GEMM1])
         total = 0.0
-        for c in self.phases.chunks(t):
+        for c in self.plan.tile_chunks(t):
             x = int(self.phases.transfer[c, RETURN])
             total += costs.store_ns(self.hw, int(p.transfer_link[x]), int(p.transfer_bytes[x]) / share)
         return total
@@ -292,7 +287,7 @@ class FusedKernel:
         """The bytes a GEMM1 task of tile `t` stores into NVLink peers: its column block of each
         chunk whose source is one."""
         p, share = self.plan, len(self.phases.tasks[t][GEMM1])
-        xs = [int(self.phases.transfer[c, RETURN]) for c in self.phases.chunks(t)]
+        xs = [int(self.phases.transfer[c, RETURN]) for c in self.plan.tile_chunks(t)]
         return sum(int(p.transfer_bytes[x]) / share for x in xs if int(p.transfer_link[x]) == NVLINK)
 
     def through_port(self, end: float, nbytes: float) -> float:
@@ -310,7 +305,7 @@ class FusedKernel:
         if kind == GEMM0:
             self.enqueue(u, GEMM1)
         elif kind == GEMM1:  # every chunk goes home: stored by the tasks, or put through the NIC
-            for c in self.phases.chunks(u):
+            for c in self.plan.tile_chunks(u):
                 x = int(self.phases.transfer[c, RETURN])
                 self.send(x, stored=int(self.plan.transfer_link[x]) != NETWORK)
         else:
