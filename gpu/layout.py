@@ -239,19 +239,20 @@ class Sizes:
         return 4 * (self.elem_bytes * self.E * self.C * self.H) + 8 * self.signal_words
 
     @property
-    def signal_words(self) -> int:
-        """sig_count (E), sig_tile (L x W), sig_comb (E x CH), sig_start (P)."""
-        return self.E + self.L * self.W + self.E * self.CH + self.P
-
-    @property
     def signal_slices(self) -> dict[str, tuple[int, int]]:
-        """[start, end) of each signal array in the signal words (params.cuh order)."""
+        """[start, end) of each signal array in the signal words (params.cuh order): sig_count (E),
+        sig_tile (L x W), sig_comb (E x CH), sig_start (P)."""
         sizes = {"sig_count": self.E, "sig_tile": self.L * self.W, "sig_comb": self.E * self.CH, "sig_start": self.P}
         out, at = {}, 0
         for name, n in sizes.items():
             out[name] = (at, at + n)
             at += n
         return out
+
+    @property
+    def signal_words(self) -> int:
+        """All of them: where the last array ends."""
+        return self.signal_slices["sig_start"][1]
 
 
 KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),
