@@ -149,11 +149,11 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
 // This block's dispatch shares: share u of the chunk slots' (E x CH x parts) by block u mod n.
 template <int BM>
 __device__ void dispatch_chunks(const Params& p, int tel, int n) {
-  const int parts = dispatch_parts(p);
+  const int parts = dispatch_parts(p), first = first_window<BM>(p, (int)p.rank);
   for (long long u = blockIdx.x; u < p.E * p.CH * parts; u += n) {
     const long long f = u / parts;
     const int e = (int)(f / p.CH), j = (int)(f % p.CH);
-    const Chunk c = own_chunk<BM>(p, e, j);
+    const Chunk c = chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + e), first + j);
     if (!c.empty()) dispatch_chunk<BM>(p, tel, e, j, c, (int)(u % parts), parts);
   }
 }
@@ -375,7 +375,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     const uint64_t t0 = now_ns();
     if (tk.x == TASK_COMBINE) {
       const int e = tk.y, j = tk.z;
-      const Chunk c = own_chunk<BM>(p, e, j);
+      const Chunk c = chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + e), first_window<BM>(p, (int)p.rank) + j);
 #if !MOE_BF16
       // weight the returned rows of the chunk in place: combox row = weight * row
       const long long s0 = (long long)e * p.C + c.a;
