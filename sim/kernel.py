@@ -258,12 +258,15 @@ class FusedKernel:
     def hand_out(self, kind: int, order: list[tuple[int, int]]) -> None:
         """Hand (unit, task) pairs of one phase to the scheduler in queue order, a unit being a
         tile (GEMM0, GEMM1) or a chunk (combine); each unit goes on when its last task ends."""
-        stores = {t: self.stores_ns(t) for t in dict.fromkeys(u for u, _ in order)} if kind == GEMM1 else {}
-        durations = [float(self.durations[task]) + stores.get(u, 0.0) for u, task in order]
+        # a GEMM1 task stores its share of every chunk home: the bytes for NVLink peers cost it
+        # their stores and queue at this GPU's port (none across nodes: the tile's last task hands
+        # those chunks to a NIC)
+        peer = {u: self.peer_bytes(u) for u in dict.fromkeys(u for u, _ in order)} if kind == GEMM1 else {}
+        durations = [float(self.durations[task]) + costs.store_ns(self.hw, NVLINK, peer.get(u, 0.0))
+                     for u, task in order]
         finish = None
         if kind == GEMM1:
-            over_port = [self.peer_bytes(u) for u, _ in order]
-            finish = lambda i, end: self.through_port(end, over_port[i])  # noqa: E731
+            finish = lambda i, end: self.through_port(end, peer[order[i][0]])  # noqa: E731
         last: dict[int, float] = {}
         for (u, task), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations, finish)):
             t = int(self.plan.task_tile[task])
@@ -272,16 +275,6 @@ class FusedKernel:
             last[u] = max(last.get(u, end), end)
         for u, end in last.items():
             self.env.timeout(end - self.env.now).callbacks.append(lambda _, u=u: self.phase_done(u, kind))
-
-    def stores_ns(self, t: int) -> float:
-        """A GEMM1 task's extra time to store its column block of each of tile `t`'s chunks into
-        the chunk's source (none across nodes: the tile's last task hands those to a NIC)."""
-        p, share = self.plan, len(self.phases.tasks[t][GEMM1])
-        total = 0.0
-        for c in self.plan.tile_chunks(t):
-            x = int(self.phases.transfer[c, RETURN])
-            total += costs.store_ns(self.hw, int(p.transfer_link[x]), int(p.transfer_bytes[x]) / share)
-        return total
 
     def peer_bytes(self, t: int) -> float:
         """The bytes a GEMM1 task of tile `t` stores into NVLink peers: its column block of each
