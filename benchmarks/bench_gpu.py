@@ -47,6 +47,7 @@ from gpu.cases import (  # noqa: E402
 from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
 from sim import metrics  # noqa: E402
+from sim.trace import DISPATCH_PATHS  # noqa: E402
 
 
 def tile_shape(text: str) -> tuple[int, int, int]:
@@ -168,10 +169,12 @@ def main() -> int:
                     help="kernels to bench (and, with bfloat16 or tf32, to check)")
     ap.add_argument("--untraced", nargs="*", default=[], choices=list(PRECISIONS),
                     help="dtypes whose bench points keep no telemetry trace")
-    ap.add_argument("--transfers", default="store", choices=["store", "put"],
+    ap.add_argument("--dispatch", default="staged", choices=DISPATCH_PATHS,
                     help="how tiles move between GPUs: stores into the peer's memory where it is load/store "
-                         "reachable (the kernel's default) or one put per tile (dispatched by one block, returned "
-                         "by GEMM1's last task); put points end in -put, untraced")
+                         "reachable, the peers' chunks sent by a few blocks one local expert after another "
+                         "(staged, the kernel's default) or every chunk shared by all blocks at once (store: "
+                         "names end in -store), or one put per tile (dispatched by one block, returned by "
+                         "GEMM1's last task: names end in -put, untraced)")
     ap.add_argument("--tile", type=tile_shape, help="run every bench point at this tile shape, MxNxK (e.g. "
                     "128x256x64), instead of its precision's bench tile: names gain -tileMxNxK")
     ap.add_argument("--apart", action="store_true", help="run only the points whose tiles merging sources changes, "
@@ -207,7 +210,7 @@ def main() -> int:
         if "bench" in args.suite:
             for dt in args.dtypes:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced,
-                                     direct_stores=args.transfers == "store", tile=args.tile, apart=args.apart)
+                                     dispatch=args.dispatch, tile=args.tile, apart=args.apart)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
         for c in cases:

@@ -9,6 +9,8 @@
 #              telemetry trace per point, each beside the torch layer of its precision
 #   apart-D    the points of that sweep whose tiles merging sources changes, with each source's rows
 #              in tiles of their own (merge_sources false): the merged tiles measured against them
+#   store-D    the same sweep with the flat dispatch (every chunk shared by the processors at once),
+#              traced: the kernel's staged dispatch measured against it
 #   put-D      the same sweep with every tile put by one block (dispatched by one block, returned by
 #              GEMM1's last task: the kernel's path where a peer is not load/store reachable),
 #              untraced: the direct stores measured against it
@@ -65,22 +67,22 @@ EOF
       timeout 300 python3 benchmarks/calibrate_gpu.py --gpus "${GPUS##* }" --out "$R" --commit "$MOELAB_COMMIT" \
         --timeout 280 \
         2>&1 | tee "$R/calibrate.txt" ;;
-    bench-*|put-*|apart-*)
-      path=store
-      [[ $part == put-* ]] && path=put
+    bench-*|store-*|put-*|apart-*)
+      path=staged
+      [[ $part == store-* || $part == put-* ]] && path=${part%%-*}
       apart=()
       [[ $part == apart-* ]] && apart=(--apart)
       # shellcheck disable=SC2086  # GPUS is a list of counts
       timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
-        --transfers $path "${apart[@]}" --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
+        --dispatch $path "${apart[@]}" --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;
-    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, put-D (D: float32, bfloat16, tf32) or stream"
+    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32) or stream"
        exit 2 ;;
   esac
 done
 tar -czf "$OUT/results.tar.gz" -C "$R" .
 tail -n 3 "$R/pytest.txt" 2>/dev/null
-for part in "$@"; do [[ $part == bench-* || $part == put-* || $part == apart-* ]] && tail -n 24 "$R/${part}.txt"; done
+for part in "$@"; do [[ $part == bench-* || $part == store-* || $part == put-* || $part == apart-* ]] && tail -n 24 "$R/${part}.txt"; done
 exit 0

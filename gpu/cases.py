@@ -2,7 +2,8 @@
 
 check_cases: small configs against the float64 golden, covering fresh seeds, E = P and E = 8P,
 every supported gate and activation, skewed routing, all tokens to one expert with and without
-capacity dropping, T not a multiple of tile_m, tiny tiles. bf16_check_cases: the bf16 kernel on
+capacity dropping, T not a multiple of tile_m, tiny tiles, on the kernel's staged dispatch, then
+its flat ("store") and "put" dispatch paths. bf16_check_cases: the bf16 kernel on
 the same kinds of configs, against the reference's bf16-emulated golden. tf32_check_cases: the
 TF32 kernel on such configs, against the reference's tf32 path (and float64). sit_out_case: one
 rank does not launch, the others must time out and raise. bench_cases: the FlashMoE default and
@@ -42,14 +43,16 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
     ]
     return [{"name": f"check-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
              "trace": f"{prefix}trace-check-{n}-p{p}.npz" if n == "fresh" else None} for n, ch in cases] + \
-        [put_return_case(f"check-put_return-p{p}", {**base, "tokens": 333, "tile_m": 128, "tile_n": 64})]
+        [put_return_case(f"check-put_return-p{p}", {**base, "tokens": 333, "tile_m": 128, "tile_n": 64}),
+         {"name": f"check-flat_store-p{p}", "config": {**base, "experts": 8 * p, "skew": 2.0}, "inputs": "reference",
+          "golden": True, "dispatch": "store"}]
 
 
 def put_return_case(name: str, config: dict) -> dict:
     """The kernel's put path: one block packs each dispatched tile and puts it, GEMM1's last task puts
     the whole tile home (its path where a peer is not load/store reachable)."""
     return {"name": name, "config": config, "inputs": "reference", "golden": True, "baseline_check": True,
-            "direct_stores": False}
+            "dispatch": "put"}
 
 
 # the bench's bf16 tile, 64 deep (wgmma's 128-byte swizzled rows): the fastest measured. 128 x 256
@@ -146,16 +149,18 @@ def in_dtype(cfg: Config, dtype: str) -> Config:
 
 
 def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True,
-                direct_stores: bool = True, tile: tuple[int, int, int] | None = None,
+                dispatch: str = "staged", tile: tuple[int, int, int] | None = None,
                 apart: bool = False) -> list[dict]:
     """Every point is timed beside the torch layer of the same precision `dtype` (float32, bfloat16
     or tf32; float32 points also beside torch bf16, tf32 points beside torch float32) and, with
     `trace`, keeps its telemetry trace (`prefix` + trace-NAME[-bf16|-tf32]-pP.npz); the default
     point also profiles the torch layer. `points`: default, sweep (tokens and experts; bf16 and tf32
     also the default at their first tile variant), tiles (the default at each tile variant).
-    Without `direct_stores` the kernel puts each dispatched tile from one block and each finished
-    tile home from one block (its path where a peer is not load/store reachable): names end in -put
-    and keep no trace (the simulator models the direct stores' return path). With `tile` (m, n, k)
+    `dispatch` (sim.trace.DISPATCH_PATHS) is how the kernel moves dispatched rows: "staged", its
+    default; "store", every chunk shared by the processors at once (names end in -store, traced: the
+    flat dispatch measured against the staged one); or "put", each dispatched chunk and each
+    finished tile put by one block (its path where a peer is not load/store reachable; names end
+    in -put and keep no trace: the simulator models the direct stores' return path). With `tile` (m, n, k)
     every point runs at that tile shape instead of the precision's own (names gain -tileMxNxK, no
     tile variants): a sweep of another tile, side by side with the bench tile's. With `apart` only
     the points whose tiles merging sources changes run, each source's rows in tiles of their own
@@ -164,8 +169,8 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
     _, tag, baselines, variants = PRECISIONS[dtype]
     if apart:
         tag, variants = f"-apart{tag}", ()
-    if not direct_stores:
-        tag, trace = f"{tag}-put", False
+    if dispatch != "staged":
+        tag, trace = f"{tag}-{dispatch}", trace and dispatch != "put"
     if tile:
         tag, variants = f"-tile{'x'.join(map(str, tile))}{tag}", ()
     chosen = []
@@ -193,5 +198,5 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
         cases.append({"name": f"bench-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
                       "bench": True, "baselines": list(baselines), "warmup": 3,
                       "iters": 10, "trace": f"{prefix}trace-{c.name}{tag}-p{p}.npz" if trace else None,
-                      "profile": c.name == "flashmoe" and direct_stores, "direct_stores": direct_stores})
+                      "profile": c.name == "flashmoe" and dispatch == "staged", "dispatch": dispatch})
     return cases

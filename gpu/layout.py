@@ -26,6 +26,7 @@ MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (o
 GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
 MAX_TOP_K = 16
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
+STAGED_BLOCKS = 32  # processors that send the peers' chunks on the staged dispatch (processor.cuh dispatch_chunks)
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import Config, weights
+from sim.trace import DISPATCH_PATHS
 
 from . import build, errors, layout, telemetry, tma
 from .layout import MAX_PROCESSORS, OS_WARPS, TLOG_CAP, Sizes
@@ -208,13 +209,15 @@ class Layer:
     """cfg's MoE layer on this rank: buffers, the argument block and the launch."""
 
     def __init__(self, session: Session, cfg: Config, inputs: Inputs, *, timeout_ms: float = 5000.0,
-                 telemetry_cap: int = TLOG_CAP, direct_stores: bool = True):
+                 telemetry_cap: int = TLOG_CAP, dispatch: str = "staged"):
         import nvshmem.core.interop.torch as symmetric
         import torch
 
         layout.check_supported(cfg)
         if cfg.ranks != session.world:
             raise layout.UnsupportedConfig("ranks", cfg.ranks, f"the number of processes, {session.world}")
+        if dispatch not in DISPATCH_PATHS:
+            raise ValueError(f"dispatch = {dispatch!r} is not allowed: one of {', '.join(DISPATCH_PATHS)}")
         if timeout_ms <= 0:
             raise ValueError(f"timeout_ms = {timeout_ms!r} is not allowed: a positive number of milliseconds")
         self.session, self.cfg, self.inputs = session, cfg, inputs
@@ -230,7 +233,7 @@ class Layer:
         # or more blocks per SM; a grid of fewer blocks is still co-resident)
         self.grid = min(per_sm * session.sms, MAX_PROCESSORS + 1)
         self.n_proc = self.grid - 1
-        self.direct_stores = bool(direct_stores)
+        self.dispatch = dispatch  # how dispatched rows move (sim.trace.DISPATCH_PATHS)
         self.logs = self.n_proc + OS_WARPS
         dev = torch.device("cuda", session.local_rank)
         f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
@@ -270,7 +273,8 @@ class Layer:
                      rank=session.rank, gate_kind=layout.GATES.index(cfg.gate),
                      act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
-                     timeout_ns=int(timeout_ms * 1e6), direct_stores=int(self.direct_stores),
+                     timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
+                     staged_blocks=layout.STAGED_BLOCKS if dispatch == "staged" else 0,
                      gate_splits=splits)
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}

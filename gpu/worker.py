@@ -7,7 +7,8 @@ inputs, or "random": drawn on the GPU), and what to do: "golden" (compare routin
 with reference.golden, small configs), "baseline" (compare with the torch layer), "telemetry"
 (run with telemetry on and off, compare, decode the trace), "bench" (time the kernel and the
 torch baselines), "profile" (a torch profiler table of one baseline call per dtype), "sit_out"
-(this rank does not launch: the others must time out and raise), timeout_ms, and "meta" (the
+(this rank does not launch: the others must time out and raise), timeout_ms, "dispatch" (how
+the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), and "meta" (the
 run's provenance: commit, command, driver, ..., copied into the result and the trace's meta).
 Rank 0 writes OUT_DIR/results.json (one dict per case) and the traces; a bench case's trace is
 saved after its timings, so the trace file alone describes the measured run.
@@ -158,7 +159,7 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
     trace = concat([p[0] for p in parts], meta={
         "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
         "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
-        "dropped_events": sum(p[1] for p in parts), "dispatch": "store" if layer.direct_stores else "put",
+        "dropped_events": sum(p[1] for p in parts), "dispatch": layer.dispatch,
         "queue": queue_policy(cfg),  # os.cuh QUEUE_BY_EXPERT, as the simulator names it
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
@@ -180,14 +181,14 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch.distributed as dist
 
     cfg = Config.from_dict(case["config"])
-    direct_stores = case.get("direct_stores", True)
+    dispatch = case.get("dispatch", "staged")
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
-                 "direct_stores": direct_stores}
+                 "dispatch": dispatch}
     t0 = time.perf_counter()
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
     layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
-                  direct_stores=direct_stores)
+                  dispatch=dispatch)
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
     try:
         if case.get("sit_out") is not None:

@@ -9,9 +9,10 @@ import sys
 
 from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending
 
-from .costs import DISPATCH_PATHS, QUEUE_POLICIES
+from .costs import QUEUE_POLICIES
 from .hardware import DEFAULT, PRESETS, HardwareError
 from .network import TRANSPORTS
+from .trace import DISPATCH_PATHS
 
 SWEEPS = ("fused", "nodes", "all")
 
@@ -109,11 +110,12 @@ def register(sub) -> None:
                    help=f"a hardware preset ({', '.join(PRESETS)}) or a calibration .json (default: {DEFAULT})")
     p.add_argument("--transport", default="ibgda", choices=TRANSPORTS,
                    help="how tiles cross nodes (default: ibgda)")
-    p.add_argument("--dispatch", default="store", choices=DISPATCH_PATHS,
-                   help="how the fused kernel moves dispatched rows: stored straight into the owner's memory by "
-                        "up to 4 blocks a tile where a block can reach it (the kernel's default), packed and put "
-                        "by one block a tile (the kernel's put path), or staged: the peers' chunks stored by 32 "
-                        "blocks one after another, local expert by local expert (measured once, not in the kernel)")
+    p.add_argument("--dispatch", default="staged", choices=DISPATCH_PATHS,
+                   help="how the fused kernel moves dispatched rows where a block can reach the owner's memory: "
+                        "staged (the kernel's default: the peers' chunks stored by 32 blocks one after another, "
+                        "local expert by local expert, this GPU's own by the rest), store (every chunk shared by "
+                        "up to 4 blocks at once), or put (each chunk packed and put by one block, the kernel's "
+                        "path where a peer is not reachable)")
     p.add_argument("--queue", choices=QUEUE_POLICIES,
                    help="when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
                         "the last has landed (expert), or as it lands (tile); default: as the kernel build of the "

@@ -73,7 +73,7 @@ class MeasuredRun:
 
     @property
     def dispatch(self) -> str:
-        """How the measured kernel moved dispatched rows (costs.DISPATCH_PATHS): traces record it
+        """How the measured kernel moved dispatched rows (trace.DISPATCH_PATHS): traces record it
         since the kernel stores them; the ones before put every tile."""
         return str(self.trace.meta.get("dispatch", "put"))
 
@@ -221,7 +221,7 @@ class Predictor:
     def __init__(self):
         self.cache: dict[tuple[str, str, str, str | None], object] = {}
 
-    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "store", queue: str | None = None):
+    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None):
         figures = hw.for_dtype(cfg.dtype).to_dict()  # what simulate runs with
         key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue)
         if key not in self.cache:

@@ -43,11 +43,9 @@ from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
 GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one item's H is split over
-# how dispatched rows move (processor.cuh dispatch_chunk; gpu Layer direct_stores); "staged" is a design
-# measured once and not in the kernel yet (measurements/gpu/h200x4-experiments-staged-dispatch-*.json):
-# stored as "store" does, the peers' chunks by STAGED_BLOCKS blocks one after another, local expert
-# by local expert, the other blocks storing their own GPU's chunks
-DISPATCH_PATHS = ("store", "put", "staged")
+# "staged" (sim.trace.DISPATCH_PATHS): the peers' chunks sent by STAGED_BLOCKS processors one after
+# another, local expert by local expert, the other processors storing their own GPU's chunks
+# (gpu/layout.py STAGED_BLOCKS; a test checks they agree)
 STAGED_BLOCKS = 32
 # when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles, from every
 # source, once the last has landed (os.cuh enqueue_expert), or as it lands (queue_policy)

@@ -23,7 +23,7 @@ from .hardware import Hardware
 from .hardware import get as get_hardware
 from .kernel import FusedKernel, TilePhases
 from .network import TRANSPORTS, Fabric
-from .trace import Trace, TraceBuilder
+from .trace import DISPATCH_PATHS, Trace, TraceBuilder
 
 
 class SimError(ValueError):
@@ -68,18 +68,19 @@ class _CountingEnvironment(simpy.Environment):
 
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
              baseline: bool = False, progress: Callable[[str], None] | None = None,
-             plan: TilePlan | None = None, dispatch: str = "store", queue: str | None = None) -> Result:
+             plan: TilePlan | None = None, dispatch: str = "staged", queue: str | None = None) -> Result:
     """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known;
-    `dispatch` is how the fused kernel moves dispatched rows (costs.DISPATCH_PATHS: "store" into
-    the owner's memory where a block can reach it, the kernel's default, or "put" every tile);
+    `dispatch` is how the fused kernel moves dispatched rows (trace.DISPATCH_PATHS: "staged", the
+    kernel's default, or "store", both into the owner's memory where a block can reach it, or
+    "put" every chunk);
     `queue` when it queues a dispatched tile's tasks (costs.QUEUE_POLICIES: "expert", with the
     rest of its expert's tiles; "tile", as it lands), by default as cfg's kernel build does
     (costs.queue_policy)."""
     queue = costs.queue_policy(cfg) if queue is None else queue
     if transport not in TRANSPORTS:
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
-    if dispatch not in costs.DISPATCH_PATHS:
-        raise SimError("dispatch", dispatch, "one of " + ", ".join(costs.DISPATCH_PATHS))
+    if dispatch not in DISPATCH_PATHS:
+        raise SimError("dispatch", dispatch, "one of " + ", ".join(DISPATCH_PATHS))
     if queue not in costs.QUEUE_POLICIES:
         raise SimError("queue", queue, "one of " + ", ".join(costs.QUEUE_POLICIES))
     if not isinstance(baseline, bool):

@@ -2,12 +2,12 @@
 
 The work is the tile plan's (reference.plan): a tile is a window of an expert's slots at its
 owner, made of chunks, each the rows of one source rank. Every block runs the gate, then the
-processor blocks move this GPU's outgoing chunks: on the kernel's "store" path each chunk for
-this GPU or an NVLink peer is gathered straight into the owner's inbox by up to 4 blocks (all
-processors busy when the dispatch slots are fewer) and the last one signals; a chunk across
-nodes, or every chunk on the "put" path, is packed by one block and put with its signal (the
-"staged" path, a design measured once, stores the peers' chunks from 32 blocks one after another,
-local expert by local expert: `staged_shares`). Then
+processor blocks move this GPU's outgoing chunks, each for this GPU or an NVLink peer gathered
+straight into the owner's inbox: on the kernel's default "staged" path 32 blocks send the peers'
+chunks one after another, local expert by local expert, while the others store this GPU's own
+(`staged_shares`); on its "store" path up to 4 blocks share each chunk (all processors busy when
+the dispatch slots are fewer) and the last one signals; a chunk across nodes, or every chunk on
+the "put" path, is packed by one block and put with its signal. Then
 the OS block's subscriber warps watch the arrival flags (one signal per chunk) and turn landed
 tiles into tasks for the scheduler warp, which hands them to processor blocks in queue order:
 
@@ -108,7 +108,7 @@ class FusedKernel:
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
-        self.dispatch, self.queue = dispatch, queue  # costs.DISPATCH_PATHS, costs.QUEUE_POLICIES
+        self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec
         self.send, self.on_chunk_done = send, on_chunk_done
@@ -192,25 +192,27 @@ class FusedKernel:
         return sorted(out)
 
     def staged_shares(self) -> list[tuple[int, int, int, int]]:
-        """The staged dispatch's shares (costs.DISPATCH_PATHS), one per chunk: the peers' chunks
-        ordered by local expert, then peer (rank + 1, rank + 2, ...: the senders stagger their
-        owners), then window, go to processors 0..R-1 in turn; this GPU's own chunks, by expert and
-        window, to the other processors in turn."""
+        """The staged dispatch's shares (trace.DISPATCH_PATHS), one per chunk, as the kernel numbers
+        its chunk slots: a peer's slot j of local expert le, the peers counted k = 0.. from rank + 1
+        on (the senders stagger their owners), is u = (le (P - 1) + k) CH + j on processor u mod R;
+        this GPU's own slot j of local expert le is u = le CH + j on processor R + u mod (the
+        other processors)."""
         p, cfg = self.plan, self.cfg
-        r = min(costs.STAGED_BLOCKS, self.processors - 1)
-        mine = np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank))
-        e = p.tile_expert[p.chunk_tile[p.transfer_chunk[mine]]].astype(np.int64)
-        dst = p.transfer_dst[mine].astype(np.int64)
-        peer_rank = (dst - self.rank) % cfg.ranks  # 0: this GPU, 1: the next, ...
-        order = np.lexsort((p.transfer_chunk[mine], peer_rank, e % cfg.local_experts, peer_rank == 0))
-        out = []
-        remote = [int(x) for x in mine[order] if p.transfer_dst[x] != self.rank]
-        local = [int(x) for x in mine[order] if p.transfer_dst[x] == self.rank]
-        for i, x in enumerate(remote):
-            out.append((i, i % r, x, int(p.transfer_bytes[x])))
-        for i, x in enumerate(local):
-            out.append((len(remote) + i, r + i % (self.processors - r), x, int(p.transfer_bytes[x])))
-        return out
+        r, slots, experts = min(costs.STAGED_BLOCKS, self.processors - 1), chunk_slots(cfg), cfg.local_experts
+        taken: dict[int, int] = {}
+        remote, local = [], []
+        for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):
+            e = int(p.tile_expert[p.chunk_tile[p.transfer_chunk[x]]])
+            j = taken.get(e, 0)
+            taken[e] = j + 1
+            owner, le = divmod(e, experts)
+            if owner == self.rank:
+                u = le * slots + j
+                local.append((u, r + u % (self.processors - r), int(x), int(p.transfer_bytes[x])))
+            else:
+                u = (le * (cfg.ranks - 1) + (owner - self.rank - 1) % cfg.ranks) * slots + j
+                remote.append((u, u % r, int(x), int(p.transfer_bytes[x])))
+        return sorted(remote) + sorted(local)
 
     def arrive(self, x: int) -> None:
         """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk. A dispatched

@@ -24,6 +24,11 @@ COLUMNS = {
     "peer": np.int32, "bytes": np.int64,
 }
 ROLE = {name: i for i, name in enumerate(ROLES)}
+# meta "dispatch": how the kernel moved dispatched rows (gpu/kernels/processor.cuh dispatch_chunks):
+# "staged" (the kernel's default) stores this GPU's own chunks from most processors while a few send
+# the peers' chunks local expert by local expert, "store" shares every chunk among the processors at
+# once, "put" packs each chunk and puts it from one block (the path where a peer is not reachable)
+DISPATCH_PATHS = ("staged", "store", "put")
 KIND = {name: i for i, name in enumerate(KINDS)}
 
 

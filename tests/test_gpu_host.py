@@ -178,7 +178,7 @@ def test_param_fields_match_the_struct():
     assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc",
-             "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "gate_splits"}
+             "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "staged_blocks", "gate_splits"}
     assert sizes <= set(fields)
 
 
@@ -229,6 +229,10 @@ def test_simulated_dispatch_shares_are_the_kernels():
         assert costs.dispatch_slots(cfg) == s.E * s.CH
         assert costs.dispatch_parts(cfg, 263, "store") == max(1, min(263 // (s.E * s.CH), costs.DISPATCH_MAX_PARTS))
         assert costs.dispatch_parts(cfg, 263, "put") == 1
+    # the staged dispatch's senders: the simulator's count is the one the host hands the kernel
+    assert costs.STAGED_BLOCKS == layout.STAGED_BLOCKS
+    assert "staged_blocks=layout.STAGED_BLOCKS if dispatch == \"staged\" else 0" in \
+        (layout.KERNEL_DIR.parent / "runtime.py").read_text()
 
 
 @pytest.mark.parametrize("tokens,hidden,grid", [(1024, 2048, 264), (4096, 2048, 264), (8192, 2048, 264),

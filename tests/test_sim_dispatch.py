@@ -11,6 +11,7 @@ from moelab.cli import main
 from reference import presets
 from reference.plan import DISPATCH, LOCAL, NETWORK, NVLINK
 from sim import costs, hardware
+from sim.trace import DISPATCH_PATHS
 
 HW = hardware.get("h200-sxm")
 
@@ -27,7 +28,7 @@ def test_every_chunk_is_moved_whole_by_its_shares(ranks, nodes):
     plan = reference.plan_of(cfg)
     parts = costs.dispatch_parts(cfg, HW.processors, "store")
     assert parts == min(HW.processors // costs.dispatch_slots(cfg), costs.DISPATCH_MAX_PARTS) > 1
-    for path in costs.DISPATCH_PATHS:
+    for path in DISPATCH_PATHS:
         d = shares_of(sim.simulate(cfg, HW, dispatch=path, plan=plan).trace, None)
         for x in np.flatnonzero(plan.transfer_kind == DISPATCH):
             # a tile holds one chunk of each source at most: (tile, source) names the chunk
@@ -42,7 +43,7 @@ def test_stored_shares_end_the_dispatch_sooner():
     cfg = presets.get("flashmoe").replace(ranks=2)
     plan = reference.plan_of(cfg)
     ends = {path: shares_of(sim.simulate(cfg, HW, dispatch=path, plan=plan).trace, 0)["end"].max()
-            for path in costs.DISPATCH_PATHS}
+            for path in DISPATCH_PATHS}
     assert ends["store"] < ends["put"]
 
 
@@ -51,7 +52,7 @@ def test_shares_go_to_processors_in_the_kernels_order(merge):
     # share u of dispatch slot (expert, j) = slot x parts + part, processor u mod processors, j the
     # chunk's place in its block: its tile's window less the window of the block's first slot
     cfg = presets.get("flashmoe").replace(tokens=1536, merge_sources=merge)  # C = 48: merged blocks straddle tiles
-    d = shares_of(sim.simulate(cfg, HW).trace, None)
+    d = shares_of(sim.simulate(cfg, HW, dispatch="store").trace, None)
     plan = reference.plan_of(cfg)
     parts, per_expert = costs.dispatch_parts(cfg, HW.processors, "store"), costs.dispatch_slots(cfg) // cfg.experts
     assert per_expert == (2 if merge else 1) and parts > 1
@@ -71,7 +72,7 @@ def test_a_blocks_later_shares_run_beside_the_other_blocks_later_shares():
     of the port (not at the block's own rate, as beside the first round's 3 NVLink shares)."""
     hw = HW.replace(blocks_per_sm=1)
     cfg = presets.get("flashmoe").replace(ranks=2, tokens=16384, seed=int(np.random.randint(1e6)))
-    d = shares_of(sim.simulate(cfg, hw).trace, 0)
+    d = shares_of(sim.simulate(cfg, hw, dispatch="store").trace, 0)
     order = np.lexsort((d["start"], d["lane"]))
     lane = d["lane"][order]
     rounds = np.concatenate([np.arange(n) for n in np.bincount(lane)])  # each lane's shares in time order
@@ -100,7 +101,7 @@ def test_a_stored_share_contends_with_the_bytes_stored_into_its_gpu():
 
 
 def test_unknown_dispatch_path(capsys):
-    with pytest.raises(sim.SimError, match=r"'dispatch' = 'copy' is not allowed: one of store, put"):
+    with pytest.raises(sim.SimError, match=r"'dispatch' = 'copy' is not allowed: one of staged, store, put"):
         sim.simulate(presets.get("tiny"), dispatch="copy")
     with pytest.raises(SystemExit):
         main(["sim", "--dispatch", "copy"])

@@ -1,7 +1,7 @@
-"""The simulator's staged dispatch (costs.DISPATCH_PATHS "staged"), a design measured once on four
-H200s and not in the kernel yet: the peers' chunks go out by STAGED_BLOCKS processors one after
-another, local expert by local expert, this GPU's own by the others; the model predicts what the
-experiment measured against the kernel's flat dispatch."""
+"""The simulator's staged dispatch (trace.DISPATCH_PATHS "staged", the kernel's default): the peers'
+chunks go out by STAGED_BLOCKS processors one after another, local expert by local expert, this
+GPU's own by the others, on the processors the kernel gives each chunk slot; the model predicts
+what the first experiment on four H200s measured against the kernel's flat ("store") dispatch."""
 
 import json
 from pathlib import Path
@@ -39,6 +39,28 @@ def test_peers_chunks_go_out_by_local_expert_on_the_staged_processors():
             order = np.argsort(d["start"][at], kind="stable")
             local_expert = d["expert"][at][order] % cfg.local_experts
             assert np.all(np.diff(local_expert) >= 0)
+
+
+@pytest.mark.parametrize("ranks,tokens", [(4, 1536), (2, 8192), (8, 1024)])
+def test_each_chunk_goes_to_the_processor_the_kernel_gives_its_slot(ranks, tokens):
+    # processor.cuh dispatch_chunks: chunk slot j of local expert le (j: the chunk's tile window
+    # less the window of its block's first slot) for peer k = owner - rank - 1 mod P is share
+    # u = (le (P - 1) + k) CH + j of processors 0..R-1; for this GPU, u = le CH + j of the rest
+    cfg = presets.get("flashmoe").replace(ranks=ranks, tokens=tokens, seed=int(np.random.randint(1e6)))
+    hw = sim.hardware.get("h200-sxm")
+    d = sim.simulate(cfg, hw, dispatch="staged").trace.where("processor", "dispatch")
+    plan = reference.plan_of(cfg)
+    n, r, slots = hw.processors, costs.STAGED_BLOCKS, reference.plan.chunk_slots(cfg)
+    stride, experts = reference.plan.source_stride(cfg), cfg.local_experts
+    assert len(d) == len(plan.chunk_tile)  # a share per chunk
+    for src, t in zip(plan.chunk_src, plan.chunk_tile):
+        e, j = int(plan.tile_expert[t]), int(plan.tile_window[t] - src * stride // cfg.tile_m)
+        owner, le = divmod(e, experts)
+        if owner == src:
+            want = r + (le * slots + j) % (n - r)
+        else:
+            want = ((le * (ranks - 1) + (owner - src - 1) % ranks) * slots + j) % r
+        assert d["lane"][(d["tile"] == t) & (d["rank"] == src)].tolist() == [want]
 
 
 @pytest.mark.parametrize("point", ["bf16-p4", "p4"])

@@ -127,7 +127,7 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
   }
   const int first = first_window<BM>(p, (int)p.rank);
   for (long long r = sl; r < R; r += SUBSCRIBER_LANES)
-    tasks += !chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + r / p.CH), first + (int)(r % p.CH)).empty();
+    tasks += !own_chunk<BM>(p, r / p.CH, (int)(r % p.CH)).empty();
   atomicAdd(s_acc, (int)tasks);
   __threadfence();  // the windows' rows, before the tasks that read them are published by any lane
   lanes_sync();
@@ -171,7 +171,7 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
       } else {
         const long long r = it - D, e = r / p.CH;
         const int j = (int)(r % p.CH);
-        const Chunk c = chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + e), first + j);
+        const Chunk c = own_chunk<BM>(p, e, j);
         if (c.empty()) continue;
         if (ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
           ++pending;

@@ -76,6 +76,8 @@ struct Params {
   long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
   long long direct_stores;     // 1: rows are stored straight into peers' memory where nvshmem_ptr reaches it
                                //    (dispatch into the owner's inbox, GEMM1 into the source's combox); 0: puts
+  long long staged_blocks;     // processors that send the peers' dispatched chunks on the staged dispatch;
+                               //    0: every processor shares every chunk (processor.cuh dispatch_chunks)
   long long gate_splits;       // most blocks one gate item's H may be split over (gate_partial's size)
 };
 

@@ -26,6 +26,12 @@ __device__ __forceinline__ Chunk chunk_in(const Params& p, int s, int n, int w) 
   return {max(lo, 0), min(lo + BM, n)};
 }
 
+// Chunk j of this rank's own rows for expert e (its dispatch, count and combine slot j)
+template <int BM>
+__device__ __forceinline__ Chunk own_chunk(const Params& p, long long e, int j) {
+  return chunk_in<BM>(p, (int)p.rank, __ldcg(p.counts + e), first_window<BM>(p, (int)p.rank) + j);
+}
+
 // The sources whose slots window w touches: s_first .. s_last
 template <int BM>
 __device__ __forceinline__ int window_first_source(const Params& p, int w) {
