@@ -81,17 +81,31 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **83 of 98 runs hold every bound, 89 their latency**: on one and two H100s (the kernel of
-  8e14b82) and on one, two and four H200s (a637004: an expert's rows from every GPU share its
-  tiles), the bf16 128 x 256 tile of two warpgroups, both calibrated on the megakernel's own
-  dispatch, GEMM tasks, per-tile and final combines. Each run is predicted with its own commit's
-  measurements. Latency errors: H100 float32 -3.1% to +6.0%, bf16 -5.0% to +1.9% on one GPU and
-  -10.5% to +4.3% on two; H200 float32 -6.4% to +6.2% on one and two GPUs, -8.9% to +4.4% on
-  four; bf16 -7.2% to +2.0% on one, -16.3% to +4.0% on two, -22.5% to -6.5% on four (the misses
-  below). Mean absolute latency error 4.0% (2.0% over the 72 runs of one and two GPUs before). The
-  layer is a queue of equal tile tasks on 263 processors (131 on the bf16 build), each task a
-  fixed cost plus its FLOPs' time and its share of its weight slice's loads, overlapped (below),
-  with a hand-off between tasks and the scheduler's latencies around idle processors.
+- **95 of 125 runs hold every bound, 109 their latency**: on one and two H100s (the kernel of
+  8e14b82) and on one, two and four H200s (fca7b10: the staged dispatch, and the flat one in the
+  runs named -store), the bf16 128 x 256 tile of two warpgroups, both calibrated on the
+  megakernel's own dispatch, GEMM tasks, per-tile and final combines. Each run is predicted with
+  its own commit's measurements. Latency errors: H100 float32 -3.1% to +6.0%, bf16 -5.0% to +1.9%
+  on one GPU and -10.5% to +4.3% on two; H200 float32 -5.6% to +6.3% on one, two and four GPUs
+  (-7.5% with a tile per source); bf16 -5.0% to +4.7% on one, -10.2% to +2.0% on two, -19.8% to
+  -3.4% on four (the misses below). Mean absolute latency error 4.3%. The layer is a queue of
+  equal tile tasks on 263 processors (131 on the bf16 build), each task a fixed cost plus its
+  FLOPs' time and its share of its weight slice's loads, overlapped (below), with a hand-off
+  between tasks and the scheduler's latencies around idle processors.
+- **The staged dispatch lets experts complete during the dispatch** (fca7b10): 32 processors send
+  the peers' chunks one after another, local expert by local expert, every GPU starting with a
+  different peer, while the others store their own GPU's chunks and go on to the tasks. On four
+  H200s, side by side with the flat dispatch in one call, bf16: the default 0.862 -> 0.791 ms, 16K
+  1.711 -> 1.454, 128 experts 0.950 -> 0.865, 1K 0.239 -> 0.232; float32 default 7.616 -> 7.461.
+  The model gives each chunk the processor the kernel gives its chunk slot (`staged_shares`) and
+  predicts the staged layers within 10% where it predicted the flat ones (the four-GPU bf16 misses
+  below are the same for both). Its shares' times: a sender's 1 MiB float32 chunk takes 90.6 us
+  measured, the port's share with 32 senders (11.3 GB/s); the model priced it at one block's put
+  rate, 9.7 GB/s (106.8 us), and now takes a stored share's rate from the block's copy loop and the
+  port's share (`nvlink_share_ns`), which took 27 phase misses off. A GPU's own chunks, stored
+  by 32-64 blocks at once instead of 256, take 52.7-61.6 us a MiB against 111 modelled: the store
+  rate is fitted where every block stores, so the two-GPU float32 dispatch busy times are
+  modelled 23-46% long (named below).
 - **An expert's rows from every GPU share its tiles** (ca250c7): the plan lays an expert's slots
   out GPU after GPU, C apart, and cuts windows of tile_m positions over them, so at 1K tokens
   (C = 32) four GPUs' rows fill one 128-row tile where each had a tile of its own. The model
@@ -308,20 +322,26 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **bf16 on four GPUs** (a637004; 5 of the 9 four-GPU bf16 runs miss their latency, -10.9% to
-  -16.9%, and the two with a tile per source): the port queue above ends a wave's last store on
-  time, but lets the first tasks go at once, where measured every task of the wave takes the
-  wave's time (1K: GEMM1 70.7 us measured, 51.0 modelled, its GEMM0 52.3 against 45.9). The
-  dispatch also ends later than modelled (the default 257 against 218 us, 16K 571 against 437).
-- **The 1K bf16 runs on two H200s** (-16.3% with a tile per source, -11.6% merged): the gate
-  takes 43.8 us against the model's 35.9 (the gate's fit is 10.7% short at 1K on its own
-  microbenchmark, 40.2 us, and the layer's gate runs 4 us longer still), the dispatch ends 13 us
-  later than modelled, and with a tile per source the GEMM1 tasks take 31.1 us against GEMM0's
-  26.3 (model 25.1).
-- **The 1K float32 runs' gate** (-21% to -23% busy time on two and four GPUs, their latency within
-  5.3%): the same gate fit; on four GPUs the per-chunk combines are also modelled 20% long.
-- **The float32 dispatch on four GPUs** (16K and 32 experts, +20% to +22% busy time): each share is
-  priced at its part of the NVLink port with every peer's shares in flight; not analysed.
+- **bf16 on four GPUs** (fca7b10; 6 of the 9 four-GPU bf16 runs miss their latency, -10.2% to
+  -19.8%, 5 of the 9 with the flat dispatch, -10.1% to -16.0%, and the two with a tile per
+  source): the port queue above ends a wave's last store on time, but lets the first tasks go at
+  once, where measured every task of the wave takes the wave's time (1K: GEMM1 busy 0.064 ms a
+  block measured, 0.050 modelled). The dispatch also ends later than modelled (the default's
+  staged one at 258 against 223 us; the flat one at 16K busy 0.30 against 0.23 ms a block).
+- **A GPU's own chunks on the staged dispatch** (two GPUs: the float32 runs' dispatch busy time
+  +23% to +46%, bf16 at 4K and 8 experts): stored by 32-64 blocks at once, a 1 MiB float32 share
+  takes 61.6 us against 111.0 modelled; the store rate is fitted on the one-GPU microbenchmark,
+  where 256 blocks store at once, and the model has no term for fewer. On four GPUs the senders'
+  shares, three times as many, hold the phase. With 8 experts on two GPUs (bf16) the layer is also
+  10.2% short: its first GEMM0 starts at 205 us against 138 modelled.
+- **The 1K bf16 run on two H200s with a tile per source** (-13.3%): the gate takes 43.8 us against
+  the model's 35.9 (the gate's fit is 10.7% short at 1K on its own microbenchmark, 40.2 us), and
+  the GEMM1 tasks 31.1 us against GEMM0's 26.3 (model 25.1). Merged it holds (-8.2%).
+- **The 1K float32 runs on four GPUs** (overlap T(2)/T(4) 1.34-1.36 modelled against 1.20-1.22):
+  the gate fit above (busy -16% to -19%); the per-chunk combines are modelled 20% long, the
+  four-GPU layer 5.9-6.5% short and the two-GPU one 4.9% long.
+- **The float32 flat dispatch on four GPUs** (16K, +22% busy time): each share is priced at its
+  part of the NVLink port with every peer's shares in flight; not analysed.
 
 - **The 1K bf16 run on two GPUs, on the H100** (8e14b82): every phase runs longer than
   modelled, none by more than 20%: the gate 47.5 us against 43.9, a dispatch share 9.1 against
