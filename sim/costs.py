@@ -18,8 +18,10 @@ hides most of a short tile's multiply), its rows computed in whole groups of
 `gemm_row_group` (where measured); a block copies token rows
 at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched
 chunk's rows (a tile's rows of one source) are gathered straight into the owner's inbox (its GPU,
-or an NVLink peer at the block's put rate and the port's share), shared by up to 4 processors
-when the dispatch slots are fewer than they (the "store" path), or, across nodes and on the
+or an NVLink peer at the block's copy rate and the port's share), by one of STAGED_BLOCKS
+processors for a peer and by one of the others for this GPU (the "staged" path, the kernel's
+default), or shared by up to 4 processors when the dispatch slots are fewer than they (the
+"store" path, and the staged one on one GPU), or, across nodes and on the
 kernel's "put" path, packed by one block and put by its threads, slowed the same way by the
 bytes in flight; a GEMM1 task stores its output of each chunk straight into the chunk's source
 GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts it
