@@ -330,10 +330,15 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
         # peer (two H100s, bf16: local shares 28 us median beside NVLink ones, 37 on one GPU alone)
         shares = sum(over.values())
         local = inflight * over.get(LOCAL, 0) / shares if over else inflight
-        own = store_dispatch_ns(hw, inflight / shares if over else nbytes, local)
+        # the staged path stores this GPU's chunks with a few of the processors (the rate is fitted
+        # with all of them storing, as the flat one does)
+        blocks = shares if over and path == "staged" else None
+        own = store_dispatch_ns(hw, inflight / shares if over else nbytes, local, blocks)
     else:
         own = gather_ns(hw, nbytes, inflight)
-    beside = over.get(NVLINK) and hw.blocks_per_sm > 1  # a block on the SM storing into the peer
+    # a block on the SM storing into the peer; the staged senders are the first processors and this
+    # GPU's chunks go to the next ones (four H200s, float32: 52.7 us a MiB there, 90.6 to a peer)
+    beside = over.get(NVLINK) and hw.blocks_per_sm > 1 and path != "staged"
     queued = nvlink_share_ns(hw, nbytes, inflight, over) if beside else 0.0
     return max(own, queued) + hw.task_overhead_ns
 
@@ -347,12 +352,18 @@ def nvlink_share_ns(hw: Hardware, nbytes: float, inflight: float, over: dict[int
     return nbytes * port_ns_per_byte(rate, over.get(NVLINK, 1), hw.nvlink_gbps) + 2 * hw.nvlink_latency_ns
 
 
-def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float) -> float:
+def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float, blocks: int | None = None) -> float:
     """A share of `nbytes` stored into this GPU's inbox while all blocks store `inflight` bytes:
     fixed + bytes x per byte, the L2's rate for the share of the bytes in flight it holds
-    (dispatch_store_knee_bytes of them), HBM's for the rest."""
-    return hw.dispatch_store_fixed_ns + nbytes * held_ns_per_byte(
-        hw.dispatch_store_l2_ns_per_byte, hw.dispatch_store_ns_per_byte, hw.dispatch_store_knee_bytes, inflight)
+    (dispatch_store_knee_bytes of them), HBM's for the rest. Those rates are fitted with every
+    processor storing; with `blocks` of them moving rows at once each has that many's share of
+    the memory, down to a block's own copy rate (the staged dispatch stores a GPU's own chunks
+    with 32-64 blocks: on four H200s 52.7 us a float32 MiB, where every processor's share is 111)."""
+    per_byte = held_ns_per_byte(hw.dispatch_store_l2_ns_per_byte, hw.dispatch_store_ns_per_byte,
+                                hw.dispatch_store_knee_bytes, inflight)
+    if blocks is not None and blocks < hw.processors:
+        per_byte = max(per_byte * blocks / hw.processors, hw.copy_ns_per_byte)
+    return hw.dispatch_store_fixed_ns + nbytes * per_byte
 
 
 def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:

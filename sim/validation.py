@@ -81,14 +81,14 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **95 of 125 runs hold every bound, 109 their latency**: on one and two H100s (the kernel of
+- **106 of 125 runs hold every bound, 109 their latency**: on one and two H100s (the kernel of
   8e14b82) and on one, two and four H200s (fca7b10: the staged dispatch, and the flat one in the
   runs named -store), the bf16 128 x 256 tile of two warpgroups, both calibrated on the
   megakernel's own dispatch, GEMM tasks, per-tile and final combines. Each run is predicted with
   its own commit's measurements. Latency errors: H100 float32 -3.1% to +6.0%, bf16 -5.0% to +1.9%
-  on one GPU and -10.5% to +4.3% on two; H200 float32 -5.6% to +6.3% on one, two and four GPUs
-  (-7.5% with a tile per source); bf16 -5.0% to +4.7% on one, -10.2% to +2.0% on two, -19.8% to
-  -3.4% on four (the misses below). Mean absolute latency error 4.3%. The layer is a queue of
+  on one GPU and -10.5% to +4.3% on two; H200 float32 -6.5% to +5.0% on one, two and four GPUs
+  (-7.8% to +5.8% with a tile per source); bf16 -5.0% to +4.7% on one, -10.2% to +2.0% on two, -19.8% to
+  -3.4% on four (the misses below). Mean absolute latency error 4.2%. The layer is a queue of
   equal tile tasks on 263 processors (131 on the bf16 build), each task a fixed cost plus its
   FLOPs' time and its share of its weight slice's loads, overlapped (below), with a hand-off
   between tasks and the scheduler's latencies around idle processors.
@@ -103,9 +103,10 @@ Right:
   measured, the port's share with 32 senders (11.3 GB/s); the model priced it at one block's put
   rate, 9.7 GB/s (106.8 us), and now takes a stored share's rate from the block's copy loop and the
   port's share (`nvlink_share_ns`), which took 27 phase misses off. A GPU's own chunks, stored
-  by 32-64 blocks at once instead of 256, take 52.7-61.6 us a MiB against 111 modelled: the store
-  rate is fitted where every block stores, so the two-GPU float32 dispatch busy times are
-  modelled 23-46% long (named below).
+  by 32-64 blocks at once, took 52.7-61.6 us a MiB against 111 modelled at the rate fitted with
+  every processor storing; on the staged path each of those blocks now has its round's blocks'
+  share of that memory, never faster than a block's own copy rate (`store_dispatch_ns`): the
+  eleven two-GPU runs whose dispatch busy time was modelled 23-46% long hold.
 - **An expert's rows from every GPU share its tiles** (ca250c7): the plan lays an expert's slots
   out GPU after GPU, C apart, and cuts windows of tile_m positions over them, so at 1K tokens
   (C = 32) four GPUs' rows fill one 128-row tile where each had a tile of its own. The model
@@ -328,12 +329,9 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   once, where measured every task of the wave takes the wave's time (1K: GEMM1 busy 0.064 ms a
   block measured, 0.050 modelled). The dispatch also ends later than modelled (the default's
   staged one at 258 against 223 us; the flat one at 16K busy 0.30 against 0.23 ms a block).
-- **A GPU's own chunks on the staged dispatch** (two GPUs: the float32 runs' dispatch busy time
-  +23% to +46%, bf16 at 4K and 8 experts): stored by 32-64 blocks at once, a 1 MiB float32 share
-  takes 61.6 us against 111.0 modelled; the store rate is fitted on the one-GPU microbenchmark,
-  where 256 blocks store at once, and the model has no term for fewer. On four GPUs the senders'
-  shares, three times as many, hold the phase. With 8 experts on two GPUs (bf16) the layer is also
-  10.2% short: its first GEMM0 starts at 205 us against 138 modelled.
+- **8 experts on two GPUs, bf16** (fca7b10, layer -10.2%): the first GEMM0 starts at 205 us
+  measured against 138 modelled; the staged senders' first round completes experts 0 and 1 of
+  each GPU, whose tasks the bf16 build queues once an expert's last tile has landed. Not analysed.
 - **The 1K bf16 run on two H200s with a tile per source** (-13.3%): the gate takes 43.8 us against
   the model's 35.9 (the gate's fit is 10.7% short at 1K on its own microbenchmark, 40.2 us), and
   the GEMM1 tasks 31.1 us against GEMM0's 26.3 (model 25.1). Merged it holds (-8.2%).

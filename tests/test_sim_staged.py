@@ -73,3 +73,20 @@ def test_staged_against_flat_as_measured(point):
     pred = {d: sim.simulate(cfg, hardware=str(CALIBRATED), dispatch=d).metrics["latency_ms"]
             for d in ("store", "staged")}
     assert pred["staged"] / pred["store"] == pytest.approx(measured, abs=0.03)
+
+
+def test_own_chunks_on_the_staged_path_share_the_memory_with_the_blocks_moving_rows():
+    """The store rate is fitted with every processor storing (the flat dispatch); the staged path
+    stores a GPU's own chunks with a few of them, each with that many's share of the memory, never
+    faster than a block's own copy rate."""
+    from reference.plan import LOCAL, NVLINK
+
+    hw = sim.hardware.get(str(CALIBRATED)).for_dtype("float32")
+    share, n = float(np.random.randint(1, 4) << 20), hw.processors
+    flat = costs.dispatch_ns(hw, share, LOCAL, "store", n * share, {LOCAL: n})
+    staged = {k: costs.dispatch_ns(hw, share, LOCAL, "staged", 2 * k * share, {LOCAL: k, NVLINK: k})
+              for k in (4, 32, 64, -(-n // 2))}
+    assert staged[-(-n // 2)] == pytest.approx(flat)  # all the processors: the fitted rate
+    assert staged[4] <= staged[32] < staged[64] < staged[-(-n // 2)]
+    alone = hw.dispatch_store_fixed_ns + share * hw.copy_ns_per_byte + hw.task_overhead_ns
+    assert staged[4] == pytest.approx(alone)
