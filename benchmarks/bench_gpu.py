@@ -175,11 +175,16 @@ def main() -> int:
                          "(staged, the kernel's default) or every chunk shared by all blocks at once (store: "
                          "names end in -store), or one put per tile (dispatched by one block, returned by "
                          "GEMM1's last task: names end in -put, untraced)")
+    ap.add_argument("--staged-blocks", type=int, metavar="N",
+                    help="with the staged dispatch, send the peers' chunks from N processors instead of the "
+                         "kernel's 32: names end in -sendersN, untraced")
     ap.add_argument("--tile", type=tile_shape, help="run every bench point at this tile shape, MxNxK (e.g. "
                     "128x256x64), instead of its precision's bench tile: names gain -tileMxNxK")
     ap.add_argument("--apart", action="store_true", help="run only the points whose tiles merging sources changes, "
                     "each source's rows in tiles of their own (merge_sources false): names end in -apart")
     args = ap.parse_args()
+    if args.staged_blocks is not None and (args.staged_blocks < 1 or args.dispatch != "staged"):
+        ap.error(f"--staged-blocks {args.staged_blocks}: a positive number of processors, with --dispatch staged")
     if args.tile:
         for dt in args.dtypes:
             try:
@@ -210,7 +215,8 @@ def main() -> int:
         if "bench" in args.suite:
             for dt in args.dtypes:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced,
-                                     dispatch=args.dispatch, tile=args.tile, apart=args.apart)
+                                     dispatch=args.dispatch, tile=args.tile, staged_blocks=args.staged_blocks,
+                                     apart=args.apart)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
         for c in cases:

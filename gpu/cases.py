@@ -150,6 +150,7 @@ def in_dtype(cfg: Config, dtype: str) -> Config:
 
 def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", trace: bool = True,
                 dispatch: str = "staged", tile: tuple[int, int, int] | None = None,
+                staged_blocks: int | None = None,
                 apart: bool = False) -> list[dict]:
     """Every point is timed beside the torch layer of the same precision `dtype` (float32, bfloat16
     or tf32; float32 points also beside torch bf16, tf32 points beside torch float32) and, with
@@ -160,7 +161,10 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
     default; "store", every chunk shared by the processors at once (names end in -store, traced: the
     flat dispatch measured against the staged one); or "put", each dispatched chunk and each
     finished tile put by one block (its path where a peer is not load/store reachable; names end
-    in -put and keep no trace: the simulator models the direct stores' return path). With `tile` (m, n, k)
+    in -put and keep no trace: the simulator models the direct stores' return path). With
+    `staged_blocks` the staged dispatch sends the peers' chunks from that many processors instead of
+    layout.STAGED_BLOCKS (names end in -sendersN, untraced): the kernel's count measured against
+    others. With `tile` (m, n, k)
     every point runs at that tile shape instead of the precision's own (names gain -tileMxNxK, no
     tile variants): a sweep of another tile, side by side with the bench tile's. With `apart` only
     the points whose tiles merging sources changes run, each source's rows in tiles of their own
@@ -171,6 +175,9 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
         tag, variants = f"-apart{tag}", ()
     if dispatch != "staged":
         tag, trace = f"{tag}-{dispatch}", trace and dispatch != "put"
+    elif staged_blocks is not None:
+        # another sender count than the kernel's (the simulator models STAGED_BLOCKS): untraced
+        tag, trace = f"{tag}-senders{staged_blocks}", False
     if tile:
         tag, variants = f"-tile{'x'.join(map(str, tile))}{tag}", ()
     chosen = []
@@ -198,5 +205,6 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
         cases.append({"name": f"bench-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
                       "bench": True, "baselines": list(baselines), "warmup": 3,
                       "iters": 10, "trace": f"{prefix}trace-{c.name}{tag}-p{p}.npz" if trace else None,
-                      "profile": c.name == "flashmoe" and dispatch == "staged", "dispatch": dispatch})
+                      "profile": c.name == "flashmoe" and dispatch == "staged" and staged_blocks is None,
+                      "dispatch": dispatch, **({"staged_blocks": staged_blocks} if staged_blocks else {})})
     return cases

@@ -209,7 +209,8 @@ class Layer:
     """cfg's MoE layer on this rank: buffers, the argument block and the launch."""
 
     def __init__(self, session: Session, cfg: Config, inputs: Inputs, *, timeout_ms: float = 5000.0,
-                 telemetry_cap: int = TLOG_CAP, dispatch: str = "staged"):
+                 telemetry_cap: int = TLOG_CAP, dispatch: str = "staged",
+                 staged_blocks: int = layout.STAGED_BLOCKS):
         import nvshmem.core.interop.torch as symmetric
         import torch
 
@@ -218,6 +219,9 @@ class Layer:
             raise layout.UnsupportedConfig("ranks", cfg.ranks, f"the number of processes, {session.world}")
         if dispatch not in DISPATCH_PATHS:
             raise ValueError(f"dispatch = {dispatch!r} is not allowed: one of {', '.join(DISPATCH_PATHS)}")
+        if isinstance(staged_blocks, bool) or not isinstance(staged_blocks, int) or staged_blocks < 1:
+            raise ValueError(f"staged_blocks = {staged_blocks!r} is not allowed: a positive number of processors "
+                             f"(the kernel keeps at least one for this GPU's own chunks)")
         if timeout_ms <= 0:
             raise ValueError(f"timeout_ms = {timeout_ms!r} is not allowed: a positive number of milliseconds")
         self.session, self.cfg, self.inputs = session, cfg, inputs
@@ -274,7 +278,7 @@ class Layer:
                      act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
-                     staged_blocks=layout.STAGED_BLOCKS if dispatch == "staged" else 0,
+                     staged_blocks=staged_blocks if dispatch == "staged" else 0,
                      gate_splits=splits)
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}

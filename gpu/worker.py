@@ -8,7 +8,8 @@ with reference.golden, small configs), "baseline" (compare with the torch layer)
 (run with telemetry on and off, compare, decode the trace), "bench" (time the kernel and the
 torch baselines), "profile" (a torch profiler table of one baseline call per dtype), "sit_out"
 (this rank does not launch: the others must time out and raise), timeout_ms, "dispatch" (how
-the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), and "meta" (the
+the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), "staged_blocks"
+(its senders, layout.STAGED_BLOCKS by default), and "meta" (the
 run's provenance: commit, command, driver, ..., copied into the result and the trace's meta).
 Rank 0 writes OUT_DIR/results.json (one dict per case) and the traces; a bench case's trace is
 saved after its timings, so the trace file alone describes the measured run.
@@ -29,6 +30,7 @@ from reference import Config, golden, routing, weights
 
 from . import errors, telemetry
 from .baseline import TorchLayer
+from .layout import STAGED_BLOCKS
 from .runtime import Inputs, Layer, Session
 
 CLOCK_SYNCS = 3  # clock-sync launches per trace: the median offset rejects one that read off
@@ -183,12 +185,12 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     cfg = Config.from_dict(case["config"])
     dispatch = case.get("dispatch", "staged")
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
-                 "dispatch": dispatch}
+                 "dispatch": dispatch, "staged_blocks": case.get("staged_blocks", STAGED_BLOCKS)}
     t0 = time.perf_counter()
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
     layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
-                  dispatch=dispatch)
+                  dispatch=dispatch, staged_blocks=res["staged_blocks"])
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
     try:
         if case.get("sit_out") is not None:

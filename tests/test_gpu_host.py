@@ -231,8 +231,23 @@ def test_simulated_dispatch_shares_are_the_kernels():
         assert costs.dispatch_parts(cfg, 263, "put") == 1
     # the staged dispatch's senders: the simulator's count is the one the host hands the kernel
     assert costs.STAGED_BLOCKS == layout.STAGED_BLOCKS
-    assert "staged_blocks=layout.STAGED_BLOCKS if dispatch == \"staged\" else 0" in \
-        (layout.KERNEL_DIR.parent / "runtime.py").read_text()
+    runtime = (layout.KERNEL_DIR.parent / "runtime.py").read_text()
+    assert "staged_blocks: int = layout.STAGED_BLOCKS" in runtime
+    assert "staged_blocks=staged_blocks if dispatch == \"staged\" else 0" in runtime
+
+
+def test_bench_cases_name_their_dispatch():
+    """The kernel's staged dispatch keeps the plain names and traces; the flat one is traced under
+    -store, the put path and other sender counts untraced."""
+    from gpu import cases
+
+    names = {d: cases.bench_cases(2, "default", "x-", dispatch=d)[0] for d in ("staged", "store", "put")}
+    assert [names[d]["name"] for d in names] == [f"bench-flashmoe{tag}-p2" for tag in ("", "-store", "-put")]
+    assert [names[d]["dispatch"] for d in names] == ["staged", "store", "put"]
+    assert names["store"]["trace"] == "x-trace-flashmoe-store-p2.npz" and names["put"]["trace"] is None
+    senders = cases.bench_cases(2, "default", "x-", staged_blocks=16)[0]
+    assert senders["name"] == "bench-flashmoe-senders16-p2" and senders["trace"] is None
+    assert senders["staged_blocks"] == 16 and "staged_blocks" not in names["staged"]
 
 
 @pytest.mark.parametrize("tokens,hidden,grid", [(1024, 2048, 264), (4096, 2048, 264), (8192, 2048, 264),
