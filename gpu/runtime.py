@@ -238,6 +238,7 @@ class Layer:
         self.grid = min(per_sm * session.sms, MAX_PROCESSORS + 1)
         self.n_proc = self.grid - 1
         self.dispatch = dispatch  # how dispatched rows move (sim.trace.DISPATCH_PATHS)
+        self.staged_blocks = staged_blocks  # the staged path's senders (0 in Params on the others)
         self.logs = self.n_proc + OS_WARPS
         dev = torch.device("cuda", session.local_rank)
         f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64

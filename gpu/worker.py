@@ -162,6 +162,7 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
         "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
         "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
         "dropped_events": sum(p[1] for p in parts), "dispatch": layer.dispatch,
+        "staged_blocks": layer.staged_blocks,
         "queue": queue_policy(cfg),  # os.cuh QUEUE_BY_EXPERT, as the simulator names it
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})

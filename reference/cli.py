@@ -50,6 +50,17 @@ def path_ending(*suffixes: str):
     return check
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a whole number of at least 1")
+    return value
+
+
 def _parse_value(text: str):
     low = text.lower()
     if low in ("true", "false"):

@@ -7,9 +7,9 @@ import argparse
 import json
 import sys
 
-from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending
+from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending, positive_int
 
-from .costs import QUEUE_POLICIES
+from .costs import QUEUE_POLICIES, STAGED_BLOCKS
 from .hardware import DEFAULT, PRESETS, HardwareError
 from .network import TRANSPORTS
 from .trace import DISPATCH_PATHS
@@ -45,15 +45,16 @@ def _one(args) -> int:
     if args.nodes is not None:
         cfg = engine.with_nodes(cfg, args.nodes)
     result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress, dispatch=args.dispatch,
-                             queue=args.queue)
+                             queue=args.queue, staged_blocks=args.staged_blocks)
     m = result.metrics
     if cfg.ranks > 2 and cfg.experts % 2 == 0:
         progress("2-GPU run of the same layer for overlap efficiency T(2)/T(N)")
         two = engine.simulate(cfg.replace(ranks=2, gpus_per_node=2), args.hardware, args.transport, args.baseline,
-                              dispatch=args.dispatch, queue=args.queue)
+                              dispatch=args.dispatch, queue=args.queue, staged_blocks=args.staged_blocks)
         m = metrics.compute(result.trace, cfg, latency_2gpu_ns=two.metrics["latency_ns"])
     summary = {"config": cfg.name, "gpus": cfg.ranks, "nodes": cfg.nodes, "hardware": result.trace.meta["hardware"],
-               "transport": args.transport, "dispatch": args.dispatch, "queue": result.trace.meta["queue"],
+               "transport": args.transport, "dispatch": args.dispatch, "staged_blocks": args.staged_blocks,
+               "queue": result.trace.meta["queue"],
                "kernel": "baseline" if args.baseline else "fused",
                **flatten(m), "sim_events": result.events, "sim_wall_s": result.wall_s}
     if args.trace:
@@ -116,6 +117,9 @@ def register(sub) -> None:
                         "local expert by local expert, this GPU's own by the rest), store (every chunk shared by "
                         "up to 4 blocks at once), or put (each chunk packed and put by one block, the kernel's "
                         "path where a peer is not reachable)")
+    p.add_argument("--staged-blocks", type=positive_int, default=STAGED_BLOCKS, metavar="N",
+                   help=f"the processors that send the peers' chunks on the staged dispatch (default: the kernel's "
+                        f"{STAGED_BLOCKS})")
     p.add_argument("--queue", choices=QUEUE_POLICIES,
                    help="when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
                         "the last has landed (expert), or as it lands (tile); default: as the kernel build of the "

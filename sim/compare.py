@@ -39,6 +39,7 @@ from reference import Config
 
 from . import metrics
 from .calibrate import GPU_PRESET, MEASUREMENTS
+from .costs import STAGED_BLOCKS
 from .engine import simulate
 from .hardware import Hardware, HardwareError
 from .hardware import get as get_hardware
@@ -76,6 +77,12 @@ class MeasuredRun:
         """How the measured kernel moved dispatched rows (trace.DISPATCH_PATHS): traces record it
         since the kernel stores them; the ones before put every tile."""
         return str(self.trace.meta.get("dispatch", "put"))
+
+    @property
+    def staged_blocks(self) -> int:
+        """The processors that sent the peers' chunks on the staged path: traces record it since
+        the kernel took it as a parameter; those before (fca7b10) ran 32."""
+        return int(self.trace.meta.get("staged_blocks", 32))
 
     @property
     def queue(self) -> str:
@@ -219,13 +226,15 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str, str | None], object] = {}
+        self.cache: dict[tuple[str, str, str, str | None, int], object] = {}
 
-    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None):
+    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None,
+                 staged_blocks: int = STAGED_BLOCKS):
         figures = hw.for_dtype(cfg.dtype).to_dict()  # what simulate runs with
-        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue)
+        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue,
+               staged_blocks)
         if key not in self.cache:
-            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue)
+            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue, staged_blocks=staged_blocks)
         return self.cache[key]
 
 
@@ -255,7 +264,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_dtype(run.config.dtype)
-    result = predict(run.config, hw, run.dispatch, run.queue)
+    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta.get("processors") or hw.processors)
     ranks = run.config.ranks
@@ -268,7 +277,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     c.rows.append(_row("SM utilization", model["sm_utilization"], meas["sm_utilization"], None))
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
-        pred_two = predict(two.config, hw, two.dispatch, two.queue).metrics["latency_ns"] / 1e6
+        pred_two = predict(two.config, hw, two.dispatch, two.queue, two.staged_blocks).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])

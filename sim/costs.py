@@ -48,7 +48,7 @@ GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one i
 # "staged" (sim.trace.DISPATCH_PATHS): the peers' chunks sent by STAGED_BLOCKS processors one after
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (gpu/layout.py STAGED_BLOCKS; a test checks they agree)
-STAGED_BLOCKS = 32
+STAGED_BLOCKS = 16
 # when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles, from every
 # source, once the last has landed (os.cuh enqueue_expert), or as it lands (queue_policy)
 QUEUE_POLICIES = ("expert", "tile")

@@ -68,11 +68,12 @@ class _CountingEnvironment(simpy.Environment):
 
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
              baseline: bool = False, progress: Callable[[str], None] | None = None,
-             plan: TilePlan | None = None, dispatch: str = "staged", queue: str | None = None) -> Result:
+             plan: TilePlan | None = None, dispatch: str = "staged", queue: str | None = None,
+             staged_blocks: int = costs.STAGED_BLOCKS) -> Result:
     """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known;
     `dispatch` is how the fused kernel moves dispatched rows (trace.DISPATCH_PATHS: "staged", the
     kernel's default, or "store", both into the owner's memory where a block can reach it, or
-    "put" every chunk);
+    "put" every chunk), `staged_blocks` the processors that send the peers' chunks on the staged path;
     `queue` when it queues a dispatched tile's tasks (costs.QUEUE_POLICIES: "expert", with the
     rest of its expert's tiles; "tile", as it lands), by default as cfg's kernel build does
     (costs.queue_policy)."""
@@ -81,6 +82,8 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
     if dispatch not in DISPATCH_PATHS:
         raise SimError("dispatch", dispatch, "one of " + ", ".join(DISPATCH_PATHS))
+    if isinstance(staged_blocks, bool) or not isinstance(staged_blocks, int) or staged_blocks < 1:
+        raise SimError("staged_blocks", staged_blocks, "a positive number of processors")
     if queue not in costs.QUEUE_POLICIES:
         raise SimError("queue", queue, "one of " + ", ".join(costs.QUEUE_POLICIES))
     if not isinstance(baseline, bool):
@@ -100,14 +103,15 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         Baseline(env, cfg, plan, hw, rec).start()
         processors, left = hw.sms, [0]
     else:
-        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue)
+        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks)
         processors = hw.processors
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
     say(f"{env.events:,} events; building the trace")
     meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
-            "transport": transport, "dispatch": dispatch, "queue": queue, "baseline": baseline,
+            "transport": transport, "dispatch": dispatch, "staged_blocks": staged_blocks, "queue": queue,
+            "baseline": baseline,
             "processors": processors}
     trace = rec.build(meta).sorted()
     m = metrics.compute(trace, cfg)
@@ -115,7 +119,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
 
 
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
-               dispatch: str, queue: str) -> list[int]:
+               dispatch: str, queue: str, staged_blocks: int) -> list[int]:
     """Set up every GPU's kernel on the fabric; returns [chunks not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
@@ -129,7 +133,7 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
     kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, dispatch,
-                               queue) for r in range(cfg.ranks))
+                               queue, staged_blocks) for r in range(cfg.ranks))
     for k in kernels:
         k.start()
     return left

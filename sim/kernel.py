@@ -106,9 +106,11 @@ class FusedKernel:
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
-                 send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str):
+                 send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
+                 staged_blocks: int = costs.STAGED_BLOCKS):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
+        self.staged_blocks = staged_blocks  # the staged path's senders
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec
         self.send, self.on_chunk_done = send, on_chunk_done
@@ -198,7 +200,7 @@ class FusedKernel:
         this GPU's own slot j of local expert le is u = le CH + j on processor R + u mod (the
         other processors)."""
         p, cfg = self.plan, self.cfg
-        r, slots, experts = min(costs.STAGED_BLOCKS, self.processors - 1), chunk_slots(cfg), cfg.local_experts
+        r, slots, experts = min(self.staged_blocks, self.processors - 1), chunk_slots(cfg), cfg.local_experts
         taken: dict[int, int] = {}
         remote, local = [], []
         for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):

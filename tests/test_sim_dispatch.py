@@ -108,3 +108,6 @@ def test_unknown_dispatch_path(capsys):
     with pytest.raises(SystemExit):
         main(["sim", "--dispatch", "copy"])
     assert "invalid choice: 'copy'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["sim", "--staged-blocks", "0"])
+    assert "'0' is not allowed: a whole number of at least 1" in capsys.readouterr().err
