@@ -92,8 +92,8 @@ Right:
   equal tile tasks on 263 processors (131 on the bf16 build), each task a fixed cost plus its
   FLOPs' time and its share of its weight slice's loads, overlapped (below), with a hand-off
   between tasks and the scheduler's latencies around idle processors.
-- **The staged dispatch lets experts complete during the dispatch** (fca7b10): 32 processors send
-  the peers' chunks one after another, local expert by local expert, every GPU starting with a
+- **The staged dispatch lets experts complete during the dispatch** (fca7b10): 32 processors (16
+  since cb214ea) send the peers' chunks one after another, local expert by local expert, every GPU starting with a
   different peer, while the others store their own GPU's chunks and go on to the tasks. On four
   H200s, side by side with the flat dispatch in one call, bf16: the default 0.862 -> 0.791 ms, 16K
   1.711 -> 1.454, 128 experts 0.950 -> 0.865, 1K 0.239 -> 0.232; float32 default 7.616 -> 7.461.
@@ -107,6 +107,12 @@ Right:
   every processor storing; on the staged path each of those blocks now has its round's blocks'
   share of that memory, never faster than a block's own copy rate (`store_dispatch_ns`): the
   eleven two-GPU runs whose dispatch busy time was modelled 23-46% long hold.
+- **The model picks the staged dispatch's sender count as the kernel does** (cb214ea): measured
+  side by side on four H200s, bf16 default, 8, 16, 32, 48 and 64 senders took 0.758, 0.753,
+  0.786, 0.821 and 0.817 ms; simulated with the count (`staged_blocks`), 16 against 32 is 0.956
+  (measured 0.958) and 64 against 32 1.040 (1.039), though every prediction is 8-9% short (the
+  four-GPU bf16 miss below). Fewer senders leave more processors for the GEMMs while each wave
+  still fills the NVLink port; the kernel now sends from 16.
 - **An expert's rows from every GPU share its tiles** (ca250c7): the plan lays an expert's slots
   out GPU after GPU, C apart, and cuts windows of tile_m positions over them, so at 1K tokens
   (C = 32) four GPUs' rows fill one 128-row tile where each had a tile of its own. The model

@@ -104,7 +104,8 @@ def test_sender_counts_against_32_as_measured(point, senders):
     key = "float32-default" if point == "p4" else {"bf16-p4": "bf16"}.get(point, point.removesuffix("-p4"))
     ratio = measured[key][str(senders)] / measured[key]["32"]
     cfg = measured_config(Trace.load(MEASURED / f"h200x4-trace-flashmoe-{point}.npz").meta["config"])
-    pred = {r: sim.simulate(cfg, hardware=str(CALIBRATED), staged_blocks=r).metrics["latency_ms"] for r in (senders, 32)}
+    pred = {r: sim.simulate(cfg, hardware=str(CALIBRATED), staged_blocks=r).metrics["latency_ms"]
+            for r in (senders, 32)}
     assert pred[senders] / pred[32] == pytest.approx(ratio, abs=0.03)
 
 
