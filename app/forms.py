@@ -42,6 +42,8 @@ class SimOptions:
     transport: str
     baseline: bool
     queue: str | None  # sim.costs.QUEUE_POLICIES, or None: as the config's kernel build queues
+    dispatch: str  # sim.trace.DISPATCH_PATHS
+    staged_blocks: int  # the staged dispatch's senders
 
 
 def keep_state() -> None:
@@ -88,11 +90,14 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
     options = None
     if sim_options:
         from sim import TRANSPORTS, costs, hardware  # the simulator only where its options are shown
+        from sim.trace import DISPATCH_PATHS
 
         st.session_state.setdefault("sim.hardware", DEFAULT_HARDWARE)
         st.session_state.setdefault("sim.transport", DEFAULT_TRANSPORT)
         st.session_state.setdefault("sim.baseline", False)
         st.session_state.setdefault("sim.queue", KERNEL_QUEUE)
+        st.session_state.setdefault("sim.dispatch", DISPATCH_PATHS[0])
+        st.session_state.setdefault("sim.staged_blocks", costs.STAGED_BLOCKS)
         bar.selectbox("hardware", list(hardware.PRESETS), key="sim.hardware")
         bar.selectbox("transport", list(TRANSPORTS), key="sim.transport",
                       help="how inter-node tiles move: proxy-based IBRC with per-tile fences, "
@@ -103,9 +108,19 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
                       help="when a landed tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
                            "the last has landed (expert: the bf16 kernel's rule, its tasks reading each weight "
                            "slice together), or as it lands (tile: the float32 kernel's)")
+        bar.selectbox("dispatch", list(DISPATCH_PATHS), key="sim.dispatch",
+                      help="how dispatched rows reach their expert's GPU: staged (the kernel's: a few blocks "
+                           "send the peers' chunks one local expert after another, so experts complete in waves), "
+                           "store (every block shares every chunk at once), or put (one block packs and puts each "
+                           "chunk)")
+        bar.number_input("staged senders", key="sim.staged_blocks", min_value=1, step=1,
+                         disabled=st.session_state["sim.dispatch"] != "staged",
+                         help=f"blocks that send the peers' chunks on the staged dispatch (the kernel's: "
+                              f"{costs.STAGED_BLOCKS})")
         queue = st.session_state["sim.queue"]
         options = SimOptions(st.session_state["sim.hardware"], st.session_state["sim.transport"],
-                             st.session_state["sim.baseline"], None if queue == KERNEL_QUEUE else queue)
+                             st.session_state["sim.baseline"], None if queue == KERNEL_QUEUE else queue,
+                             st.session_state["sim.dispatch"], int(st.session_state["sim.staged_blocks"]))
     try:
         return build_config(form), options
     except ConfigError as e:

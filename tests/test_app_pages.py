@@ -89,9 +89,20 @@ def test_simulate_page_reruns_on_transport_and_shows_a_bad_config():
 def test_simulate_page_reruns_on_the_queue_rule():
     at = page("simulate")
     chart = at.get("plotly_chart")[0].proto.spec
-    assert "(tile queue)" in chart  # the default config is float32: its kernel queues each tile as it lands
+    assert "(tile queue, staged dispatch)" in chart  # the default config is float32: its kernel queues each tile
     at.sidebar.selectbox(key="sim.queue").set_value("expert").run()
-    assert not at.exception and "(expert queue)" in at.get("plotly_chart")[0].proto.spec
+    assert not at.exception and "(expert queue, staged dispatch)" in at.get("plotly_chart")[0].proto.spec
+
+
+@needs_sim
+def test_simulate_page_reruns_on_the_dispatch_and_its_senders():
+    at = page("simulate")
+    before = table(at)
+    at.sidebar.number_input(key="sim.staged_blocks").set_value(2).run()
+    assert not at.exception and table(at) != before  # two senders carry every peer's chunks
+    at.sidebar.selectbox(key="sim.dispatch").set_value("store").run()
+    assert not at.exception and "store dispatch" in at.get("plotly_chart")[0].proto.spec
+    assert at.sidebar.number_input(key="sim.staged_blocks").disabled
 
 
 def gpu_run(tr):

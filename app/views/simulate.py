@@ -9,9 +9,10 @@ from reference import Config
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def simulate(cfg_dict: dict, hardware: str, transport: str, baseline: bool, queue: str | None):
+def simulate(cfg_dict: dict, hardware: str, transport: str, baseline: bool, queue: str | None, dispatch: str,
+             staged_blocks: int):
     return sim.simulate(Config.from_dict(cfg_dict), hardware=hardware, transport=transport,
-                        baseline=baseline, queue=queue)
+                        baseline=baseline, queue=queue, dispatch=dispatch, staged_blocks=staged_blocks)
 
 
 def default_gpus(cfg: Config, ranks: list[int]) -> list[int]:
@@ -26,7 +27,8 @@ st.title("Simulate: one MoE layer call, tile by tile")
 cfg, opt = forms.config_sidebar("cfg", sim_options=True)
 if cfg is not None:
     with st.spinner(f"simulating {cfg.name} on {cfg.ranks} {opt.hardware} GPUs ({opt.transport})"):
-        result = simulate(cfg.to_dict(), opt.hardware, opt.transport, opt.baseline, opt.queue)
+        result = simulate(cfg.to_dict(), opt.hardware, opt.transport, opt.baseline, opt.queue, opt.dispatch,
+                          opt.staged_blocks)
     trace = result.trace
     ranks = sorted(int(r) for r in np.unique(trace["rank"]))
     end_us = float(trace["end"].max()) / 1e3 if len(trace) else 1.0
@@ -37,7 +39,8 @@ if cfg is not None:
                          help="zoom here to re-aggregate at a finer time step; drag on the chart "
                               "to zoom into what is drawn")
     sub = trace.select(np.isin(trace["rank"], shown))
-    what = "bulk-synchronous baseline" if opt.baseline else f"single kernel ({trace.meta['queue']} queue)"
+    what = "bulk-synchronous baseline" if opt.baseline else \
+        f"single kernel ({trace.meta['queue']} queue, {trace.meta['dispatch']} dispatch)"
     title = f"Timeline: {cfg.name}, {what} on {opt.hardware}, {opt.transport}"
     chart, table = st.columns([3, 1])
     with chart:
