@@ -103,8 +103,13 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         Baseline(env, cfg, plan, hw, rec).start()
         processors, left = hw.sms, [0]
     else:
-        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks)
+        kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks)
         processors = hw.processors
+        env.run()
+        sharing = [k.port_sharing() for k in kernels]
+        if any(sharing):  # GEMM1 stores met at a port: again, each sharing it with those it met
+            env, rec = _CountingEnvironment(say), TraceBuilder()
+            kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, sharing)
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
@@ -119,7 +124,8 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
 
 
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
-               dispatch: str, queue: str, staged_blocks: int) -> list[int]:
+               dispatch: str, queue: str, staged_blocks: int, sharing: list[dict[int, int]] | None = None
+               ) -> tuple[list[FusedKernel], list[int]]:
     """Set up every GPU's kernel on the fabric; returns [chunks not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
@@ -133,7 +139,7 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
     kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, dispatch,
-                               queue, staged_blocks) for r in range(cfg.ranks))
+                               queue, staged_blocks, sharing[r] if sharing else None) for r in range(cfg.ranks))
     for k in kernels:
         k.start()
-    return left
+    return kernels, left

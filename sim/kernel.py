@@ -107,7 +107,7 @@ class FusedKernel:
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
-                 staged_blocks: int = costs.STAGED_BLOCKS):
+                 staged_blocks: int = costs.STAGED_BLOCKS, sharing: dict[int, int] | None = None):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.staged_blocks = staged_blocks  # the staged path's senders
@@ -118,6 +118,8 @@ class FusedKernel:
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
         self.scheduler: Scheduler | None = None
         self.port_free = 0.0  # when this GPU's NVLink port has sent the GEMM1 stores queued so far
+        self.stores: list[tuple[int, float, float]] = []  # (task, own work's end, stores' end) through the port
+        self.sharing = sharing  # task -> GEMM1 tasks storing through the port at once (port_sharing)
         mine = np.flatnonzero(plan.tile_owner == rank)
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
         # of each chunk of its tokens; at zero the final combine starts
@@ -270,7 +272,7 @@ class FusedKernel:
                      for u, task in order]
         finish = None
         if kind == GEMM1:
-            finish = lambda i, end: self.through_port(end, peer[order[i][0]])  # noqa: E731
+            finish = lambda i, end: self.through_port(end, peer[order[i][0]], order[i][1])  # noqa: E731
         last: dict[int, float] = {}
         for (u, task), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations, finish)):
             t = int(self.plan.task_tile[task])
@@ -287,14 +289,31 @@ class FusedKernel:
         xs = [int(self.phases.transfer[c, RETURN]) for c in self.plan.tile_chunks(t)]
         return sum(int(p.transfer_bytes[x]) / share for x in xs if int(p.transfer_link[x]) == NVLINK)
 
-    def through_port(self, end: float, nbytes: float) -> float:
+    def through_port(self, end: float, nbytes: float, task: int = -1) -> float:
         """When a GEMM1 task whose own work ends at `end` is done, its `nbytes` for the peers having
         gone through this GPU's NVLink port behind those of the tasks before it: a wave of tasks
         ending together queues there (four H200s, 1K tokens: 131 tasks' 48 KiB each, 17 us)."""
         if not nbytes:
             return end
+        if self.sharing is not None and task in self.sharing:
+            # the port's share beside the tasks it met: a wave of n such tasks all end when the
+            # wave's bytes have gone, as the last one queued would (its own behind its work)
+            return end + nbytes * (self.sharing[task] - 1) / self.hw.nvlink_gbps
         self.port_free = max(self.port_free, end - nbytes / self.hw.nvlink_gbps) + nbytes / self.hw.nvlink_gbps
+        self.stores.append((task, end, max(end, self.port_free)))
         return max(end, self.port_free)
+
+    def port_sharing(self) -> dict[int, int]:
+        """Each GEMM1 task that stored through the port: how many tasks (itself included) were
+        storing while it was, from its work's end to its stores' end, when they queued one after
+        another."""
+        if not self.stores:
+            return {}
+        _, e, f = (np.array(c) for c in zip(*self.stores))
+        starts, ends = np.sort(e), np.sort(f)
+        # [e_j, f_j] meets [e_i, f_i]: e_j <= f_i and f_j >= e_i
+        n = np.searchsorted(starts, f, side="right") - np.searchsorted(ends, e, side="left")
+        return {t: int(max(c, 1)) for (t, _, _), c in zip(self.stores, n)}
 
     def phase_done(self, u: int, kind: int) -> None:
         """Unit `u` (a tile, or a chunk for the combine) finished its phase `kind`."""
