@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import Config, weights
+from reference.config import is_positive_int
 from sim.trace import DISPATCH_PATHS
 
 from . import build, errors, layout, telemetry, tma
@@ -219,7 +220,7 @@ class Layer:
             raise layout.UnsupportedConfig("ranks", cfg.ranks, f"the number of processes, {session.world}")
         if dispatch not in DISPATCH_PATHS:
             raise ValueError(f"dispatch = {dispatch!r} is not allowed: one of {', '.join(DISPATCH_PATHS)}")
-        if isinstance(staged_blocks, bool) or not isinstance(staged_blocks, int) or staged_blocks < 1:
+        if not is_positive_int(staged_blocks):
             raise ValueError(f"staged_blocks = {staged_blocks!r} is not allowed: a positive number of processors "
                              f"(the kernel keeps at least one for this GPU's own chunks)")
         if timeout_ms <= 0:

@@ -29,8 +29,13 @@ class ConfigError(ValueError):
         super().__init__(f"config field '{name}' = {value!r} is not allowed: {allowed}")
 
 
+def is_positive_int(value) -> bool:
+    """A whole number of at least 1 (a bool is not one)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_positive_int(value):
         raise ConfigError(name, value, "a positive integer")
 
 

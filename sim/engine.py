@@ -16,6 +16,7 @@ import simpy
 
 import reference
 from reference import Config, ConfigError, TilePlan
+from reference.config import is_positive_int
 
 from . import costs, metrics
 from .baseline import Baseline
@@ -82,7 +83,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
     if dispatch not in DISPATCH_PATHS:
         raise SimError("dispatch", dispatch, "one of " + ", ".join(DISPATCH_PATHS))
-    if isinstance(staged_blocks, bool) or not isinstance(staged_blocks, int) or staged_blocks < 1:
+    if not is_positive_int(staged_blocks):
         raise SimError("staged_blocks", staged_blocks, "a positive number of processors")
     if queue not in costs.QUEUE_POLICIES:
         raise SimError("queue", queue, "one of " + ", ".join(costs.QUEUE_POLICIES))
@@ -107,7 +108,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         processors = hw.processors
         env.run()
         sharing = [k.port_sharing() for k in kernels]
-        if any(sharing):  # GEMM1 stores met at a port: again, each sharing it with those it met
+        if any(n > 1 for s in sharing for n in s.values()):  # stores met at a port: again, sharing it
             env, rec = _CountingEnvironment(say), TraceBuilder()
             kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, sharing)
     env.run()

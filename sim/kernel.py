@@ -289,7 +289,7 @@ class FusedKernel:
         xs = [int(self.phases.transfer[c, RETURN]) for c in self.plan.tile_chunks(t)]
         return sum(int(p.transfer_bytes[x]) / share for x in xs if int(p.transfer_link[x]) == NVLINK)
 
-    def through_port(self, end: float, nbytes: float, task: int = -1) -> float:
+    def through_port(self, end: float, nbytes: float, task: int) -> float:
         """When a GEMM1 task whose own work ends at `end` is done, its `nbytes` for the peers having
         gone through this GPU's NVLink port behind those of the tasks before it: a wave of tasks
         ending together queues there (four H200s, 1K tokens: 131 tasks' 48 KiB each, 17 us)."""

@@ -89,7 +89,7 @@ def test_gemm1_stores_queue_at_the_nvlink_port():
     assert ends[-1] == pytest.approx(1000.0 + 130 * nbytes / 366.0)
     later = FusedKernel.through_port(gpu, ends[-1] + 1e6, nbytes, 131)
     assert later == ends[-1] + 1e6  # the port drained meanwhile: no wait
-    assert FusedKernel.through_port(gpu, 5.0, 0) == 5.0  # nothing for the peers
+    assert FusedKernel.through_port(gpu, 5.0, 0, 132) == 5.0  # nothing for the peers
 
 
 def test_a_wave_of_gemm1_tasks_shares_the_port_and_ends_together():
