@@ -11,10 +11,12 @@ activation the kernel supports), telemetry on/off, and a rank that sits out (the
 time out and raise). `bench`: the FlashMoE default and its token/expert sweeps, kernel vs the
 torch layer of the same dtype (float32 points also beside torch bf16), random inputs drawn on the GPU,
 checked against the torch layer; `--dtypes` picks the kernels (float32, bfloat16, tf32: float32 data
-on TF32 tensor cores, timed beside torch with TF32 allowed), `--untraced` those whose points keep
-no trace, and `checks` then includes the bf16 (tf32) kernel's checks against the reference's
-bf16-emulated (tf32) golden. The matmul ceiling of each precision is measured first (torch,
-8192^3) and each point's rate is given as a share of its own precision's ceiling.
+on TF32 tensor cores, timed beside torch with TF32 allowed; tf32x3: float32 data on TF32 tensor
+cores at float32's accuracy, timed beside torch float32), `--untraced` those whose points keep
+no trace, and `checks` then includes the bf16 (tf32, tf32x3) kernel's checks against the
+reference's bf16-emulated (tf32, float64) golden. The matmul ceiling of each precision is measured
+first (torch, 8192^3) and each point's rate is given as a share of its own precision's ceiling;
+tf32x3's is float32's, the ceiling of its dtype at its accuracy.
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -38,11 +40,13 @@ from gpu import UnsupportedConfig, check_supported, spawn  # noqa: E402
 from gpu.cases import (  # noqa: E402
     PRECISIONS,
     bench_cases,
+    baseline_precision,
     bf16_check_cases,
     check_cases,
     in_dtype,
     sit_out_case,
     tf32_check_cases,
+    tf32x3_check_cases,
 )
 from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
@@ -128,6 +132,9 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float]) -> list[tupl
     def precision(r):
         return Config.from_dict(r["config"]).gemm_precision
 
+    def baseline(r):
+        return baseline_precision(Config.from_dict(r["config"]))
+
     on_two = {(r["config"]["name"], precision(r)): r["kernel_ms"]
               for r in all_results if "kernel_ms" in r and r["config"]["ranks"] == 2}
     rows = []
@@ -139,7 +146,7 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float]) -> list[tupl
         ceil = ceilings[dt] * c["ranks"]
         tf = flops(r) / (r["kernel_ms"] * 1e-3) / 1e12
         gemm_tf = flops(r) / (r["gemm_ms_per_proc"] * 1e-3) / 1e12 if r.get("gemm_ms_per_proc") else 0.0
-        torch_ms = r.get(f"torch_{dt}_ms", 0.0)
+        torch_ms = r.get(f"torch_{baseline(r)}_ms", 0.0)
         two = on_two.get((c["name"], dt))
         rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], torch_ms,
                      torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, 100 * gemm_tf / ceil,
@@ -166,7 +173,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=560.0, help="wall-clock limit per GPU count, seconds")
     ap.add_argument("--prefix", default="", help="prefix of the trace files' names (e.g. h200x4-)")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(PRECISIONS),
-                    help="kernels to bench (and, with bfloat16 or tf32, to check)")
+                    help="kernels to bench (and, with bfloat16, tf32 or tf32x3, to check)")
     ap.add_argument("--untraced", nargs="*", default=[], choices=list(PRECISIONS),
                     help="dtypes whose bench points keep no telemetry trace")
     ap.add_argument("--dispatch", default="staged", choices=DISPATCH_PATHS,
@@ -197,7 +204,8 @@ def main() -> int:
         ap.error(why)
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
-    ceilings = {dt: ceiling_tflops(dt) for dt in PRECISIONS}
+    ceilings = {dt: ceiling_tflops(dt) for dt in ("float32", "bfloat16", "tf32")}
+    ceilings["tf32x3"] = ceilings["float32"]
     meta["fp32_ceiling_tflops"], meta["bf16_ceiling_tflops"] = ceilings["float32"], ceilings["bfloat16"]
     meta["tf32_ceiling_tflops"] = ceilings["tf32"]
     print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}", flush=True)
@@ -212,6 +220,8 @@ def main() -> int:
                 cases += bf16_check_cases(p, seed)
             if "tf32" in args.dtypes:
                 cases += tf32_check_cases(p, seed)
+            if "tf32x3" in args.dtypes:
+                cases += tf32x3_check_cases(p, seed)
         if "bench" in args.suite:
             for dt in args.dtypes:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced,

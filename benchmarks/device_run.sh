@@ -1,11 +1,11 @@
 #!/bin/bash
 # The GPU machine's work, in parts, each call running the parts it names and printing the bench
 # table last (a call is capped at 10 minutes, so the whole set takes two calls):
-#   checks     ptxas report (registers, spills, shared memory) of the float32, bf16 and tf32 kernels
+#   checks     ptxas report (registers, spills, shared memory) of the float32, bf16, tf32 and tf32x3 kernels
 #              at the bench's tiles, the GPU tests on every GPU count, `moelab gpu` as a user runs it
 #   calibrate  the calibration microbenchmarks of both builds on the most GPUs given, 2 for NVLink's
 #              figures (calibration-<gpu>.json; on 1 GPU they stay the preset's)
-#   bench-D    the sweep of precision D (float32, bfloat16, tf32) on the GPU counts given, a
+#   bench-D    the sweep of precision D (float32, bfloat16, tf32, tf32x3) on the GPU counts given, a
 #              telemetry trace per point, each beside the torch layer of its precision
 #   apart-D    the points of that sweep whose tiles merging sources changes, with each source's rows
 #              in tiles of their own (merge_sources false): the merged tiles measured against them
@@ -29,7 +29,7 @@ shift 2
 for part in "$@"; do
   case $part in
     checks)
-      for precision in float32 bfloat16 tf32; do
+      for precision in float32 bfloat16 tf32 tf32x3; do
         python3 - "$precision" "$NVH" <<'EOF' 2>&1 | tee -a "$R/ptxas.txt"
 import shutil, subprocess, sys
 from pathlib import Path
@@ -59,7 +59,7 @@ print("  linked:", usage[at + 1].strip() if at is not None else "no cuobjdump -r
 EOF
       done
       timeout 240 python3 -m pytest -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
-      for extra in "" "--set tf32=true"; do
+      for extra in "" "--set tf32=true" "--set tf32x3=true --set hidden=128 --set ffn=256 --set tile_n=128 --set tile_k=32"; do
         timeout 90 python3 -m moelab gpu --config tiny $extra --set tile_m=64 --gpus "${GPUS##* }" --check --bench \
           --out /tmp/moelab-cli 2>&1 | tee -a "$R/cli.txt"
       done ;;
@@ -78,7 +78,7 @@ EOF
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;
-    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32) or stream"
+    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3) or stream"
        exit 2 ;;
   esac
 done

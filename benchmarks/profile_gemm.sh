@@ -1,5 +1,5 @@
 #!/bin/bash
-# Nsight Compute's view of a build's tile GEMM (bfloat16: gpu/kernels/tile_gemm_bf16.cuh, float32:
+# Nsight Compute's view of a build's tile GEMM (bfloat16: gpu/kernels/tile_gemm_wgmma.cuh, float32:
 # gpu/kernels/tile_gemm.cuh) as the calibration microbenchmark runs it (mb_gemm: the megakernel's
 # own gemm_task, K = 2048, 128-row tiles): one
 # launch with a single block (the task alone on an SM) and one with the megakernel's grid (its

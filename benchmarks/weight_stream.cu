@@ -1,5 +1,5 @@
 // How fast the bf16 tile GEMM's weight stream can go, without the GEMM: every block streams weight
-// slices through the kernel's own TMA ring (gpu/kernels/tile_gemm_bf16.cuh: STAGES stages of a
+// slices through the kernel's own TMA ring (gpu/kernels/tile_gemm_wgmma.cuh: STAGES stages of a
 // 64-deep A slice of 128 rows and a B slice of 256 weight rows, STAGES - 1 slices copied ahead,
 // one thread asking for a slice's boxes, an mbarrier per stage counting its bytes in, the block
 // meeting once per slice before that thread refills the stage the slice before used). The slices
@@ -20,7 +20,7 @@
 #include <cstdlib>
 
 // the kernel's own mbarrier and TMA helpers
-#include "../gpu/kernels/tile_gemm_bf16.cuh"
+#include "../gpu/kernels/tile_gemm_wgmma.cuh"
 
 #define CHECK(x)                                                                        \
   do {                                                                                  \

@@ -5,13 +5,14 @@ every supported gate and activation, skewed routing, all tokens to one expert wi
 capacity dropping, T not a multiple of tile_m, tiny tiles, on the kernel's staged dispatch, then
 its flat ("store") and "put" dispatch paths. bf16_check_cases: the bf16 kernel on
 the same kinds of configs, against the reference's bf16-emulated golden. tf32_check_cases: the
-TF32 kernel on such configs, against the reference's tf32 path (and float64). sit_out_case: one
+TF32 kernel on such configs, against the reference's tf32 path (and float64). tf32x3_check_cases:
+the split TF32 kernel on such configs, against float64 at float32's tolerance. sit_out_case: one
 rank does not launch, the others must time out and raise. bench_cases: the FlashMoE default and
 its token and expert sweeps (random inputs drawn on the GPU, checked against the torch layer),
 each with its telemetry trace, in float32 (FP32_TILE_K: tiles 128 x 64 x 16), bf16 (BF16_TILE,
 128 x 256 x 64: two warpgroups, each a wgmma.m64n128k16 per 64 rows, K in 64-deep slices four TMA
-stages deep) or tf32 (TF32_TILE, 128 x 128 x 8: three stages of float slices fit the static shared
-memory).
+stages deep), tf32 (TF32_TILE, 128 x 128 x 8: three stages of float slices fit the static shared
+memory) or tf32x3 (TF32X3_TILE, 128 x 128 x 32: two warpgroups of 64 columns, 32-float slices).
 """
 
 from __future__ import annotations
@@ -23,8 +24,15 @@ from reference import Config, plan, presets
 # rounds the rows it returns once more); tf32 against the tf32 path at TF32's half-ulp, 2**-11: a
 # GEMM0 output one float32 rounding away from the golden's may round to the other TF32 neighbour
 # as GEMM1's operand (measured 1.5e-4 on H200 for one check case, so 1e-4 was too tight)
-GOLDEN_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "tf32": 2.0**-11}
+# float32's for tf32x3, whose three TF32 products are to give float32's accuracy
+GOLDEN_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "tf32": 2.0**-11, "tf32x3": 1e-5}
 TF32_VS_FLOAT64 = 5e-3  # issue 9's bar for the TF32 kernel against the float64 truth
+
+
+def baseline_precision(cfg: Config) -> str:
+    """The torch layer a kernel run is measured beside, in the same dtype: float32 (no TF32) for
+    the split TF32 kernel, whose accuracy is float32's, else the kernel's GEMM precision."""
+    return "float32" if cfg.gemm_precision == "tf32x3" else cfg.gemm_precision
 
 
 def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
@@ -126,6 +134,34 @@ def tf32_check_cases(p: int, seed: int) -> list[dict]:
              "baseline_check": True} for n, ch in cases]
 
 
+# the bench's split TF32 tile: 128 x 128 in two warpgroups of 64 columns (one block per SM), 32
+# floats deep (wgmma's 128-byte swizzled rows); 128 x 256 leaves room for two stages only beside the
+# lo parts, 64 x 256 takes the variant's place
+TF32X3_TILE = (128, 128, 32)
+TF32X3_TILE_VARIANTS = ((64, 256, 32),)
+
+
+def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
+    base = dict(tokens=200, hidden=256, ffn=512, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=128, tile_k=32, seed=seed, tf32x3=True)
+    cases = [
+        ("fresh", {}),
+        ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
+        # GEMM0's K = 128 is four slices, as many as the stages the copies run ahead
+        ("nodrop_silu_topk_softmax", dict(capacity_factor=None, activation="silu", gate="topk_softmax",
+                                          hidden=128, ffn=256)),
+        ("skewed_sigmoid_gelu", dict(skew=2.0, gate="sigmoid_bias", activation="gelu")),
+        ("one_expert_dropping", dict(skew=1000.0, capacity_factor=1.0)),
+        # the bench's tile on short tiles: a 64-row block without rows skipped
+        ("t_not_multiple_tile128", dict(tokens=333, tile_m=128, experts=8 * p)),
+        # two warpgroups of 128 columns each
+        ("wide_tile_64x256", dict(tokens=600, tile_n=256, experts=4 * p, activation="gelu_tanh")),
+    ]
+    return [{"name": f"check-tf32x3-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
+             "baseline_check": True} for n, ch in cases] + \
+        [put_return_case(f"check-tf32x3-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
+
+
 def sit_out_case(p: int) -> dict:
     cfg = dict(tokens=256, hidden=128, ffn=256, experts=4 * p, top_k=2, ranks=p, tile_m=64, tile_n=32, tile_k=8)
     return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}
@@ -139,6 +175,8 @@ PRECISIONS = {
                  ["bfloat16"], BF16_TILE_VARIANTS),
     "tf32": (dict(tf32=True, tile_m=TF32_TILE[0], tile_n=TF32_TILE[1], tile_k=TF32_TILE[2]), "-tf32",
              ["tf32", "float32"], TF32_TILE_VARIANTS),
+    "tf32x3": (dict(tf32x3=True, tile_m=TF32X3_TILE[0], tile_n=TF32X3_TILE[1], tile_k=TF32X3_TILE[2]), "-tf32x3",
+               ["float32", "tf32"], TF32X3_TILE_VARIANTS),
 }
 
 

@@ -19,7 +19,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     progress = Progress(not args.quiet)
     case = {"name": cfg.name, "config": cfg.to_dict(), "inputs": args.inputs, "seed": cfg.seed,
             "golden": args.check and args.inputs == "reference", "baseline_check": args.check,
-            "bench": args.bench, "baselines": ["float32", "bfloat16"] + (["tf32"] if cfg.tf32 else []),
+            "bench": args.bench, "baselines": ["float32", "bfloat16"] + (["tf32"] if cfg.tf32 or cfg.tf32x3 else []),
             "warmup": args.warmup, "iters": args.iters,
             "trace": "trace.npz" if args.trace else None, "timeout_ms": args.timeout_ms}
     why = spawn.unmet(args.gpus)
@@ -50,14 +50,15 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     p = sub.add_parser("gpu", help="run the CUDA megakernel on local GPUs",
                        description="Build (cached), launch and check the megakernel (float32, the TF32 "
-                                   "tensor-core kernel for a config with tf32 = true, or the bf16 "
+                                   "tensor-core kernel for a config with tf32 = true, the split TF32 one "
+                                   "(float32's accuracy) with tf32x3 = true, or the bf16 "
                                    "tensor-core kernel for a bfloat16 config) on N GPUs of this "
                                    "host, one process each; optionally time it against the torch layer and save "
                                    "its telemetry trace.")
     add_config_args(p)
     p.add_argument("--check", action="store_true",
                    help="compare with the golden (reference inputs; float64, the bf16-emulated path for "
-                        "bfloat16, the tf32 path for tf32) and the torch layer")
+                        "bfloat16, the tf32 path for tf32; float64 for tf32x3) and the torch layer")
     p.add_argument("--bench", action="store_true", help="time kernel and torch layer (CUDA events, median)")
     p.add_argument("--trace", metavar="OUT.npz|OUT.json", help="save the kernel's telemetry trace")
     p.add_argument("--inputs", choices=["reference", "random"], default="reference",

@@ -1,5 +1,6 @@
-"""What the megakernel supports (float32 on CUDA cores or, with tf32, on TF32 tensor cores; bfloat16
-on tensor cores), its buffers' sizes, its arguments.
+"""What the megakernel supports (float32 on CUDA cores or, with tf32, on TF32 tensor cores or, with
+tf32x3, on TF32 tensor cores at float32's accuracy; bfloat16 on tensor cores), its buffers' sizes,
+its arguments.
 
 All sizes derive from the `Config` (never ad hoc): the slots C per (source rank, expert) block
 are `cfg.slots`; a local expert's tiles are W windows over its P sources' slots and a block is cut
@@ -36,12 +37,16 @@ SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per bloc
 # H100/H200: 228 KiB of shared memory per SM, of which the driver keeps 1 KiB per resident block;
 # 1 KiB more is left for the kernel's own __shared__ variables (24 B in the bf16 build, ptxas -v)
 SMEM_PER_SM = 228 * 1024
+WGMMA_PRECISIONS = ("bfloat16", "tf32x3")  # GEMM precisions of the warpgroup tile GEMM (tile_gemm_wgmma.cuh)
+SLICE_BYTES = 128  # a wgmma slice row: the 128-byte swizzle line (64 bf16, 32 float32)
+TF32X3_LO_BUFFERS = 2  # stage-sized copies the split TF32 GEMM writes its operands' lo parts into
+TF32X3_TILE_N = (128, 256)  # two warpgroups of wgmma.m64nNk8 columns, N of 64 or 128
 BF16_MAX_STAGES = 8  # TMA stages of the tensor-core tile GEMM, at most (seven slices copied ahead)
 BF16_MIN_STAGES = 3  # two slices of copies in flight while the wgmmas of one finish and the next run
 BF16_ALIGN_BYTES = 1024  # the swizzled stages start on a 1024-byte boundary of the dynamic shared memory
 BF16_MAX_ACC = 128  # float32 accumulators per thread, tile_m x tile_n / block threads: the whole tile in registers
 BF16_TILE_N = (32, 64, 128, 256)  # wgmma.m64nNk16 shapes the kernel spells out, N <= 128 per wgmma
-BF16_WIDE_TILE_N = 256  # split over warpgroups (kernels/tile_gemm_bf16.cuh), one block per SM
+BF16_WIDE_TILE_N = 256  # split over warpgroups (kernels/tile_gemm_wgmma.cuh), one block per SM
 BF16_MAX_THREADS = 384  # 65536 registers over a block's threads: 168 each, 128 accumulators and the rest
 TF32_STAGES = 3  # cp.async stages of the TF32 tile GEMM (Tf32TileGemm::STAGES)
 TF32_MAX_TILE_M = 128  # 2 mma row tiles per warp: at 256 rows the TF32 kernel spills registers (ptxas -v)
@@ -61,8 +66,11 @@ class UnsupportedConfig(ConfigError):
 def warpgroups(cfg: Config) -> int:
     """Warpgroups per block, sharing each slice in one block per SM, for the bf16 tile
     BF16_WIDE_TILE_N wide: two of half its columns up to 128 rows, else one per 64 rows (each
-    all the columns: 192 x 256 as three of 64 x 256, kernels/tile_gemm_bf16.cuh); else one (two
-    blocks per SM)."""
+    all the columns: 192 x 256 as three of 64 x 256, kernels/tile_gemm_wgmma.cuh); two for every
+    tf32x3 tile, whose stages and lo parts take most of an SM's shared memory and whose split
+    wants the threads; else one (two blocks per SM)."""
+    if cfg.gemm_precision == "tf32x3":
+        return 2
     if cfg.dtype != "bfloat16" or cfg.tile_n != BF16_WIDE_TILE_N:
         return 1
     return 2 if cfg.tile_m <= 128 else cfg.tile_m // 64
@@ -99,6 +107,8 @@ def check_supported(cfg: Config) -> None:
         raise UnsupportedConfig("top_k", cfg.top_k, f"at most {MAX_TOP_K}")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
+    elif cfg.gemm_precision == "tf32x3":
+        _check_tf32x3_tiles(cfg)
     elif cfg.tf32:
         _check_tf32_tiles(cfg)
     elif cfg.tile_m % 16 or cfg.tile_m > 1024:
@@ -119,7 +129,7 @@ def check_supported(cfg: Config) -> None:
 
 
 def _check_tensor_core_tiles(cfg: Config) -> None:
-    """The bf16 tile GEMM's shape (kernels/tile_gemm_bf16.cuh, WgmmaTileGemm): wgmma.m64nNk16 per 64
+    """The bf16 tile GEMM's shape (kernels/tile_gemm_wgmma.cuh, WgmmaTileGemm): wgmma.m64nNk16 per 64
     rows and N <= 128 columns, the tile split over the block's warpgroups (warpgroups()), the whole
     tile's accumulators in registers (_bf16_registers_fit), slices of K
     64 deep (one 128-byte swizzled line per row), and at least BF16_MIN_STAGES TMA stages in a
@@ -138,11 +148,33 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
     if cfg.tile_k != 64:
         raise UnsupportedConfig("tile_k", cfg.tile_k, "64 for bfloat16 (a slice row is the 128 bytes of wgmma's "
                                 "swizzled layout)")
-    if bf16_stages(cfg) < BF16_MIN_STAGES:
-        need = BF16_MIN_STAGES * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
+    if wgmma_stages(cfg) < BF16_MIN_STAGES:
+        need = BF16_MIN_STAGES * wgmma_stage_bytes(cfg) + BF16_ALIGN_BYTES
         raise UnsupportedConfig("tile_k", cfg.tile_k, f"for bfloat16, small enough that {BF16_MIN_STAGES} TMA "
                                 f"stages of {cfg.tile_m} x {cfg.tile_n} x {cfg.tile_k} tiles fit "
                                 f"{smem_per_block(cfg)} B of shared memory per block (need {need} B)")
+
+
+def _check_tf32x3_tiles(cfg: Config) -> None:
+    """The split TF32 tile GEMM's shape (kernels/tile_gemm_wgmma.cuh, Tf32x3Operands): the bf16
+    GEMM's warpgroup tiling with two warpgroups of half the columns each (wgmma.m64nNk8, N of 64 or
+    128), slices 32 floats deep, and BF16_MIN_STAGES stages with the lo parts' TF32X3_LO_BUFFERS
+    copies in a block's shared memory (which leaves 128 x 256 out: its 128 accumulators a thread,
+    and as many for a slice's own sum, would not fit the registers either)."""
+    if cfg.tile_m not in (64, 128):
+        raise UnsupportedConfig("tile_m", cfg.tile_m, "64 or 128 for tf32x3 (64-row wgmma blocks, two warpgroups "
+                                "of half the columns each)")
+    if cfg.tile_n not in TF32X3_TILE_N:
+        raise UnsupportedConfig("tile_n", cfg.tile_n, "128 or 256 for tf32x3 (two warpgroups of 64 or 128 columns)")
+    if cfg.tile_k != SLICE_BYTES // 4:
+        raise UnsupportedConfig("tile_k", cfg.tile_k, "32 for tf32x3 (a slice row is the 128 bytes of wgmma's "
+                                "swizzled layout)")
+    if wgmma_stages(cfg) < BF16_MIN_STAGES:
+        need = (BF16_MIN_STAGES + TF32X3_LO_BUFFERS) * wgmma_stage_bytes(cfg) + BF16_ALIGN_BYTES
+        raise UnsupportedConfig("tile_n", cfg.tile_n, f"for tf32x3, small enough that {BF16_MIN_STAGES} TMA stages "
+                                f"and {TF32X3_LO_BUFFERS} copies for the lo parts of {cfg.tile_m} x {cfg.tile_n} x "
+                                f"{cfg.tile_k} float tiles fit {smem_per_block(cfg)} B of shared memory per block "
+                                f"(need {need} B)")
 
 
 def _bf16_registers_fit(cfg: Config) -> bool:
@@ -152,24 +184,30 @@ def _bf16_registers_fit(cfg: Config) -> bool:
     return cfg.tile_m * cfg.tile_n <= BF16_MAX_ACC * threads and threads <= BF16_MAX_THREADS
 
 
-def bf16_stage_bytes(cfg: Config) -> int:
-    """Shared memory of one TMA stage of the bf16 tile GEMM (WgmmaTileGemm::STAGE_BYTES): the
+def wgmma_stage_bytes(cfg: Config) -> int:
+    """Shared memory of one TMA stage of the warpgroup tile GEMM (WgmmaTileGemm::STAGE_BYTES): the
     A slice (tile_m rows) and the B slice (tile_n rows of the K-major weights), tile_k deep, unpadded
     (wgmma's swizzled layout has no bank conflicts to pad away)."""
-    return 2 * (cfg.tile_m + cfg.tile_n) * cfg.tile_k
+    return ELEM_BYTES[cfg.dtype] * (cfg.tile_m + cfg.tile_n) * cfg.tile_k
 
 
-def bf16_stages(cfg: Config) -> int:
-    """TMA stages of the bf16 tile GEMM: as many as fit a block's shared memory less the
-    stages' alignment room (BF16_ALIGN_BYTES), at most BF16_MAX_STAGES (passed to the build as
-    GEMM_STAGES)."""
-    return min(BF16_MAX_STAGES, (smem_per_block(cfg) - BF16_ALIGN_BYTES) // bf16_stage_bytes(cfg))
+def _lo_buffers(cfg: Config) -> int:
+    return TF32X3_LO_BUFFERS if cfg.gemm_precision == "tf32x3" else 0
 
 
-def bf16_smem_bytes(cfg: Config) -> int:
-    """The bf16 tile GEMM's shared memory (WgmmaTileGemm::SMEM_BYTES): its stages and the room to
-    start them on a 1024-byte boundary, where the swizzle pattern starts."""
-    return bf16_stages(cfg) * bf16_stage_bytes(cfg) + BF16_ALIGN_BYTES
+def wgmma_stages(cfg: Config) -> int:
+    """TMA stages of the warpgroup tile GEMM: as many as fit a block's shared memory beside the
+    split GEMM's lo parts (tf32x3) and the stages' alignment room (BF16_ALIGN_BYTES), at most
+    BF16_MAX_STAGES (passed to the build as GEMM_STAGES)."""
+    fit = (smem_per_block(cfg) - BF16_ALIGN_BYTES) // wgmma_stage_bytes(cfg) - _lo_buffers(cfg)
+    return min(BF16_MAX_STAGES, fit)
+
+
+def wgmma_smem_bytes(cfg: Config) -> int:
+    """The warpgroup tile GEMM's shared memory (WgmmaTileGemm::SMEM_BYTES): its stages, the lo
+    parts' copies, and the room to start them on a 1024-byte boundary, where the swizzle pattern
+    starts."""
+    return (wgmma_stages(cfg) + _lo_buffers(cfg)) * wgmma_stage_bytes(cfg) + BF16_ALIGN_BYTES
 
 
 def _power_of_two(n: int) -> bool:
@@ -257,15 +295,16 @@ class Sizes:
 
 
 KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),
-           "tf32": ("moelab_moe_tf32", {"MOE_TF32": 1})}  # by Config.gemm_precision: name, -D flags
+           "tf32": ("moelab_moe_tf32", {"MOE_TF32": 1}),
+           "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.gemm_precision: name, -D flags
 
 
 def compile_options(cfg: Config) -> dict[str, int]:
     """The compile-time part of a config: the tile shape and the GEMM precision (one cubin per pair),
-    the bf16 tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says."""
+    the warpgroup tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says."""
     opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
-    if cfg.gemm_precision == "bfloat16":
-        opts["GEMM_STAGES"] = bf16_stages(cfg)
+    if cfg.gemm_precision in WGMMA_PRECISIONS:
+        opts["GEMM_STAGES"] = wgmma_stages(cfg)
     if warpgroups(cfg) > 1:
         opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
     return opts

@@ -285,9 +285,9 @@ class Layer:
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}
         self._check_inputs(tensors)
-        if cfg.dtype == "bfloat16":
-            # the bf16 kernel reads its expert weights K-major (both wgmma operands from shared
-            # memory, kernels/tile_gemm_bf16.cuh): a transposed copy, taken once, held by the layer
+        if cfg.gemm_precision in layout.WGMMA_PRECISIONS:
+            # the bf16 and tf32x3 kernels read their expert weights K-major (both wgmma operands from
+            # shared memory, kernels/tile_gemm_wgmma.cuh): a transposed copy, taken once, held by the layer
             self._weights_k_major = {k: tensors[k].transpose(1, 2).contiguous() for k in ("w1", "w2")}
             tensors.update(self._weights_k_major)
             # and reads its A and weight slices through the TMA: the operands' tensor maps (gpu/tma.py)

@@ -1,13 +1,13 @@
-"""TMA tensor maps of the bf16 tile GEMM's operands (kernels/tile_gemm_bf16.cuh).
+"""TMA tensor maps of the warpgroup tile GEMM's operands (kernels/tile_gemm_wgmma.cuh).
 
-The bf16 kernel loads each 64-deep slice of its A rows and weight rows with the Hopper tensor
-memory accelerator: one thread asks for a box of rows and the copy engine writes it into shared
+The bf16 and tf32x3 kernels load each 128-byte-deep slice (64 bf16, 32 float32) of their A rows and
+weight rows with the Hopper tensor memory accelerator: one thread asks for a box of rows and the copy engine writes it into shared
 memory in wgmma's 128-byte-swizzled layout. A box is named by a tensor map (CUtensorMap, 128 opaque
 bytes) that the CUDA driver encodes on the host from a buffer's address and shape. The kernel finds
 its four maps, in OPERANDS order, through Params.tmaps (kernels/params.cuh TMAP_*).
 
-Every operand is a row-major bf16 matrix with K contiguous (the weights are kept K-major for the
-bf16 kernel): rows of A (tokens in `inbox`, GEMM0's output in `hidden`) are read 64 at a time, one
+Every operand is a row-major bf16 (float32) matrix with K contiguous (the weights are kept K-major
+for these kernels): rows of A (tokens in `inbox`, GEMM0's output in `hidden`) are read 64 at a time, one
 box per 64-row wgmma block; weight rows tile_n at a time (a column block of the output).
 """
 
@@ -21,10 +21,11 @@ import numpy as np
 MAP_BYTES = 128  # sizeof(CUtensorMap)
 OPERANDS = ("inbox", "hidden", "w1", "w2")  # kernels/params.cuh TMAP_INBOX.. TMAP_W2
 A_BOX_ROWS = 64  # one wgmma.m64 block of A rows per box
-BOX_K = 64  # a slice's depth: 64 bf16 = the 128 bytes the 128-byte swizzle spans
+SLICE_BYTES = 128  # a slice's depth: the 128 bytes the 128-byte swizzle spans (64 bf16, 32 float32)
 MAX_BOX_ROWS = 256  # the driver's limit on a box's extent in any dimension
 # cuda.h enums
-_BFLOAT16, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO = 9, 0, 3, 3, 0
+_FLOAT32, _BFLOAT16, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZERO = 7, 9, 0, 3, 3, 0
+DATA_TYPES = {2: _BFLOAT16, 4: _FLOAT32}  # by element bytes
 
 
 class TensorMapError(ValueError):
@@ -38,21 +39,26 @@ class MapSpec:
     address: int
     dims: tuple[int, int]  # (K, rows)
     row_stride_bytes: int
-    box: tuple[int, int]  # (BOX_K, box rows)
+    box: tuple[int, int]  # (slice depth in elements, box rows)
+    elem_bytes: int = 2
 
 
-def spec(name: str, address: int, rows: int, k: int, box_rows: int) -> MapSpec:
-    """The tensor map of a [rows][k] bf16 matrix at `address`, read in boxes of box_rows x BOX_K;
-    raises TensorMapError naming the operand where the TMA's rules are not met."""
+def spec(name: str, address: int, rows: int, k: int, box_rows: int, elem_bytes: int = 2) -> MapSpec:
+    """The tensor map of a [rows][k] bf16 (elem_bytes 2) or float32 (4) matrix at `address`, read
+    in boxes of box_rows x one 128-byte slice; raises TensorMapError naming the operand where the
+    TMA's rules are not met."""
+    if elem_bytes not in DATA_TYPES:
+        raise TensorMapError(f"{name}: {elem_bytes}-byte elements are not allowed: 2 (bf16) or 4 (float32)")
+    box_k = SLICE_BYTES // elem_bytes
     if address % 16:
         raise TensorMapError(f"{name}: address {address:#x} is not allowed: the TMA needs 16-byte alignment")
-    if k % BOX_K:
-        raise TensorMapError(f"{name}: K = {k} is not allowed: a multiple of {BOX_K} (whole 128-byte slices)")
+    if k % box_k:
+        raise TensorMapError(f"{name}: K = {k} is not allowed: a multiple of {box_k} (whole 128-byte slices)")
     if not 0 < box_rows <= MAX_BOX_ROWS:
         raise TensorMapError(f"{name}: box of {box_rows} rows is not allowed: 1 to {MAX_BOX_ROWS}")
     if rows < 1:
         raise TensorMapError(f"{name}: {rows} rows is not allowed: at least 1")
-    return MapSpec(address, (k, rows), 2 * k, (BOX_K, box_rows))
+    return MapSpec(address, (k, rows), elem_bytes * k, (box_k, box_rows), elem_bytes)
 
 
 def encode(s: MapSpec) -> bytes:
@@ -64,7 +70,7 @@ def encode(s: MapSpec) -> bytes:
     out = (ctypes.c_uint8 * MAP_BYTES)()
     u64x2, u32x2 = ctypes.c_uint64 * 2, ctypes.c_uint32 * 2
     status = libcuda.cuTensorMapEncodeTiled(
-        out, ctypes.c_int(_BFLOAT16), ctypes.c_uint32(2), ctypes.c_void_p(s.address), u64x2(*s.dims),
+        out, ctypes.c_int(DATA_TYPES[s.elem_bytes]), ctypes.c_uint32(2), ctypes.c_void_p(s.address), u64x2(*s.dims),
         (ctypes.c_uint64 * 1)(s.row_stride_bytes), u32x2(*s.box), u32x2(1, 1), ctypes.c_int(_INTERLEAVE_NONE),
         ctypes.c_int(_SWIZZLE_128B), ctypes.c_int(_L2_PROMOTION_256B), ctypes.c_int(_OOB_FILL_ZERO))
     if status != 0:
@@ -80,7 +86,8 @@ def operand_specs(tensors: dict, tile_n: int) -> list[MapSpec]:
         t = tensors[name]
         k = t.shape[-1]
         rows = t.numel() // k
-        out.append(spec(name, t.data_ptr(), rows, k, A_BOX_ROWS if name in ("inbox", "hidden") else tile_n))
+        out.append(spec(name, t.data_ptr(), rows, k, A_BOX_ROWS if name in ("inbox", "hidden") else tile_n,
+                        t.element_size()))
     return out
 
 

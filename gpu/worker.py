@@ -30,6 +30,7 @@ from reference import Config, golden, routing, weights
 
 from . import errors, telemetry
 from .baseline import TorchLayer
+from .cases import baseline_precision
 from .layout import STAGED_BLOCKS
 from .runtime import Inputs, Layer, Session
 
@@ -51,8 +52,10 @@ def _rel(got: np.ndarray, want: np.ndarray) -> float:
 def golden_path(cfg: Config) -> str:
     """The golden a kernel run is held to: float64 for the float32 kernel, the reference's
     bf16-emulated path (bf16 operands and activation, float32 accumulation) for the bf16 one, its
-    tf32 path (GEMM operands rounded as cvt.rna.tf32.f32 rounds them) for the TF32 one."""
-    return "float64" if cfg.gemm_precision == "float32" else cfg.gemm_precision
+    tf32 path (GEMM operands rounded as cvt.rna.tf32.f32 rounds them) for the TF32 one; float64
+    for the split TF32 one too, which is held to float32's accuracy."""
+    return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
+
 
 
 def check_golden(cfg: Config, ys: list, routes: list) -> dict:
@@ -221,7 +224,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         res["kept_rows"] = int(send_counts.sum())  # rows the experts computed, over all ranks
         trace = last_trace(session, layer, cfg, send_counts, res)
         if case.get("baseline_check") or case.get("bench"):
-            base = TorchLayer(cfg, inputs, session.rank, cfg.gemm_precision)
+            base = TorchLayer(cfg, inputs, session.rank, baseline_precision(cfg))
             yb, eb, wb, sb = base.forward()
             same_route = bool(torch.equal(eb.cpu(), torch.from_numpy(rt["expert"])) and
                               torch.equal(sb.cpu(), torch.from_numpy(rt["slot"])))

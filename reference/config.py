@@ -65,6 +65,9 @@ class Config:
     # float32 storage, expert GEMMs on tensor cores: operands rounded to TF32 (10-bit mantissa),
     # products accumulated in float32; the gate stays float64
     tf32: bool = False
+    # float32 storage, expert GEMMs on TF32 tensor cores at float32's accuracy: each operand split
+    # into a TF32 part and a TF32 remainder, three products (3xTF32) accumulated in float32
+    tf32x3: bool = False
     seed: int = 0
     # the parallel layout
     ranks: int = 1  # P: GPUs holding experts, one process each
@@ -102,11 +105,17 @@ class Config:
             raise ConfigError("bias", self.bias, "true or false")
         if not isinstance(self.tf32, bool):
             raise ConfigError("tf32", self.tf32, "true or false")
+        if not isinstance(self.tf32x3, bool):
+            raise ConfigError("tf32x3", self.tf32x3, "true or false")
         if not isinstance(self.merge_sources, bool):
             raise ConfigError("merge_sources", self.merge_sources, "true or false")
         if self.tf32 and self.dtype != "float32":
             raise ConfigError("tf32", self.tf32, f"false with dtype = {self.dtype!r} (TF32 is a way to multiply "
                               "float32 operands: true only with dtype float32)")
+        if self.tf32x3 and (self.dtype != "float32" or self.tf32):
+            raise ConfigError("tf32x3", self.tf32x3, f"false with dtype = {self.dtype!r} and tf32 = {self.tf32} "
+                              "(split TF32 multiplies float32 operands at float32's accuracy: true only with dtype "
+                              "float32 and tf32 false)")
         if isinstance(self.shared_experts, bool) or not isinstance(self.shared_experts, int) \
                 or self.shared_experts < 0:
             raise ConfigError("shared_experts", self.shared_experts, "an integer >= 0")
@@ -142,9 +151,10 @@ class Config:
 
     @property
     def gemm_precision(self) -> str:
-        """What the expert GEMMs multiply in: "tf32" for a float32 config with tf32, else dtype.
-        Names the golden's precision path and the hardware's matrix rate."""
-        return "tf32" if self.tf32 else self.dtype
+        """What the expert GEMMs multiply in: "tf32" for a float32 config with tf32, "tf32x3" with
+        tf32x3, else dtype. Names the hardware's matrix rate and, but for tf32x3 (whose golden is
+        float32's: float64), the golden's precision path."""
+        return "tf32" if self.tf32 else "tf32x3" if self.tf32x3 else self.dtype
 
     @property
     def capacity(self) -> int | None:

@@ -33,11 +33,23 @@ def test_bf16_kernel_compiles_and_device_links(tmp_path):
         cubin = build.build(layout.compile_options(cfg), cache=tmp_path).cubin
         data = cubin.read_bytes()
         assert data[:4] == b"\x7fELF" and b"moelab_moe_bf16" in data and b"nvshmem" in data
-        smem[tile] = (build.cubin_constant(cubin, layout.SMEM_SYMBOL), layout.bf16_smem_bytes(cfg))
+        smem[tile] = (build.cubin_constant(cubin, layout.SMEM_SYMBOL), layout.wgmma_smem_bytes(cfg))
     got, gemm = smem[cases.BF16_TILE]
     assert got == gemm == 4 * 2 * (128 + 256) * 64 + 1024
     got, gemm = smem[(64, 32, 64)]
     assert got == gemm == layout.BF16_MAX_STAGES * 2 * (64 + 32) * 64 + 1024
+
+
+def test_tf32x3_kernel_compiles_and_device_links(tmp_path):
+    # the split TF32 GEMM at the bench's tile (two warpgroups, one block per SM): the cubin's shared
+    # memory per block is its 5 stages, the lo parts' 2 copies and the alignment room
+    cfg = presets.get("flashmoe").replace(tf32x3=True, tile_m=cases.TF32X3_TILE[0], tile_n=cases.TF32X3_TILE[1],
+                                          tile_k=cases.TF32X3_TILE[2])
+    cubin = build.build(layout.compile_options(cfg), cache=tmp_path).cubin
+    data = cubin.read_bytes()
+    assert data[:4] == b"\x7fELF" and b"moelab_moe_tf32x3" in data and b"nvshmem" in data
+    got = build.cubin_constant(cubin, layout.SMEM_SYMBOL)
+    assert got == layout.wgmma_smem_bytes(cfg) == (5 + 2) * 4 * (128 + 128) * 32 + 1024
 
 
 def test_cubin_constant_names_a_missing_symbol(tmp_path):

@@ -66,8 +66,8 @@ def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_several_warpgroups():
         wide = n == 256
         assert layout.smem_per_block(cfg) == (226 if wide else 112) * 1024
         stage = 2 * (m + n) * 64
-        assert layout.bf16_stage_bytes(cfg) == stage and layout.bf16_stages(cfg) == stages
-        assert layout.bf16_smem_bytes(cfg) == stages * stage + 1024 <= layout.smem_per_block(cfg)
+        assert layout.wgmma_stage_bytes(cfg) == stage and layout.wgmma_stages(cfg) == stages
+        assert layout.wgmma_smem_bytes(cfg) == stages * stage + 1024 <= layout.smem_per_block(cfg)
         assert m * n // layout.block_threads(layout.compile_options(cfg)) <= layout.BF16_MAX_ACC
 
 
@@ -149,6 +149,42 @@ def test_tf32_cases_are_supported():
     assert cases.bench_cases(1, "default")[0]["baselines"] == ["float32", "bfloat16"]
     assert Config.from_dict(cases.bench_cases(1, "default")[0]["config"]) == \
         presets.get("flashmoe").replace(ranks=1, tile_k=cases.FP32_TILE_K)
+
+
+def test_tf32x3_cases_are_supported_in_two_warpgroups_with_room_for_the_lo_parts():
+    from gpu import cases
+
+    checks = cases.tf32x3_check_cases(2, 7)
+    benches = cases.bench_cases(2, "sweep", "x-", "tf32x3") + cases.bench_cases(2, "tiles", "x-", "tf32x3")
+    for c in checks + benches:
+        cfg = Config.from_dict(c["config"])
+        assert cfg.tf32x3 and cfg.gemm_precision == "tf32x3" and cases.baseline_precision(cfg) == "float32"
+        layout.check_supported(cfg)
+        opts = layout.compile_options(cfg)
+        assert opts["MOE_TF32X3"] == 1 and opts["BLOCK_WARPGROUPS"] == 2 and opts["MIN_BLOCKS_PER_SM"] == 1
+        stage = 4 * (cfg.tile_m + cfg.tile_n) * 32
+        assert layout.wgmma_stage_bytes(cfg) == stage and layout.wgmma_stages(cfg) == opts["GEMM_STAGES"] >= 3
+        # the stages, two stage-sized copies for the lo parts, the alignment room: within one block per SM
+        assert layout.wgmma_smem_bytes(cfg) == (opts["GEMM_STAGES"] + 2) * stage + 1024 <= 226 * 1024
+        assert cfg.tile_m * cfg.tile_n // layout.block_threads(opts) <= layout.BF16_MAX_ACC
+    assert layout.compile_options(Config.from_dict(benches[0]["config"]))["GEMM_STAGES"] == 5  # 128 x 128
+    assert layout.kernel_name(Config.from_dict(checks[0]["config"])) == "moelab_moe_tf32x3"
+    bench = cases.bench_cases(1, "default", "x-", "tf32x3")[0]
+    assert bench["trace"] == "x-trace-flashmoe-tf32x3-p1.npz" and bench["baselines"] == ["float32", "tf32"]
+    assert cases.GOLDEN_TOLERANCE["tf32x3"] == cases.GOLDEN_TOLERANCE["float32"]
+
+
+@pytest.mark.parametrize("tile, field, needle", [
+    ((256, 128, 32), "tile_m", "64 or 128 for tf32x3"),
+    ((128, 64, 32), "tile_n", "128 or 256 for tf32x3"),
+    ((128, 256, 32), "tile_n", "small enough that 3 TMA stages and 2 copies for the lo parts"),
+    ((128, 128, 16), "tile_k", "32 for tf32x3"),
+])
+def test_tf32x3_tiles_the_kernel_lacks_are_named(tile, field, needle):
+    cfg = presets.get("flashmoe").replace(tf32x3=True, tile_m=tile[0], tile_n=tile[1], tile_k=tile[2])
+    with pytest.raises(layout.UnsupportedConfig) as err:
+        layout.check_supported(cfg)
+    assert err.value.field == field and needle in err.value.allowed
 
 
 def test_tf32_stages_are_the_kernels():

@@ -8,7 +8,10 @@ cores) on the bf16 check cases against the reference's bf16-emulated golden: rou
 reference routes the bf16-rounded tokens and gate weights), rel. error < 2e-2, outputs poisoned
 and fully written, telemetry on/off bit-identical. The TF32 kernel on the tf32 check cases against
 the reference's tf32 path (rel. error < 1e-4) and against float64 (< 5e-3, issue 9's bar), routing
-exactly, outputs poisoned and fully written, telemetry on/off bit-identical.
+exactly, outputs poisoned and fully written, telemetry on/off bit-identical. The split TF32
+kernel (tf32x3) on its check cases against float64 at float32's tolerance (< 1e-5), and against
+the torch float32 layer, routing exactly, outputs poisoned and fully written, telemetry on/off
+bit-identical.
 """
 
 import os
@@ -37,7 +40,7 @@ def suite(request, tmp_path_factory):
 
     seed = int.from_bytes(os.urandom(4), "little")
     todo = (cases.check_cases(p, seed) + cases.bf16_check_cases(p, seed) + cases.tf32_check_cases(p, seed)
-            + ([cases.sit_out_case(p)] if p > 1 else []))
+            + cases.tf32x3_check_cases(p, seed) + ([cases.sit_out_case(p)] if p > 1 else []))
     results = spawn.run(todo, p, tmp_path_factory.mktemp(f"gpus{p}"), timeout_s=120)
     return p, {r["name"]: r for r in results}
 
@@ -45,7 +48,7 @@ def suite(request, tmp_path_factory):
 def assert_matches_golden(r: dict, precision: str) -> None:
     """A check case's result against the golden of its precision (cases.GOLDEN_TOLERANCE)."""
     assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
-    assert r["golden_path"] == {"float32": "float64"}.get(precision, precision), r["name"]
+    assert r["golden_path"] == {"float32": "float64", "tf32x3": "float64"}.get(precision, precision), r["name"]
     assert r["routing_equal"] and r["counts_equal"], r["name"]
     assert r["weight_max_abs_err"] < 1e-12, r["name"]
     assert not r["nan"], r["name"]  # the poisoned outputs were all written
@@ -56,7 +59,7 @@ def assert_matches_golden(r: dict, precision: str) -> None:
 def test_kernel_matches_golden(suite):
     p, results = suite
     checks = [r for name, r in results.items()
-              if name.startswith("check-") and not name.startswith(("check-bf16-", "check-tf32-"))]
+              if name.startswith("check-") and not name.startswith(("check-bf16-", "check-tf32-", "check-tf32x3-"))]
     assert checks
     for r in checks:
         assert_matches_golden(r, "float32")
@@ -81,6 +84,17 @@ def test_tf32_kernel_matches_tf32_golden_and_float64(suite):
         assert r["config"]["tf32"] and r["baseline_routing_equal"], r["name"]
         assert r["rel_err_float64"] < TF32_VS_FLOAT64, (r["name"], r["rel_err_float64"])
     assert results[f"check-tf32-one_expert_dropping-p{p}"]["dropped"] > 0
+
+
+def test_tf32x3_kernel_matches_float64_at_float32s_tolerance(suite):
+    p, results = suite
+    checks = [r for name, r in results.items() if name.startswith("check-tf32x3-")]
+    assert checks
+    for r in checks:
+        assert_matches_golden(r, "tf32x3")
+        assert r["config"]["tf32x3"] and r["baseline_routing_equal"], r["name"]
+        assert r["vs_baseline_rel_err"] < GOLDEN_TOLERANCE["tf32x3"], (r["name"], r["vs_baseline_rel_err"])
+    assert results[f"check-tf32x3-one_expert_dropping-p{p}"]["dropped"] > 0
 
 
 def test_dropping_and_skew_were_exercised(suite):

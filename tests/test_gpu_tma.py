@@ -1,7 +1,8 @@
-"""The bf16 tile GEMM's TMA tensor maps (gpu/tma.py): what the driver is asked to encode, the
+"""The warpgroup tile GEMM's TMA tensor maps (gpu/tma.py): what the driver is asked to encode, the
 operand checks at the boundary, and the order the kernel reads the maps in (params.cuh TMAP_*).
 Whether the maps are right is the GPU tests' business: the bf16 kernel reads every operand
-through them, so its check cases fail against the golden if a map is wrong."""
+through them (the tf32x3 kernel too, float32), so their check cases fail against the golden if a
+map is wrong."""
 
 import re
 
@@ -12,10 +13,13 @@ from gpu import errors, layout, tma
 
 
 class FakeTensor:
-    """What operand_specs reads of a torch tensor: shape, element count and address."""
+    """What operand_specs reads of a torch tensor: shape, element count, element size and address."""
 
-    def __init__(self, shape, address):
-        self.shape, self._address = shape, address
+    def __init__(self, shape, address, elem_bytes=2):
+        self.shape, self._address, self._elem_bytes = shape, address, elem_bytes
+
+    def element_size(self):
+        return self._elem_bytes
 
     def numel(self):
         return int(np.prod(self.shape))
@@ -29,11 +33,19 @@ def test_spec_is_k_innermost_with_a_row_stride_of_k_bf16s():
     assert s.dims == (2048, 64 * 2048) and s.row_stride_bytes == 4096 and s.box == (64, 128)
 
 
+def test_a_float32_spec_slices_32_deep_with_a_row_stride_of_k_floats():
+    s = tma.spec("w1", 0x7F00_0000_0000, rows=64 * 2048, k=2048, box_rows=128, elem_bytes=4)
+    assert s.dims == (2048, 64 * 2048) and s.row_stride_bytes == 8192 and s.box == (32, 128)
+    assert tma.DATA_TYPES[s.elem_bytes] != tma.DATA_TYPES[2]
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(address=0x1008, rows=64, k=128, box_rows=64), "address 0x1008 .* 16-byte"),
     (dict(address=0x1000, rows=64, k=96, box_rows=64), "K = 96 .* multiple of 64"),
     (dict(address=0x1000, rows=64, k=128, box_rows=512), "box of 512 rows .* 1 to 256"),
     (dict(address=0x1000, rows=0, k=128, box_rows=64), "0 rows"),
+    (dict(address=0x1000, rows=64, k=48, box_rows=64, elem_bytes=4), "K = 48 .* multiple of 32"),
+    (dict(address=0x1000, rows=64, k=128, box_rows=64, elem_bytes=8), "8-byte elements .* 2 \\(bf16\\) or 4"),
 ])
 def test_bad_operands_are_named(kwargs, needle):
     with pytest.raises(tma.TensorMapError, match=f"inbox: {needle}"):

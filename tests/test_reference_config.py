@@ -49,9 +49,24 @@ def test_tf32_only_with_float32(dtype):
     assert "float32" in err.value.allowed and dtype in err.value.allowed
 
 
+@pytest.mark.parametrize("changes", [dict(dtype="bfloat16"), dict(tf32=True), dict(dtype="float64")])
+def test_tf32x3_only_with_float32_and_without_tf32(changes):
+    with pytest.raises(ConfigError) as err:
+        Config(tf32x3=True, **changes)
+    assert (err.value.field, err.value.value) == ("tf32x3", True)
+    assert "dtype float32 and tf32 false" in err.value.allowed
+
+
+def test_tf32x3_is_a_bool():
+    with pytest.raises(ConfigError) as err:
+        Config(tf32x3="yes")
+    assert err.value.field == "tf32x3" and err.value.allowed == "true or false"
+
+
 def test_gemm_precision():
     assert Config().gemm_precision == "float32" and Config(dtype="bfloat16").gemm_precision == "bfloat16"
-    assert Config(tf32=True).gemm_precision == "tf32"
+    assert Config(tf32=True).gemm_precision == "tf32" and Config(tf32x3=True).gemm_precision == "tf32x3"
+    assert Config.from_dict(Config(tf32x3=True).to_dict()).tf32x3 is True
     assert all(not c.tf32 for c in presets.PRESETS.values())  # the presets stay float32/bf16 as measured
 
 

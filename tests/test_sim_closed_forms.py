@@ -72,6 +72,19 @@ def test_tf32_gemm_tasks_run_at_the_tf32_matrix_rate():
     assert r.metrics["latency_ns"] < sim.simulate(cfg.replace(tf32=False), plan=plan).metrics["latency_ns"]
 
 
+def test_tf32x3_gemm_tasks_run_at_a_third_of_the_tf32_matrix_rate():
+    # split TF32: three TF32 products for each float32 one
+    cfg = Config(tokens=128, hidden=64, ffn=64 * 600, experts=1, top_k=1, capacity_factor=None,
+                 bias=False, ranks=1, tile_m=128, tile_n=64, tile_k=8, tf32x3=True)
+    plan = reference.plan_of(cfg)
+    gemm0 = sim.simulate(cfg, plan=plan).trace.where("processor", "gemm0")
+    blocks = HW.sms * HW.blocks_per_sm
+    flops = plan.task_flops[plan.task_kind == GEMM0][0]
+    assert HW.tflops("tf32x3") == HW.tflops_tf32 / 3
+    want = flops / (HW.tflops_tf32 / 3 * 1e3 * HW.matrix_efficiency / blocks) + HW.task_overhead_ns
+    assert np.allclose(gemm0["end"] - gemm0["start"], want, rtol=REL)
+
+
 def test_scheduler_bag_of_equal_tasks_is_ceil_tasks_over_processors():
     from sim.kernel import Scheduler
 

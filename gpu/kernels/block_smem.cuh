@@ -9,12 +9,12 @@
 #ifndef TILE_M
 #error "compile with -DTILE_M=.. -DTILE_N=.. -DTILE_K=.."
 #endif
-#if MOE_BF16 && !defined(GEMM_STAGES)
-#error "compile the bf16 kernel with -DGEMM_STAGES=.. (gpu/layout.py picks it)"
+#if MOE_WGMMA && !defined(GEMM_STAGES)
+#error "compile the bf16 and tf32x3 kernels with -DGEMM_STAGES=.. (gpu/layout.py picks it)"
 #endif
 
-#if MOE_BF16
-constexpr int GEMM_SMEM_BYTES = WgmmaTileGemm<TILE_M, TILE_N, TILE_K, GEMM_STAGES, BLOCK_WARPGROUPS>::SMEM_BYTES;
+#if MOE_WGMMA
+constexpr int GEMM_SMEM_BYTES = TensorCoreGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES;
 #elif MOE_TF32
 constexpr int GEMM_SMEM_BYTES = Tf32TileGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES;
 #else

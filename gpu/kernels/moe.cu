@@ -1,7 +1,9 @@
 // moelab's MoE megakernel: one persistent launch per layer call on every GPU. Built as
 // moelab_moe_fp32 (float32, SIMT tile GEMM) or, with -DMOE_BF16=1, moelab_moe_bf16 (bf16 tokens,
 // weights and moved rows; tensor-core tile GEMM with float32 accumulation; see params.cuh) or,
-// with -DMOE_TF32=1, moelab_moe_tf32 (float32 data, tensor-core tile GEMM on TF32 operands).
+// with -DMOE_TF32=1, moelab_moe_tf32 (float32 data, tensor-core tile GEMM on TF32 operands) or,
+// with -DMOE_TF32X3=1, moelab_moe_tf32x3 (float32 data, the warpgroup tile GEMM on split TF32
+// operands, three products each: float32's accuracy).
 // Blocks 0..n_proc-1 are processors, the last block is the OS (scheduler + subscriber warps).
 // Phases: gate (all blocks; split over H with a barrier when the tokens are few) | barrier | slot
 // scan per expert | barrier | slots per gate item | barrier | dispatch (a chunk's rows shared by
@@ -25,6 +27,8 @@
 #define MOE_KERNEL moelab_moe_bf16
 #elif MOE_TF32
 #define MOE_KERNEL moelab_moe_tf32
+#elif MOE_TF32X3
+#define MOE_KERNEL moelab_moe_tf32x3
 #else
 #define MOE_KERNEL moelab_moe_fp32
 #endif

@@ -12,6 +12,13 @@ typedef __nv_bfloat16 elem_t;
 #else
 typedef float elem_t;
 #endif
+// The kernels whose tile GEMM is the warpgroup one (tile_gemm_wgmma.cuh), reading its operands
+// through the TMA from K-major weights: bf16, and float32 data multiplied as split TF32 (tf32x3)
+#if MOE_BF16 || MOE_TF32X3
+#define MOE_WGMMA 1
+#else
+#define MOE_WGMMA 0
+#endif
 
 struct Params {
   // inputs of this rank
@@ -19,9 +26,9 @@ struct Params {
   const float* wg;             // [H][E] gate weights
   const double* logit_offset;  // [E]    skew * ln(1 + e), subtracted from the float64 logits
   const double* gate_bias;     // [E]    selection-only bias of the sigmoid_bias gate
-  const elem_t* w1;            // [L][H][I] the local experts' weights (bf16: [L][I][H], K-major for wgmma)
+  const elem_t* w1;            // [L][H][I] the local experts' weights (MOE_WGMMA: [L][I][H], K-major)
   const float* b1;             // [L][I]
-  const elem_t* w2;            // [L][I][H] (bf16: [L][H][I])
+  const elem_t* w2;            // [L][I][H] (MOE_WGMMA: [L][H][I])
   const float* b2;             // [L][H]
   // outputs of this rank
   float* y;                    // [T][H]

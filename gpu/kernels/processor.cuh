@@ -7,7 +7,7 @@
 #include <nvshmemx.h>
 #include "os.cuh"
 #include "tile_gemm.cuh"
-#include "tile_gemm_bf16.cuh"
+#include "tile_gemm_wgmma.cuh"
 #include "tile_gemm_tf32.cuh"
 
 // The activations, a type each, so that an epilogue is compiled for the one its task applies: a
@@ -32,9 +32,10 @@ struct Activation<ACT_GELU> {
 };
 template <>
 struct Activation<ACT_SILU> {
-#if MOE_BF16
+#if MOE_WGMMA
   // an IEEE division's slow path is a subroutine call, and a call in the function of the wgmmas
-  // (gemm_task) makes ptxas serialize them; the fast division's 2 ulp vanish in bf16
+  // (gemm_task) makes ptxas serialize them; the fast division's 2 ulp vanish in bf16, and are
+  // within float32's tolerance (the golden's 1e-5) in tf32x3
   __device__ float operator()(float h) const { return __fdividef(h, 1.f + expf(-h)); }
 #else
   __device__ float operator()(float h) const { return h / (1.f + expf(-h)); }
@@ -201,15 +202,20 @@ struct SourceRows {
   }
 };
 
-#if MOE_BF16 && MOE_TF32
-#error "MOE_TF32 multiplies float32 data: build it without MOE_BF16"
-#elif !MOE_BF16 && BLOCK_WARPGROUPS != 1
-#error "only the bf16 tile GEMM splits a tile over warpgroups: build float32 and tf32 with BLOCK_WARPGROUPS=1"
-#elif MOE_BF16 || MOE_TF32
-#if MOE_BF16
-// GEMM_STAGES (cp.async stages) and BLOCK_WARPGROUPS come with the tile shape from the build (gpu/layout.py)
+#if MOE_BF16 + MOE_TF32 + MOE_TF32X3 > 1
+#error "build one of MOE_BF16, MOE_TF32 (float32 data) and MOE_TF32X3 (float32 data)"
+#elif !MOE_WGMMA && BLOCK_WARPGROUPS != 1
+#error "only the warpgroup tile GEMM splits a tile over warpgroups: build float32 and tf32 with BLOCK_WARPGROUPS=1"
+#elif MOE_WGMMA || MOE_TF32
+#if MOE_WGMMA
+// GEMM_STAGES (TMA stages) and BLOCK_WARPGROUPS come with the tile shape from the build (gpu/layout.py)
 template <int BM, int BN, int BK>
-using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES, BLOCK_WARPGROUPS>;
+using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES, BLOCK_WARPGROUPS,
+#if MOE_BF16
+                                     Bf16Operands>;
+#else
+                                     Tf32x3Operands>;
+#endif
 #define TENSOR_TASK __noinline__
 // what a task's tile GEMM reads through the TMA: A is rows s0.. of inbox (GEMM0) or hidden
 // (GEMM1); the weights are K-major ([L][N][K], params.cuh), so column block col0 of expert le
@@ -240,8 +246,8 @@ __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long
 }
 #endif
 // A task's output tile, element (r, c) = act(acc + bias[c]) at out(r) + c: bf16 (rounded to
-// nearest even) through shared memory in whole rows (WgmmaTileGemm::store); tf32's float32
-// straight from the fragments
+// nearest even) through shared memory in whole rows (WgmmaTileGemm::store); tf32's and tf32x3's
+// float32 straight from the fragments
 template <class Gemm, class Rows, class Act>
 __device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, void* smem, Rows out,
                                            const float* bias, Act act) {
@@ -259,7 +265,8 @@ __device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int ro
 // rounded to bf16 (round to nearest even) into `hidden`, and the GEMM1 output rounded to bf16 too,
 // for the trip home (half the bytes; one more rounding than the reference, whose combine reads
 // float32 rows). tf32: float32 operands rounded to TF32 inside the tile GEMM, float32 stored.
-// (bf16: a function of its own, called: ptxas keeps wgmma asynchronous only in a function that
+// tf32x3: float32 operands split into TF32 parts inside the tile GEMM, float32 stored.
+// (wgmma: a function of its own, called: ptxas keeps wgmma asynchronous only in a function that
 // calls nothing it cannot see, and the kernel calls NVSHMEM's device library, linked in later)
 template <int BM, int BN, int BK, class Out1>
 __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, int rows, int le, int col0, Out1 out1,
@@ -355,7 +362,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   auto take_ahead = [&](int seq) {
     if (tid != 32) return;
     ahead = take_command(p, me, seq, &next_seq, &next);
-#if MOE_BF16
+#if MOE_WGMMA
     if (ahead && (next.x == TASK_GEMM0 || next.x == TASK_GEMM1))
       TensorCoreGemm<BM, BN, BK>::prime(
           task_operands(p, next.x == TASK_GEMM0, window_row<BM>(p, next.y, next.z), next.y, next.w), smem);
@@ -365,7 +372,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     task_seq = 0;
     ahead = false;
   }
-#if MOE_BF16
+#if MOE_WGMMA
   TensorCoreGemm<BM, BN, BK>::prepare();
 #endif
   for (;;) {
@@ -430,7 +437,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     auto out1 = [&] {
       return SourceRows{dst_base, tile * BM, (int)p.stride, window_first_source<BM>(p, tile), (int)p.H};
     };
-#if MOE_BF16
+#if MOE_WGMMA
     const SourceRows to = out1();
     gemm_task<BM, BN, BK>(p, tk.x, s0, rows, le, col0, [to] { return to; }, smem);
 #else

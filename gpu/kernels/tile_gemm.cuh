@@ -19,7 +19,7 @@
 // costs full tiles 0-1.6% and the 1K/2K layers 3% (one H100, side by side).
 // Threads whose rows are all past `rows` skip the arithmetic; a tile of 64 rows or fewer skips the
 // second row group on every thread.
-// The float32 kernel's GEMM; the bf16 kernel's is WgmmaTileGemm (tile_gemm_bf16.cuh), the tf32
+// The float32 kernel's GEMM; the bf16 kernel's is WgmmaTileGemm (tile_gemm_wgmma.cuh), the tf32
 // option's Tf32TileGemm.
 // Measured on one H100 against the two register-staged stages before it: layers from 4K tokens
 // 11-13% faster, 1K 3% faster, 2K 3% slower. A through the same ring as well (each thread

@@ -1,6 +1,8 @@
-// The bf16 tile GEMM of a processor task: acc (float32) = A[rows x K] . B^T, with A row-major
-// (K contiguous) and B given as its BN x K transpose (the bf16 kernel's expert weights are kept
-// K-major, params.cuh), on Hopper's warpgroup tensor cores: each of the block's WGS warpgroups
+// The warpgroup tile GEMM of a processor task: acc (float32) = A[rows x K] . B^T, with A row-major
+// (K contiguous) and B given as its BN x K transpose (the expert weights are kept K-major for it,
+// params.cuh), on Hopper's warpgroup tensor cores, for two kinds of operands (Operands below):
+// bf16 as stored (the bf16 kernel), or float32 split into TF32 parts, three products per pair
+// (3xTF32, the tf32x3 kernel: float32's accuracy at tensor-core rates). The bf16 GEMM: each of the block's WGS warpgroups
 // takes a band of the tile's columns (BN / WGS of them, all BM rows) or, where a warpgroup's
 // registers cannot hold all the rows of half the columns, a band of 64 rows (all BN columns), and
 // each 16-deep k step is one wgmma.m64nNk16 per 64 rows and 128 columns (or fewer) of its band,
@@ -117,6 +119,96 @@ struct Wgmma<128> {
         : "l"(a), "l"(b));
   }
 };
+// D[64 x N] += A[64 x 8] . B[N x 8]^T, both operands float32 in shared memory read as TF32 (the
+// tensor core ignores each value's 13 low mantissa bits: it truncates)
+template <int N>
+struct WgmmaTf32;
+template <>
+struct WgmmaTf32<64> {
+  __device__ static void mma(float (&d)[32], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b));
+  }
+};
+template <>
+struct WgmmaTf32<128> {
+  __device__ static void mma(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b));
+  }
+};
+
+// The operands a WgmmaTileGemm multiplies. Either way a slice row is the 128 bytes one swizzle
+// line spans, and a k step 32 of them.
+// Bf16Operands: bf16 as stored, one wgmma.k16 per k step.
+// Tf32x3Operands: float32, each split as x = hi + lo with hi = x truncated to TF32 (what the tensor
+// core reads of x itself) and lo = x - hi (exact in float32) rounded to TF32 as cvt.rna.tf32.f32
+// rounds; a k step is three wgmma.k8, lo_a.hi_b + hi_a.lo_b + hi_a.hi_b (lo_a.lo_b, below 2^-20 of
+// the product, is left out): each product's relative error is ~2^-21 where TF32's alone is 2^-11.
+// The lo parts are written into LO_BUFFERS copies of a stage beside the ring by the block's
+// threads as each slice lands, while the slice before it multiplies.
+struct Bf16Operands {
+  using T = __nv_bfloat16;
+  static constexpr int LO_BUFFERS = 0;
+  template <int N>
+  __device__ static void mma(float (&d)[N / 2], uint64_t a, uint64_t a_lo, uint64_t b, uint64_t b_lo) {
+    Wgmma<N>::mma(d, a, b);
+  }
+};
+struct Tf32x3Operands {
+  using T = float;
+  // slice kt's lo parts are written while slice kt - 1's wgmmas run, which read the other copy
+  static constexpr int LO_BUFFERS = 2;
+  template <int N>
+  __device__ static void mma(float (&d)[N / 2], uint64_t a, uint64_t a_lo, uint64_t b, uint64_t b_lo) {
+    WgmmaTf32<N>::mma(d, a_lo, b);
+    WgmmaTf32<N>::mma(d, a, b_lo);
+    WgmmaTf32<N>::mma(d, a, b);
+  }
+  // the lo parts of `bytes` of a stage at src into dst (shared::cta addresses), 16 bytes a thread
+  // at a time
+  __device__ static void split(unsigned src, unsigned dst, int bytes, int tid, int threads) {
+    for (int at = tid * 16; at < bytes; at += threads * 16) {
+      float4 v;
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(src + at)
+                   : "memory");
+      const unsigned l0 = lo_part(v.x), l1 = lo_part(v.y), l2 = lo_part(v.z), l3 = lo_part(v.w);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + at), "r"(l0), "r"(l1), "r"(l2), "r"(l3)
+                   : "memory");
+    }
+  }
+  __device__ static unsigned lo_part(float x) {
+    const float hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+    unsigned t;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(x - hi));
+    return t;
+  }
+};
+
 // mbarrier and TMA helpers (shared::cta addresses; a CTA launched without a cluster is its own)
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
@@ -154,21 +246,24 @@ struct GemmOperands {
   int K;
 };
 
-template <int BM, int BN, int BK, int STAGES, int WGS = 1>
+template <int BM, int BN, int BK, int STAGES, int WGS = 1, class Op = Bf16Operands>
 struct WgmmaTileGemm {
   // A block's warpgroups split the tile's columns in two where one holds all BM rows of half of
   // them (BM <= 128: 128 x 256 as two of 128 x 128), else its rows, 64 each (192 x 256 as three
   // of 64 x 256: 112 FLOPs per L2 byte). A warpgroup's 64 x WN block is WN / MMA_N wgmmas wide.
   static constexpr int WGS_N = WGS > 1 && BM <= 128 ? WGS : 1, WGS_M = WGS / WGS_N;
-  static constexpr int THREADS = 128 * WGS, WM = BM / WGS_M, WN = BN / WGS_N, MB = WM / 64, KS = BK / 16;
+  static constexpr int ELEM = sizeof(typename Op::T), ROW_BYTES = BK * ELEM;
+  static constexpr int THREADS = 128 * WGS, WM = BM / WGS_M, WN = BN / WGS_N, MB = WM / 64, KS = ROW_BYTES / 32;
   static constexpr int MMA_N = WN < 128 ? WN : 128, NB_N = WN / MMA_N, NREG = MMA_N / 2;
-  static constexpr int A_BOX_BYTES = 64 * BK * 2;  // one TMA box: 64 rows of A (gpu/tma.py A_BOX_ROWS)
-  static constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to start the stages on 1024 bytes
+  static constexpr int A_BOX_BYTES = 64 * ROW_BYTES;  // one TMA box: 64 rows of A (gpu/tma.py A_BOX_ROWS)
+  static constexpr int A_BYTES = BM * ROW_BYTES, B_BYTES = BN * ROW_BYTES, STAGE_BYTES = A_BYTES + B_BYTES;
+  // the stages, the lo parts' copies of a stage after them, and room to start both on 1024 bytes
+  static constexpr int SMEM_BYTES = (STAGES + Op::LO_BUFFERS) * STAGE_BYTES + 1024;
   static_assert(WGS_M * WGS_N == WGS && WM % 64 == 0 && (MMA_N == 32 || MMA_N == 64 || MMA_N == 128) &&
-                    WN % MMA_N == 0 && BN <= 256 && BK == 64 && STAGES >= 3,
-                "bf16 tile shape: whole 64-row blocks per warpgroup, columns per warpgroup of 32, 64 or a multiple "
-                "of 128 (a TMA box of at most 256 rows), BK = 64, 3 stages or more");
+                    WN % MMA_N == 0 && BN <= 256 && ROW_BYTES == 128 && STAGES >= 3,
+                "wgmma tile shape: whole 64-row blocks per warpgroup, columns per warpgroup of 32, 64 or a multiple "
+                "of 128 (a TMA box of at most 256 rows), slices 128 bytes deep (BK = 64 bf16, 32 float), 3 stages "
+                "or more");
   using Acc = float[MB][NB_N][NREG];
 
   // The stages' barriers live as long as the block: a task's slice kt is in stage kt % STAGES and
@@ -207,12 +302,7 @@ struct WgmmaTileGemm {
   // A's rows were written earlier in this launch by other blocks or peers (the TMA reads L2,
   // never a stale L1 line). False if a slice never landed (the error is recorded).
   __device__ static bool run(const Params& p, const GemmOperands& op, int rows, void* smem, Acc& acc) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m)
-#pragma unroll
-      for (int n = 0; n < NB_N; ++n)
-#pragma unroll
-        for (int q = 0; q < NREG; ++q) acc[m][n][q] = 0.f;
+    zero(acc);
     // the tile's 64-row blocks that hold a row, and of them this warpgroup's (none: it only waits)
     const int nb = (rows + 63) / 64, mine = WGS_M > 1 ? min(max(nb - band_m(thread_index()) * MB, 0), MB) : nb;
     return blocks_of<MB>(mine, nb, p, op, smem, acc);
@@ -247,62 +337,163 @@ struct WgmmaTileGemm {
       if (mine < NB) return blocks_of<NB - 1>(mine, nb, p, op, smem, acc);
     const int tid = thread_index();
     const unsigned base = stages_base(smem);
-    // this warpgroup's rows and columns: A blocks from band_m * MB on, B rows from
-    // band_n * WN, whole 8-row groups of 1024 bytes
-    const unsigned a_wg = band_m(tid) * MB * 8 * 1024, b_wg = band_n(tid) * (WN / 8) * 1024;
     // one thread asks the copy engine for a slice: a box of A per 64-row block that holds a row
     // (NB of them where one warpgroup takes all the rows), and one of B
     const int boxes = WGS_M > 1 ? nb : NB;
     const int KT = op.K / BK;
     Ring& r = ring();
-    unsigned phase = r.phase;
     if (tid == 0) {
       // the stages were last written through the generic proxy (the gate, the last epilogue), A too
       fence_async_shared();
       fence_async_global();
       for (int s = r.primed; s < STAGES - 1 && s < KT; ++s) load(op, base, boxes, s, s);
     }
-    Waiter w;
-    int kt = 0;
-    bool ok = true;
-    for (int rd = 0; kt < KT; ++kt, rd = rd + 1 == STAGES ? 0 : rd + 1) {
-      // try_wait suspends the thread a while in hardware: the clock starts only if that was not enough
-      const unsigned bar = smem_addr(&r.landed[rd]), parity = (phase >> rd) & 1;
-      if (!mbar_try_wait(bar, parity)) {
-        w.restart();
-        while (ok && !mbar_try_wait(bar, parity)) ok = !w.spent(p);
-        if (!ok) break;
-      }
-      phase ^= 1u << rd;
-      const unsigned a = base + rd * STAGE_BYTES + a_wg, b = base + rd * STAGE_BYTES + A_BYTES + b_wg;
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks)
-#pragma unroll
-        for (int n = 0; n < NB_N; ++n) {
-          const uint64_t db = wgmma_desc(b + n * (MMA_N / 8) * 1024 + ks * 32);
-#pragma unroll
-          for (int m = 0; m < NB; ++m) Wgmma<MMA_N>::mma(acc[m][n], wgmma_desc(a + m * 8 * 1024 + ks * 32), db);
-        }
-      wgmma_commit();
-      wgmma_wait<1>();
-      // every warp is past slice kt - 1's wgmmas (slice kt's run on): its stage takes slice
-      // kt + STAGES - 1, so the copies run STAGES - 1 slices ahead, as L2 and HBM latency need
-      __syncthreads();
-      const int next = kt + STAGES - 1;
-      if (tid == 0 && next < KT) load(op, base, boxes, next % STAGES, next);
-    }
+    Slices in(r.phase);
+    int kt;
+    if constexpr (Op::LO_BUFFERS > 0)
+      kt = split_slices<NB>(p, op, base, boxes, KT, in, acc);
+    else
+      kt = slices<NB>(p, op, base, boxes, KT, in, acc);
     wgmma_wait<0>();
-    if (!ok) {
-      if (!aborted(p)) record_error(p, WAIT_SLICE, op.a_row, op.b_row, kt, 0, 1, (long long)(now_ns() - w.start));
+    if (kt < KT) {
+      if (!aborted(p))
+        record_error(p, WAIT_SLICE, op.a_row, op.b_row, kt, 0, 1, (long long)(now_ns() - in.waiter.start));
       return false;
     }
     __syncthreads();  // every warp is done with the stages
     if (tid == 0) {
-      r.phase = phase;
+      r.phase = in.phase;
       r.primed = 0;
     }
     return true;
+  }
+
+  // The landing of slices in order: slice kt is in stage kt % STAGES, and waits for the phase of
+  // that stage's bit in `phase` (flipped by each wait)
+  struct Slices {
+    unsigned phase;
+    Waiter waiter;
+    __device__ explicit Slices(unsigned phase_) : phase(phase_) {}
+    // false if slice kt never landed (the budget is spent; the caller records it)
+    __device__ bool await(const Params& p, int kt) {
+      const int st = kt % STAGES;
+      // try_wait suspends the thread a while in hardware: the clock starts only if that was not enough
+      const unsigned bar = smem_addr(&ring().landed[st]), parity = (phase >> st) & 1;
+      if (!mbar_try_wait(bar, parity)) {
+        waiter.restart();
+        while (!mbar_try_wait(bar, parity))
+          if (waiter.spent(p)) return false;
+      }
+      phase ^= 1u << st;
+      return true;
+    }
+  };
+
+  // this warpgroup's part of slice kt's products into d: A blocks from band_m * MB on, B rows from
+  // band_n * WN, whole 8-row groups of 1024 bytes (lo: the copy holding the slice's lo parts)
+  template <int NB>
+  __device__ static void multiply(unsigned base, int kt, unsigned lo, Acc& d) {
+    const int tid = thread_index();
+    const unsigned a_wg = band_m(tid) * MB * 8 * 1024, b_wg = band_n(tid) * (WN / 8) * 1024;
+    const unsigned stage = base + kt % STAGES * STAGE_BYTES;
+    const unsigned a = stage + a_wg, b = stage + A_BYTES + b_wg, a_lo = lo + a_wg, b_lo = lo + A_BYTES + b_wg;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+      for (int n = 0; n < NB_N; ++n) {
+        const unsigned bn = n * (MMA_N / 8) * 1024 + ks * 32;
+        const uint64_t db = wgmma_desc(b + bn), db_lo = wgmma_desc(b_lo + bn);
+#pragma unroll
+        for (int m = 0; m < NB; ++m) {
+          const unsigned am = m * 8 * 1024 + ks * 32;
+          Op::template mma<MMA_N>(d[m][n], wgmma_desc(a + am), wgmma_desc(a_lo + am), db, db_lo);
+        }
+      }
+    wgmma_commit();
+  }
+
+  // bf16: slice kt's wgmmas run on while slice kt - 1's are waited for, whose stage then takes
+  // slice kt + STAGES - 1, so the copies run STAGES - 1 slices ahead, as L2 and HBM latency need.
+  // Returns the slices multiplied (KT, or the one that never landed).
+  template <int NB>
+  __device__ static int slices(const Params& p, const GemmOperands& op, unsigned base, int boxes, int KT, Slices& in,
+                               Acc& acc) {
+    const int tid = thread_index();
+    for (int kt = 0; kt < KT; ++kt) {
+      if (!in.await(p, kt)) return kt;
+      multiply<NB>(base, kt, 0, acc);
+      wgmma_wait<1>();
+      __syncthreads();  // every warp is past slice kt - 1's wgmmas
+      const int next = kt + STAGES - 1;
+      if (tid == 0 && next < KT) load(op, base, boxes, next % STAGES, next);
+    }
+    return KT;
+  }
+
+  // tf32x3: the tensor core adds each wgmma's products into its accumulators rounding toward
+  // zero, so a float32 sum over K in them drifts (3 x K / 8 such additions: 3e-5 of the default
+  // layer's output, measured, where float32's tolerance is 1e-5). Each slice's products are
+  // summed from zero in `part` and added into acc rounding to nearest. Slice kt + 1 lands and is
+  // split (into the lo copy slice kt - 1 used) while slice kt's wgmmas run; then they are waited
+  // for and summed, and slice kt - 1's stage takes slice kt + STAGES - 1. (Two parts taking turns,
+  // so that slice kt's wgmmas could run on while slice kt - 1's part is summed, spilled 452 bytes
+  // of gemm_task and made the default layer 25% slower, one H200.)
+  template <int NB>
+  __device__ static int split_slices(const Params& p, const GemmOperands& op, unsigned base, int boxes, int KT,
+                                     Slices& in, Acc& acc) {
+    const int tid = thread_index();
+    Acc part;
+    zero(part);
+    if (KT > 0 && !in.await(p, 0)) return 0;
+    split_into(base, boxes, 0);
+    for (int kt = 0; kt < KT; ++kt) {
+      multiply<NB>(base, kt, lo_copy(base, kt), part);
+      if (kt + 1 < KT) {
+        if (!in.await(p, kt + 1)) return kt + 1;
+        split_into(base, boxes, kt + 1);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int m = 0; m < MB; ++m)
+#pragma unroll
+        for (int n = 0; n < NB_N; ++n)
+#pragma unroll
+          for (int q = 0; q < NREG; ++q) {
+            acc[m][n][q] += part[m][n][q];
+            part[m][n][q] = 0.f;
+          }
+      __syncthreads();  // every warp is past slice kt's wgmmas
+      const int next = kt + STAGES - 1;
+      if (tid == 0 && next < KT) load(op, base, boxes, next % STAGES, next);
+    }
+    return KT;
+  }
+
+  __device__ static unsigned lo_copy(unsigned base, int kt) {
+    return base + (STAGES + kt % (Op::LO_BUFFERS ? Op::LO_BUFFERS : 1)) * STAGE_BYTES;
+  }
+
+  // slice kt's lo parts (the A boxes that landed, and B) by the whole block, into its copy; the
+  // wgmmas read them through the async proxy, and every warpgroup reads rows others split
+  __device__ static void split_into(unsigned base, int boxes, int kt) {
+    const int tid = thread_index();
+    const unsigned stage = base + kt % STAGES * STAGE_BYTES, lo = lo_copy(base, kt);
+    if constexpr (Op::LO_BUFFERS > 0) {
+      Op::split(stage, lo, boxes * A_BOX_BYTES, tid, THREADS);
+      Op::split(stage + A_BYTES, lo + A_BYTES, B_BYTES, tid, THREADS);
+    }
+    fence_async_shared();
+    __syncthreads();
+  }
+
+  __device__ static void zero(Acc& d) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+      for (int n = 0; n < NB_N; ++n)
+#pragma unroll
+        for (int q = 0; q < NREG; ++q) d[m][n][q] = 0.f;
   }
 
   // The tile's rows < `rows` into out (row r at out(r)) as bf16, element (r, c) =
