@@ -3,8 +3,8 @@
 # table last (a call is capped at 10 minutes, so the whole set takes two calls):
 #   checks     ptxas report (registers, spills, shared memory) of the float32, bf16, tf32 and tf32x3 kernels
 #              at the bench's tiles, the GPU tests on every GPU count, `moelab gpu` as a user runs it
-#   calibrate  the calibration microbenchmarks of both builds on the most GPUs given, 2 for NVLink's
-#              figures (calibration-<gpu>.json; on 1 GPU they stay the preset's)
+#   calibrate  the calibration microbenchmarks of both builds on 2 GPUs where 2 or more are given (NVLink's
+#              figures; calibration-<gpu>.json), else on 1 (where they stay the preset's)
 #   bench-D    the sweep of precision D (float32, bfloat16, tf32, tf32x3) on the GPU counts given, a
 #              telemetry trace per point, each beside the torch layer of its precision
 #   apart-D    the points of that sweep whose tiles merging sources changes, with each source's rows
@@ -64,7 +64,10 @@ EOF
           --out /tmp/moelab-cli 2>&1 | tee -a "$R/cli.txt"
       done ;;
     calibrate)
-      timeout 300 python3 benchmarks/calibrate_gpu.py --gpus "${GPUS##* }" --out "$R" --commit "$MOELAB_COMMIT" \
+      # the NVLink ping-pong pairs rank r with 1 - r: two GPUs, however many the call has
+      cal_gpus=${GPUS##* }
+      (( cal_gpus > 2 )) && cal_gpus=2
+      timeout 300 python3 benchmarks/calibrate_gpu.py --gpus "$cal_gpus" --out "$R" --commit "$MOELAB_COMMIT" \
         --timeout 280 \
         2>&1 | tee "$R/calibrate.txt" ;;
     bench-*|store-*|put-*|apart-*)
