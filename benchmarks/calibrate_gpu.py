@@ -1,17 +1,19 @@
-"""Run the calibration microbenchmarks (gpu/microbench.py) of both builds and write measurements/calibration-<gpu>.json.
+"""Run the calibration microbenchmarks (gpu/microbench.py) of the builds and write measurements/calibration-<gpu>.json.
 
     python benchmarks/calibrate_gpu.py --gpus 2 --out OUT_DIR --commit SHA
 
-Runs the float32 build's microbenchmarks, then the bf16 build's (one job each; on more than one
+Runs the float32 build's microbenchmarks, then the bf16 build's, then the split TF32 one's (tf32x3:
+float32 data on the warpgroup GEMM) (one job each; on more than one
 GPU each build's layer pieces, scheduler layers and in-layer timings run once more on one GPU alone, so
 the dispatch's local stores are timed without NVLink stores beside them and the latencies around
 idle processors without a peer's late counts: those are fitted from these), and writes
 OUT_DIR/calibration-<gpu>.json: GPU, driver, commit, command and date under "meta", the float32
-build's sections at the top level (as before bf16 existed) and the bf16 build's under
-"bfloat16" (its tile shape, gemm, copy, gate, dispatch, combine, scheduler, in_layer; puts and ping-pongs
-move bytes whatever the dtype and are measured once, by the float32 job). Prints a short table of
-the figures the simulator's calibration fits. `--from-raw DIR` rebuilds the file and the table
-from a saved DIR/raw-<dtype>/results.json without a GPU.
+build's sections at the top level (as before bf16 existed), the bf16 build's under "bfloat16" and
+the tf32x3 build's under "tf32x3" (each its tile shape, gemm, copy, gate, dispatch, combine,
+scheduler, in_layer; puts and ping-pongs move bytes whatever the build and are measured once, by
+the float32 job). Prints a short table of the figures the simulator's calibration fits.
+`--from-raw DIR` rebuilds the file and the table from a saved DIR/raw-<dtype>/results.json without
+a GPU (a build whose raw results are not there is left out).
 """
 
 from __future__ import annotations
@@ -102,6 +104,10 @@ def table(raw: dict, label: str = "") -> str:
     return format_table((f"microbenchmark{label}", "unit", "value"), rows)
 
 
+# the builds measured, each with its share of --timeout (the float32 job also times the byte moves)
+BUILDS = (("float32", 0.4), ("bfloat16", 0.3), ("tf32x3", 0.3))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=2)
@@ -111,22 +117,27 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=370.0, help="wall-clock limit of both jobs, seconds")
     ap.add_argument("--from-raw", metavar="DIR", help="rebuild from DIR/raw-<dtype>/results.json (no GPU)")
     args = ap.parse_args()
+    if args.gpus not in (1, 2):
+        # the NVLink ping-pong and the two-GPU layer pair rank r with 1 - r
+        ap.error(f"--gpus {args.gpus}: 1 or 2 (the NVLink figures are measured between two GPUs)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    raw = {dtype: collect(args, out, dtype, share) for dtype, share in (("float32", 0.5), ("bfloat16", 0.5))}
-    fp32, bf16 = raw["float32"], raw["bfloat16"]
-    meta = {"gpu": fp32.get("gpu") or bf16.get("gpu", "unknown"), "gpus": args.gpus, "driver": driver(),
-            "commit": args.commit, "command": " ".join(["python", *sys.argv]),
+    jobs = [(dtype, share) for dtype, share in BUILDS
+            if not args.from_raw or (Path(args.from_raw) / f"raw-{dtype}" / "results.json").is_file()]
+    raw = {dtype: collect(args, out, dtype, share) for dtype, share in jobs}
+    fp32 = raw["float32"]
+    meta = {"gpu": next((r["gpu"] for r in raw.values() if r.get("gpu")), "unknown"), "gpus": args.gpus,
+            "driver": driver(), "commit": args.commit, "command": " ".join(["python", *sys.argv]),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "producer": "gpu/microbench.py (kernels/microbench.cu), float32 and bf16 (-DMOE_BF16=1) builds"}
+            "producer": "gpu/microbench.py (kernels/microbench.cu), " + ", ".join(raw) + " builds"}
     drop = ("gpu", "dtype")
     doc = {"meta": meta, **{k: v for k, v in fp32.items() if k not in drop},
-           "bfloat16": {k: v for k, v in bf16.items() if k not in drop}}
+           **{dtype: {k: v for k, v in r.items() if k not in drop} for dtype, r in raw.items() if dtype != "float32"}}
     path = out / f"calibration-{gpu_tag(meta['gpu'])}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
-    print(table(fp32, " (float32)"))
-    print(table(bf16, " (bfloat16)"))
+    for dtype, r in raw.items():
+        print(table(r, f" ({dtype})"))
     return 0
 
 
@@ -159,9 +170,11 @@ def run_job(args: argparse.Namespace, out: Path, dtype: str, name: str, gpus: in
     try:
         return microbench.collect(gpus, saved.parent, timeout_s=timeout_s, dtype=dtype,
                                   sections=sections or microbench.SECTIONS)
-    except spawn.SpawnError as e:  # whatever rank 0 saved before the failure still counts
+    except spawn.SpawnError as e:  # whatever rank 0 saved before the failure still counts, and so does the failure
         print(f"microbenchmarks ({dtype}, {gpus} GPU(s)): {e}", flush=True)
-        return json.loads(saved.read_text()) if saved.is_file() else {"failed": {"job": str(e)}}
+        got = json.loads(saved.read_text()) if saved.is_file() else {}
+        got.setdefault("failed", {})["job"] = str(e)
+        return got
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def wanted() -> list[tuple[dict, str]]:
                 todo += cases.bench_cases(p, points, dtype=dtype)
     opts = {tuple(sorted(layout.compile_options(Config(**c["config"])).items())) for c in todo}
     units = [(dict(o), "moe.cu") for o in sorted(opts)]
-    return units + [(microbench.tile_options(dtype, 2), "microbench.cu") for dtype in ("float32", "bfloat16")]
+    return units + [(microbench.tile_options(dtype, 2), "microbench.cu") for dtype in microbench.DTYPES]
 
 
 def main() -> int:

@@ -53,7 +53,7 @@ from reference import Config, presets
 from . import build, cases, layout, spawn, tma
 from .runtime import Inputs, Layer, Session, allow_dynamic_smem
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "tf32x3")  # the builds (gpu.cases.PRECISIONS): tf32x3 is float32 data
 SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler", "in_layer")  # in the order they run
 BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
@@ -141,9 +141,10 @@ class Bench:
         self.s.sync()
 
     def tensor_maps(self, a, w):
-        """The bf16 build's TMA tensor maps (gpu/tma.py) with `a` as both inbox and hidden and `w` as
-        both w1 and w2, on the device (keep it while launches use it); None for the float32 build."""
-        if self.dtype != "bfloat16":
+        """The warpgroup GEMM's TMA tensor maps (gpu/tma.py; bf16 and tf32x3 builds) with `a` as both
+        inbox and hidden and `w` as both w1 and w2, on the device (keep it while launches use it); None
+        for the float32 build."""
+        if self.dtype not in layout.WGMMA_PRECISIONS:
             return None
         block = tma.maps_block(tma.operand_specs(dict(inbox=a, hidden=a, w1=w, w2=w), self.tile["TILE_N"]))
         with self.torch.cuda.stream(self.s.torch_stream):
@@ -213,7 +214,7 @@ def sec_copy(b: Bench, grid: int) -> list[dict]:
     ns = b.zeros(grid)
     out = []
     for blocks in sorted({1, 4, 8, 16, 24, 32, 48, 64, 96, 128, grid}):  # 1 MiB each: across the L2
-        for scaled in (False, True) if b.dtype == "float32" else (False,):
+        for scaled in (False, True) if b.elem_bytes == 4 else (False,):  # float32 rows are weighted in a task
             b.launch("mb_copy", blocks, ptr(src), np.int32(src_rows), ptr(dst), np.int32(rows), np.int32(H),
                      ptr(scales) if scaled else np.uint64(0), np.int32(reps), ptr(ns))
             per = b.clocks(ns)[:blocks] / reps

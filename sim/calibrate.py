@@ -53,8 +53,9 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 
 The file's top level is the float32 kernel build's microbenchmarks; its "bfloat16" section (when
 measured) the bf16 build's, fitted the same way: the matrix rate against the BF16 peak, rows of
-2-byte elements, the gate on bf16 tokens, the bf16 layer's scheduler; puts and ping-pongs move
-bytes whatever the dtype, so that fit takes them from the top level.
+2-byte elements, the gate on bf16 tokens, the bf16 layer's scheduler; its "tf32x3" section (when
+measured) the split TF32 build's: float32 rows, the matrix rate against a third of the TF32 peak;
+puts and ping-pongs move bytes whatever the build, so those fits take them from the top level.
 
 Writes a calibration preset (`{"base": preset, field: value, "sources": {field: how}, "dtypes":
 {"float32": {"tile": [bM, bN, bK]}, "bfloat16": {"tile": [...], field: value, "sources": ...}}}`,
@@ -80,6 +81,7 @@ from .hardware import PRESETS, HardwareError, from_dict
 MEASUREMENTS = Path(__file__).resolve().parent.parent / "measurements"
 GPU_PRESET = {"h100": "h100-sxm", "h200": "h200-sxm"}
 BF16 = "bfloat16"  # the file's section of the bf16 kernel build
+TF32X3 = "tf32x3"  # the file's section of the split TF32 build (float32 data, the warpgroup GEMM)
 BYTE_SECTIONS = ("put", "pingpong")  # measured once (float32 job): NVSHMEM moves bytes whatever the dtype
 
 
@@ -743,8 +745,9 @@ def calibrate(path: Path, base: str | None = None, out: Path | None = None) -> t
     if base != GPU_PRESET[tag]:  # e.g. an H100 preset from H200 microbenchmarks: the same GH100 SMs
         origin += f" (measured on {raw['meta']['gpu']}, applied to {base})"
     fits, tiles = {"float32": fit(raw, base, origin)}, {"float32": tile_of(raw, "")}
-    if BF16 in raw:
-        fits[BF16], tiles[BF16] = fit_dtype(raw, BF16, base, origin), tile_of(raw[BF16], f"{BF16}.")
+    for build in (BF16, TF32X3):
+        if build in raw:
+            fits[build], tiles[build] = fit_dtype(raw, build, base, origin), tile_of(raw[build], f"{build}.")
     doc = preset_json(fits, tiles, base, f"{base}+calibrated({path.stem})")
     from_dict(doc, origin=str(out))  # the file must load as a preset
     out.write_text(json.dumps(doc, indent=1) + "\n")

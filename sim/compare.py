@@ -231,7 +231,7 @@ class Predictor:
 
     def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None,
                  staged_blocks: int = STAGED_BLOCKS):
-        figures = hw.for_dtype(cfg.dtype).to_dict()  # what simulate runs with
+        figures = hw.for_config(cfg).to_dict()  # what simulate runs with
         key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue,
                staged_blocks)
         if key not in self.cache:
@@ -240,14 +240,15 @@ class Predictor:
 
 
 def partner(run: MeasuredRun, runs: list[MeasuredRun]) -> MeasuredRun | None:
-    """The measured run of the same layer on 2 GPUs of the same kind by the same kernel (commit),
-    if committed."""
+    """The measured run of the same layer on 2 GPUs of the same kind by the same kernel (commit)
+    moving its rows the same way (dispatch path, staged senders), if committed."""
     want = run.config.replace(ranks=2, gpus_per_node=run.config.gpus_per_node).to_dict()
     want.pop("name")
     for r in runs:
         d = r.config.to_dict()
         d.pop("name")
-        if d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit:
+        if (d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit and r.dispatch == run.dispatch
+                and r.staged_blocks == run.staged_blocks):
             return r
     return None
 
@@ -264,7 +265,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
             hw.require_tile(run.config.gemm_precision, tile_of(run.config))
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
-    hw = hw.for_dtype(run.config.dtype)
+    hw = hw.for_config(run.config)
     result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta.get("processors") or hw.processors)

@@ -89,7 +89,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         raise SimError("queue", queue, "one of " + ", ".join(costs.QUEUE_POLICIES))
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
-    hw = get_hardware(hardware).for_dtype(cfg.dtype)  # the figures of the cfg's kernel build
+    hw = get_hardware(hardware).for_config(cfg)  # the figures of the cfg's kernel build
     say = progress or (lambda _: None)
     t0 = time.perf_counter()
     if plan is None:

@@ -181,6 +181,11 @@ class Hardware:
         return dataclasses.replace(self, name=f"{self.name}[{dtype}]", **_figures(section),
                                    sources={**self.sources, **section.get("sources", {})}, dtypes={})
 
+    def for_config(self, cfg) -> Hardware:
+        """The figures cfg's kernel build runs with: its GEMM precision's calibrated section (tf32x3
+        is a build of its own), else its dtype's (a tf32 config's: float32's)."""
+        return self.for_dtype(cfg.gemm_precision if cfg.gemm_precision in self.dtypes else cfg.dtype)
+
     def require_tile(self, dtype: str, tile: tuple[int, int, int]) -> None:
         """Raise unless the calibration measured `dtype`'s build at `tile` (bM, bN, bK)."""
         calibrated = {d: tuple(s["tile"]) for d, s in self.dtypes.items()}
@@ -207,7 +212,7 @@ def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Hardware) if f.name not in ("sources", "dtypes")]
 
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "tf32x3")  # the kernel builds a calibration may hold a section of
 
 
 def _shape(tile) -> str:

@@ -43,7 +43,7 @@ def test_from_raw_writes_one_file_with_both_builds(tmp_path):
     assert "(float32)" in done.stdout and "(bfloat16)" in done.stdout
     assert "T=6144, 2 GPU(s): gemm1 of a peer's tile beyond own" in done.stdout
     doc = json.loads((tmp_path / "calibration-h200.json").read_text())
-    assert doc["meta"]["commit"] == "abc" and doc["meta"]["gpu"] == "NVIDIA H200" and "bf16" in doc["meta"]["producer"]
+    assert doc["meta"]["commit"] == "abc" and doc["meta"]["gpu"] == "NVIDIA H200" and "bfloat16" in doc["meta"]["producer"]
     assert "put" in doc and "put" not in doc["bfloat16"] and doc["bfloat16"]["tile"]["TILE_K"] == 32
     out = tmp_path / "calibrated.json"
     assert main(["calibrate", "--calibration", str(tmp_path / "calibration-h200.json"), "--out", str(out)]) == 0
@@ -52,3 +52,30 @@ def test_from_raw_writes_one_file_with_both_builds(tmp_path):
     # the float32 job timed its stores to the peer, the bf16 job did not: one block's put rate
     assert preset["return_store_ns_per_byte"] == 4000.0 / (100 * 64 * 4)
     assert preset["dtypes"]["bfloat16"]["return_store_ns_per_byte"] == preset["put_nvlink_ns_per_byte"]
+
+
+def test_more_than_two_gpus_is_refused_naming_why():
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "calibrate_gpu.py"), "--gpus", "4"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 2 and "--gpus 4: 1 or 2" in done.stderr
+
+
+def test_a_job_that_dies_keeps_what_it_saved_and_says_it_failed(tmp_path, monkeypatch):
+    import argparse
+    import importlib.util
+
+    from gpu import spawn
+
+    spec = importlib.util.spec_from_file_location("calibrate_gpu", REPO / "benchmarks" / "calibrate_gpu.py")
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+
+    def dies(gpus, folder, **kwargs):  # rank 0 saved its puts, then a rank died
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({"put": [{"bytes": 1}]}))
+        raise spawn.SpawnError("rank 2 exited with -6")
+
+    monkeypatch.setattr(microbench, "collect", dies)
+    args = argparse.Namespace(from_raw=None)
+    got = driver.run_job(args, tmp_path, "float32", "raw-float32", 2, 10.0)
+    assert got["put"] == [{"bytes": 1}] and got["failed"] == {"job": "rank 2 exited with -6"}

@@ -2,8 +2,9 @@
 // processor.cuh) run piece by piece in persistent kernels of the megakernel's block size and
 // launch bounds, timed with %globaltimer, so the simulator's figures come from the code it models.
 // gpu/microbench.py launches them and turns the clocks into measurements/calibration-<gpu>.json.
-// Built like moe.cu for either kernel: float32, or with -DMOE_BF16=1 the bf16 one (bf16 tokens,
-// weights and moved rows, tensor-core tile GEMM), so each build times its own element type.
+// Built like moe.cu for each kernel: float32, with -DMOE_BF16=1 the bf16 one (bf16 tokens,
+// weights and moved rows, tensor-core tile GEMM), or with -DMOE_TF32X3=1 the split TF32 one
+// (float32 data, the warpgroup tile GEMM), so each build times its own element type and GEMM.
 //   mb_gemm      tile GEMM tasks (processor.cuh's gemm_task: GEMM0 or GEMM1), per block
 //   mb_copy      copy_rows gathers (dispatch packing, combine weighting), per block
 //   mb_put       put-with-signal of `bytes` by each of `gridDim` blocks to one PE
@@ -49,7 +50,7 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     *s0 = (tile % a_tiles) * TILE_M;
     *le = (int)((tile / tiles_per_expert) % experts);
   };
-#if MOE_BF16
+#if MOE_WGMMA
   TensorCoreGemm<TILE_M, TILE_N, TILE_K>::prepare();
 #endif
   // GEMM1's rows all go to `out`, as to one source whose slots span every position
@@ -66,7 +67,7 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
                                       [&] { return SourceRows{out_rows, (int)s0, ONE_SOURCE, 0, N}; }, smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
-#if MOE_BF16
+#if MOE_WGMMA
     // the next task's first slices, as the megakernel's processor asks for them once it has
     // taken its next command
     if (threadIdx.x == 32 && j + 1 < reps) {
