@@ -79,3 +79,13 @@ def test_a_job_that_dies_keeps_what_it_saved_and_says_it_failed(tmp_path, monkey
     args = argparse.Namespace(from_raw=None)
     got = driver.run_job(args, tmp_path, "float32", "raw-float32", 2, 10.0)
     assert got["put"] == [{"bytes": 1}] and got["failed"] == {"job": "rank 2 exited with -6"}
+
+
+def test_each_jobs_configs_name_its_build():
+    # a worker takes its build from its first config's GEMM precision: tf32x3 is float32 data
+    from reference import Config
+
+    for dtype in microbench.DTYPES:
+        cfg = Config.from_dict(microbench.job_cases(2, dtype)[0]["config"])
+        assert cfg.gemm_precision == dtype
+    assert microbench.tile_options("tf32x3", 2)["MOE_TF32X3"] == 1
