@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu import UnsupportedConfig, check_supported, spawn  # noqa: E402
 from gpu.cases import (  # noqa: E402
     PRECISIONS,
-    bench_cases,
     baseline_precision,
+    bench_cases,
     bf16_check_cases,
     check_cases,
     in_dtype,

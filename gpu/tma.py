@@ -1,9 +1,10 @@
 """TMA tensor maps of the warpgroup tile GEMM's operands (kernels/tile_gemm_wgmma.cuh).
 
 The bf16 and tf32x3 kernels load each 128-byte-deep slice (64 bf16, 32 float32) of their A rows and
-weight rows with the Hopper tensor memory accelerator: one thread asks for a box of rows and the copy engine writes it into shared
-memory in wgmma's 128-byte-swizzled layout. A box is named by a tensor map (CUtensorMap, 128 opaque
-bytes) that the CUDA driver encodes on the host from a buffer's address and shape. The kernel finds
+weight rows with the Hopper tensor memory accelerator: one thread asks for a box of rows and the
+copy engine writes it into shared memory in wgmma's 128-byte-swizzled layout. A box is named by a
+tensor map (CUtensorMap, 128 opaque bytes) that the CUDA driver encodes on the host from a buffer's
+address and shape. The kernel finds
 its four maps, in OPERANDS order, through Params.tmaps (kernels/params.cuh TMAP_*).
 
 Every operand is a row-major bf16 (float32) matrix with K contiguous (the weights are kept K-major

@@ -84,10 +84,11 @@ Right:
 - **141 of 179 runs hold every bound, 167 their latency**: on one and two H100s (the kernel of
   8e14b82), on one, two and four H200s at b7b5b24 (the staged dispatch from 16 senders, the
   `h200x4-` bf16 and float32 runs) and at cb946c2 (the tf32x3 build, float32 on split TF32 tensor
-  cores: 26 of its 27 runs at the calibrated tile), on one and two at b18c6d7 (16 senders, the `h200x2-` runs) and on two and four
-  at fca7b10 (32 senders: its runs left are the flat dispatch's, named -store, and those with a
-  tile per source, -apart), the bf16 128 x 256 tile of two warpgroups, each calibrated on the
-  megakernel's own dispatch, GEMM tasks, per-tile and final combines. Each run is predicted with
+  cores: 26 of its 27 runs at the calibrated tile), on one and two at b18c6d7 (16 senders, the
+  `h200x2-` runs) and on two and four at fca7b10 (32 senders: its runs left are the flat
+  dispatch's, named -store, and those with a tile per source, -apart), the bf16 128 x 256 tile of
+  two warpgroups, each calibrated on the megakernel's own dispatch, GEMM tasks, per-tile and final
+  combines. Each run is predicted with
   its own commit's measurements (fca7b10's, b18c6d7's and b7b5b24's kept as
   `calibrated-h200-<commit>.json`, cb946c2's measured on two H200s with the tf32x3 build's own
   section). Latency errors: H100 float32 -3.1% to +6.1%, bf16 -5.0% to

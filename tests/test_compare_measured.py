@@ -21,8 +21,9 @@ PREDICT = compare.Predictor()  # partners' predictions are shared between runs
 # Measured at 8e14b82 on 1 and 2 H100s; on H200s at fca7b10 (the staged dispatch from 32 processors:
 # its h200x4- runs left are those named -store, the flat dispatch, on 2 and 4 GPUs, and -apart, a tile
 # per source), at b18c6d7 (16 senders) on 1 and 2 (h200x2-), at b7b5b24 (16 senders) on 1, 2 and 4
-# (the other bf16 and float32 h200x4- runs) and the tf32x3 build at cb946c2 on 1, 2 and 4 (-tf32x3). Each kernel's runs are predicted with its own microbenchmarks: fca7b10's and
-# b18c6d7's kept as calibrated-h200-<commit>.json, b7b5b24's (measured on 2 H200s) calibrated-h200.json.
+# (the other bf16 and float32 h200x4- runs) and the tf32x3 build at cb946c2 on 1, 2 and 4 (-tf32x3).
+# Each kernel's runs are predicted with its own microbenchmarks: fca7b10's, b18c6d7's and b7b5b24's
+# kept as calibrated-h200-<commit>.json, cb946c2's (measured on 2 H200s) calibrated-h200.json.
 SMALL_TWO_GPU = ("at 1K tokens on two GPUs every phase runs longer than modelled, none by more than 20%: the gate "
                  "47.5 us against 43.9, the GEMM tasks 33.9/37.3 us against 32.9/33.4 (medians over both ranks): "
                  "layer -10.5% (the H200's run holds since d92b7fd: -9.2%)")
