@@ -31,6 +31,9 @@ INT_FIELDS = (
     ("tile_k", "tile depth (bK)", "reduction depth per step inside a task"),
 )
 FORMS = ("cfg", "fences", "sim")  # key prefixes of the widgets whose values outlive a page
+# how a float32 config's expert GEMMs multiply: the Config fields each choice sets
+FP32_GEMMS = {"float32 FMAs": {}, "tf32 (10-bit operands)": {"tf32": True},
+              "tf32x3 (float32 accuracy)": {"tf32x3": True}}
 
 
 KERNEL_QUEUE = "as the kernel build"  # the queue choice that leaves it to sim.costs.queue_policy
@@ -59,6 +62,8 @@ def _load_preset(form: str) -> None:
     for f, _, _ in INT_FIELDS:
         st.session_state[f"{form}.{f}"] = getattr(cfg, f)
     st.session_state[f"{form}.dtype"] = cfg.dtype
+    chosen = {f: True for f in ("tf32", "tf32x3") if getattr(cfg, f)}
+    st.session_state[f"{form}.fp32_gemm"] = next(k for k, v in FP32_GEMMS.items() if v == chosen)
     st.session_state[f"{form}.drop"] = cfg.capacity_factor is not None
     st.session_state[f"{form}.capacity_factor"] = float(cfg.capacity_factor or 1.0)
 
@@ -82,6 +87,12 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
     bar.caption(_nodes_caption(form))
     bar.selectbox("dtype", DTYPES, key=f"{form}.dtype", help="element type of activations and weights")
     slots["dtype"] = bar.empty()
+    bar.selectbox("float32 GEMMs", list(FP32_GEMMS), key=f"{form}.fp32_gemm",
+                  disabled=st.session_state[f"{form}.dtype"] != "float32",
+                  help="how a float32 layer's expert GEMMs multiply: float32 FMAs on CUDA cores, TF32 tensor "
+                       "cores (operands rounded to 10 mantissa bits), or TF32 tensor cores with each operand "
+                       "split in two and three products per pair (float32's accuracy, the tf32x3 kernel)")
+    slots["tf32"] = slots["tf32x3"] = bar.empty()
     bar.checkbox("drop tokens over capacity", key=f"{form}.drop",
                  help="each GPU may send at most capacity factor x T x k / E rows to an expert")
     bar.number_input("capacity factor", key=f"{form}.capacity_factor", step=0.25, format="%.2f",
@@ -135,6 +146,9 @@ def build_config(form: str) -> Config:
     base = presets.get(state[f"{form}.preset"])
     changes = {f: state[f"{form}.{f}"] for f, _, _ in INT_FIELDS}
     changes["dtype"] = state[f"{form}.dtype"]
+    changes.update(tf32=False, tf32x3=False)
+    if changes["dtype"] == "float32":
+        changes.update(FP32_GEMMS[state[f"{form}.fp32_gemm"]])
     changes["capacity_factor"] = float(state[f"{form}.capacity_factor"]) if state[f"{form}.drop"] else None
     cfg = Config.from_dict({**base.to_dict(), **changes})
     return cfg if cfg == base else cfg.replace(name=f"{base.name}-edited")

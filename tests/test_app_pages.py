@@ -105,6 +105,34 @@ def test_simulate_page_reruns_on_the_dispatch_and_its_senders():
     assert at.sidebar.number_input(key="sim.staged_blocks").disabled
 
 
+@needs_sim
+def test_simulate_page_reruns_on_the_float32_gemms():
+    at = page("simulate")
+    before = metrics_of(at)
+    at.sidebar.selectbox(key="cfg.fp32_gemm").set_value("tf32x3 (float32 accuracy)").run()
+    split = metrics_of(at)
+    at.sidebar.selectbox(key="cfg.fp32_gemm").set_value("tf32 (10-bit operands)").run()
+    tf32 = metrics_of(at)
+    assert not at.exception
+    # three TF32 products per float32 one: between TF32's time and the FMAs' (the H100 preset's rates)
+    assert tf32["latency_ns"] < split["latency_ns"] < before["latency_ns"]
+    at.sidebar.selectbox(key="cfg.dtype").set_value("bfloat16").run()
+    assert not at.exception and at.sidebar.selectbox(key="cfg.fp32_gemm").disabled
+
+
+def metrics_of(at: AppTest) -> dict:
+    """The metrics table as numbers by name."""
+    return {r["metric"]: float(r["value"]) for r in table(at) if _number(r["value"])}
+
+
+def _number(text) -> bool:
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def gpu_run(tr):
     """A test trace as a kernel telemetry run on an H200 (what sim.compare reads)."""
     tr.meta.update(source="gpu", gpu="NVIDIA H200")
