@@ -40,6 +40,16 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+// A float32 rounded to TF32 as cvt.rna.tf32.f32 rounds (nearest, ties away from zero;
+// reference.numerics.round_tf32 emulates it bit for bit), for the tf32 and tf32x3 GEMMs
+// (sm_90 SASS: finite values get 0x1000 added to their bits, Inf and NaN pass as they are; the
+// tensor core ignores the 13 low bits, which makes the sum a round to nearest, ties away)
+__device__ __forceinline__ unsigned to_tf32(float v) {
+  unsigned t;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(v));
+  return t;
+}
+
 template <int BM, int BN, int BK>
 struct SimtTileGemm {
   static constexpr int THREADS = 128, TY = 16, TX = 8;

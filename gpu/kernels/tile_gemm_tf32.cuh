@@ -11,14 +11,6 @@
 #pragma once
 #include "tile_gemm.cuh"
 
-// (sm_90 SASS: finite values get 0x1000 added to their bits, Inf and NaN pass as they are; the
-// tensor core ignores the 13 low bits, which makes the sum a round to nearest, ties away)
-__device__ __forceinline__ unsigned to_tf32(float v) {
-  unsigned t;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(v));
-  return t;
-}
-
 template <int BM, int BN, int BK>
 struct Tf32TileGemm {
   static constexpr int THREADS = 128, WARPS = 4, STAGES = 3;

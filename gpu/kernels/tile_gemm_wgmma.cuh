@@ -65,30 +65,21 @@ __device__ __forceinline__ uint64_t wgmma_desc(unsigned addr) {
 }
 
 // wgmma's accumulator operands, D[64 x N] as N / 2 floats a thread: their places in the asm string
-// and their constraints
+// and their constraints, each size the one before it and as many more
 #define WGMMA_D16 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define WGMMA_D16_OUT(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-#define WGMMA_D32 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+#define WGMMA_D32 WGMMA_D16 ", " \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define WGMMA_D32_OUT(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+#define WGMMA_D32_OUT(d) WGMMA_D16_OUT(d), \
   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define WGMMA_D64 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+#define WGMMA_D64 WGMMA_D32 ", " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define WGMMA_D64_OUT(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+#define WGMMA_D64_OUT(d) WGMMA_D32_OUT(d), \
   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
@@ -194,10 +185,7 @@ struct Tf32x3Operands {
     }
   }
   __device__ static unsigned lo_part(float x) {
-    const float hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-    unsigned t;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(x - hi));
-    return t;
+    return to_tf32(x - __uint_as_float(__float_as_uint(x) & 0xffffe000u));
   }
 };
 
@@ -462,8 +450,9 @@ struct WgmmaTileGemm {
     return KT;
   }
 
+  // (tf32x3 only, as split_slices and split_into: bf16 never instantiates them)
   __device__ static unsigned lo_copy(unsigned base, int kt) {
-    return base + (STAGES + kt % (Op::LO_BUFFERS ? Op::LO_BUFFERS : 1)) * STAGE_BYTES;
+    return base + (STAGES + kt % Op::LO_BUFFERS) * STAGE_BYTES;
   }
 
   // slice kt's lo parts (the A boxes that landed, and B) by the whole block, into its copy; the
@@ -471,10 +460,8 @@ struct WgmmaTileGemm {
   __device__ static void split_into(unsigned base, int boxes, int kt) {
     const int tid = thread_index();
     const unsigned stage = base + kt % STAGES * STAGE_BYTES, lo = lo_copy(base, kt);
-    if constexpr (Op::LO_BUFFERS > 0) {
-      Op::split(stage, lo, boxes * A_BOX_BYTES, tid, THREADS);
-      Op::split(stage + A_BYTES, lo + A_BYTES, B_BYTES, tid, THREADS);
-    }
+    Op::split(stage, lo, boxes * A_BOX_BYTES, tid, THREADS);
+    Op::split(stage + A_BYTES, lo + A_BYTES, B_BYTES, tid, THREADS);
     fence_async_shared();
     __syncthreads();
   }
