@@ -56,6 +56,13 @@ def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
           "golden": True, "dispatch": "store"}]
 
 
+def tensor_core_checks(tag: str, p: int, base: dict, cases: list[tuple[str, dict]]) -> list[dict]:
+    """A tensor-core kernel's check cases (named check-TAG-NAME-pP): each change of `cases` to
+    `base`, against the golden of its precision and the torch layer."""
+    return [{"name": f"check-{tag}-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
+             "baseline_check": True} for n, ch in cases]
+
+
 def put_return_case(name: str, config: dict) -> dict:
     """The kernel's put path: one block packs each dispatched tile and puts it, GEMM1's last task puts
     the whole tile home (its path where a peer is not load/store reachable)."""
@@ -100,8 +107,7 @@ def bf16_check_cases(p: int, seed: int) -> list[dict]:
         ("tall_wide_tile_192x256", dict(tokens=500, tile_m=192, tile_n=256, hidden=256, ffn=512, experts=4 * p,
                                         capacity_factor=None, skew=1.0)),
     ]
-    return [{"name": f"check-bf16-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
-             "baseline_check": True} for n, ch in cases] + \
+    return tensor_core_checks("bf16", p, base, cases) + \
         [put_return_case(f"check-bf16-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 
@@ -130,8 +136,7 @@ def tf32_check_cases(p: int, seed: int) -> list[dict]:
         ("t_not_multiple_tile128", dict(tokens=333, tile_m=128, tile_n=64, hidden=256, ffn=512, experts=8 * p)),
         ("wide_tile_128x128x8", dict(tokens=333, tile_m=128, tile_n=128, tile_k=8, hidden=256, ffn=512)),
     ]
-    return [{"name": f"check-tf32-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
-             "baseline_check": True} for n, ch in cases]
+    return tensor_core_checks("tf32", p, base, cases)
 
 
 # the bench's split TF32 tile: 128 x 128 in two warpgroups of 64 columns (one block per SM), 32
@@ -157,8 +162,7 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
         # two warpgroups of 128 columns each
         ("wide_tile_64x256", dict(tokens=600, tile_n=256, experts=4 * p, activation="gelu_tanh")),
     ]
-    return [{"name": f"check-tf32x3-{n}-p{p}", "config": {**base, **ch}, "inputs": "reference", "golden": True,
-             "baseline_check": True} for n, ch in cases] + \
+    return tensor_core_checks("tf32x3", p, base, cases) + \
         [put_return_case(f"check-tf32x3-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 

@@ -145,7 +145,7 @@ def _check_tensor_core_tiles(cfg: Config) -> None:
         fits = [n for n in BF16_TILE_N if _bf16_registers_fit(cfg.replace(tile_n=n))]
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"for bfloat16 with tile_m = {cfg.tile_m}, one of {fits} "
                                 f"(at most {BF16_MAX_ACC} accumulators per thread, {BF16_MAX_THREADS} threads a block)")
-    if cfg.tile_k != 64:
+    if cfg.tile_k != SLICE_BYTES // ELEM_BYTES["bfloat16"]:
         raise UnsupportedConfig("tile_k", cfg.tile_k, "64 for bfloat16 (a slice row is the 128 bytes of wgmma's "
                                 "swizzled layout)")
     if wgmma_stages(cfg) < BF16_MIN_STAGES:

@@ -76,12 +76,11 @@ import numpy as np
 from reference.plan import LOCAL, NVLINK
 
 from . import costs
-from .hardware import PRESETS, HardwareError, from_dict
+from .hardware import DTYPES, PRESETS, HardwareError, from_dict
 
 MEASUREMENTS = Path(__file__).resolve().parent.parent / "measurements"
 GPU_PRESET = {"h100": "h100-sxm", "h200": "h200-sxm"}
 BF16 = "bfloat16"  # the file's section of the bf16 kernel build
-TF32X3 = "tf32x3"  # the file's section of the split TF32 build (float32 data, the warpgroup GEMM)
 BYTE_SECTIONS = ("put", "pingpong")  # measured once (float32 job): NVSHMEM moves bytes whatever the dtype
 
 
@@ -745,8 +744,8 @@ def calibrate(path: Path, base: str | None = None, out: Path | None = None) -> t
     if base != GPU_PRESET[tag]:  # e.g. an H100 preset from H200 microbenchmarks: the same GH100 SMs
         origin += f" (measured on {raw['meta']['gpu']}, applied to {base})"
     fits, tiles = {"float32": fit(raw, base, origin)}, {"float32": tile_of(raw, "")}
-    for build in (BF16, TF32X3):
-        if build in raw:
+    for build in DTYPES:  # every build's section but float32's, the top level
+        if build != "float32" and build in raw:
             fits[build], tiles[build] = fit_dtype(raw, build, base, origin), tile_of(raw[build], f"{build}.")
     doc = preset_json(fits, tiles, base, f"{base}+calibrated({path.stem})")
     from_dict(doc, origin=str(out))  # the file must load as a preset
