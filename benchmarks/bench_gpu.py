@@ -16,7 +16,10 @@ cores at float32's accuracy, timed beside torch float32), `--untraced` those who
 no trace, and `checks` then includes the bf16 (tf32, tf32x3) kernel's checks against the
 reference's bf16-emulated (tf32, float64) golden. The matmul ceiling of each precision is measured
 first (torch, 8192^3) and each point's rate is given as a share of its own precision's ceiling;
-tf32x3's is float32's, the ceiling of its dtype at its accuracy.
+tf32x3's is float32's, the ceiling of its dtype at its accuracy. The memory's rate is measured
+too (torch copy and sum), and each point gets the GEMM phase's best share of the ceiling where
+every expert weight has to come from memory once (weights_bound): the roofline the GEMM phase's
+bar meets on layers of few rows per expert.
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -32,6 +35,7 @@ import shlex
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -62,35 +66,66 @@ def tile_shape(text: str) -> tuple[int, int, int]:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
+def median_seconds(op) -> float:
+    """Median time of op() on GPU 0 over 10 runs after 3 warm-ups (CUDA events)."""
+    import torch
+
+    times = []
+    for i in range(13):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        op()
+        e.record()
+        e.synchronize()
+        if i >= 3:
+            times.append(s.elapsed_time(e) * 1e-3)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def ceiling_tflops(dtype: str = "float32") -> float:
-    """Measured matmul rate of `dtype` (torch, TF32 only for "tf32", 8192^3 random operands, median
-    of 10 after 3 warm-ups) on GPU 0."""
+    """Measured matmul rate of `dtype` (torch, TF32 only for "tf32", 8192^3 random operands) on GPU 0."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     dt = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     a = torch.randn(8192, 8192, device="cuda", dtype=dt)
     b = torch.randn(8192, 8192, device="cuda", dtype=dt)
-    times = []
-    for i in range(13):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        e.synchronize()
-        if i >= 3:
-            times.append(s.elapsed_time(e) * 1e-3)
-    del a, b
+    seconds = median_seconds(partial(torch.matmul, a, b))
     torch.backends.cuda.matmul.allow_tf32 = False
+    del a, b
+    torch.cuda.empty_cache()  # the workers' layers get the memory back
+    return 2 * 8192 ** 3 / seconds / 1e12
+
+
+def memory_gbps() -> float:
+    """Measured rate of GPU 0's memory, GB/s: the faster of a 1 GiB copy (read and write counted)
+    and a 1 GiB sum (read): the pace at which a GEMM phase can at best stream its weights."""
+    import torch
+
+    n = 2**28
+    src, dst = torch.rand(n, device="cuda"), torch.empty(n, device="cuda")
+    gbps = max(8 * n / median_seconds(partial(dst.copy_, src)), 4 * n / median_seconds(src.sum)) / 1e9
+    del src, dst
     torch.cuda.empty_cache()
-    times.sort()
-    return 2 * 8192 ** 3 / times[len(times) // 2] / 1e12
+    return gbps
 
 
 def flops(r: dict) -> float:
     """Expert FLOPs of one layer call over all ranks: 2 GEMMs of 2 H I per kept row."""
     c = r["config"]
     return 4.0 * r["kept_rows"] * c["hidden"] * c["ffn"]
+
+
+def weights_bound(r: dict, ceiling: float, gbps: float) -> float:
+    """The GEMM phase's best rate as a share of `ceiling` (TFLOP/s a GPU) where each GPU's memory,
+    at `gbps`, has to stream every expert weight it holds once: a GPU's FLOPs over its weight bytes
+    (2 FLOPs per kept row per weight) times the rate, over the ceiling. Under 60, the bar on the GEMM
+    phase cannot hold at that point whatever the kernel does, short of keeping weights on chip."""
+    c = r["config"]
+    elem = 2 if c.get("dtype") == "bfloat16" else 4
+    weight_bytes = (c["experts"] + c.get("shared_experts", 0) * c["ranks"]) * 2 * c["hidden"] * c["ffn"] * elem
+    return 100 * flops(r) * gbps * 1e9 / (weight_bytes * ceiling * 1e12)
 
 
 def run_meta(args_line: str) -> dict:
@@ -120,15 +155,16 @@ def run_meta(args_line: str) -> dict:
 
 
 TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
-              "% ceil", "GEMM phase % ceil", "SM util %", "overlap eff T(2)/T(N)", "telemetry +%",
-              "rel err vs torch")
+              "% ceil", "GEMM phase % ceil", "weights' bound % ceil", "SM util %", "overlap eff T(2)/T(N)",
+              "telemetry +%", "rel err vs torch")
 
 
-def table_rows(all_results: list[dict], ceilings: dict[str, float]) -> list[tuple]:
+def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None) -> list[tuple]:
     """One row (TABLE_HEAD) per bench point: the kernel against the torch layer of its own dtype, its rate as a
     share of that dtype's ceiling, the GEMM phase's rate (GEMM FLOPs over the GEMM task time per
-    processor block, from telemetry) as a share of it, and FlashMoE's overlap efficiency
-    T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too."""
+    processor block, from telemetry) as a share of it, the most the GPUs' memory allows it
+    (weights_bound, at `gbps`; blank without), and FlashMoE's overlap efficiency T(2) / T(N)
+    (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too."""
     def precision(r):
         return Config.from_dict(r["config"]).gemm_precision
 
@@ -150,14 +186,14 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float]) -> list[tupl
         two = on_two.get((c["name"], dt))
         rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], torch_ms,
                      torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, 100 * gemm_tf / ceil,
-                     100 * r.get("sm_utilization", 0.0),
+                     "" if gbps is None else weights_bound(r, ceilings[dt], gbps), 100 * r.get("sm_utilization", 0.0),
                      "" if two is None else metrics.overlap_efficiency(two, r["kernel_ms"]),
                      100 * (r["kernel_telemetry_ms"] / r["kernel_ms"] - 1), r.get("vs_baseline_rel_err", -1.0)))
     return rows
 
 
-def table(all_results: list[dict], ceilings: dict[str, float]) -> str:
-    return format_table(TABLE_HEAD, table_rows(all_results, ceilings))
+def table(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None) -> str:
+    return format_table(TABLE_HEAD, table_rows(all_results, ceilings, gbps))
 
 
 def ceiling_text(ceilings: dict[str, float]) -> str:
@@ -208,7 +244,8 @@ def main() -> int:
     ceilings["tf32x3"] = ceilings["float32"]
     meta["fp32_ceiling_tflops"], meta["bf16_ceiling_tflops"] = ceilings["float32"], ceilings["bfloat16"]
     meta["tf32_ceiling_tflops"] = ceilings["tf32"]
-    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}", flush=True)
+    meta["memory_gbps"] = gbps = memory_gbps()
+    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s", flush=True)
     seed = int.from_bytes(os.urandom(4), "little")
     meta["seed"] = seed
     everything = []
@@ -252,8 +289,8 @@ def main() -> int:
                 "telemetry_same_output", "sm_utilization", "raised", "seconds_to_raise", "error", "failed")
         print(r["name"], {k: r[k] for k in keys if k in r}, flush=True)
     print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}, "
-          f"ceilings per GPU: {ceiling_text(ceilings)}")
-    print(table(everything, ceilings))
+          f"ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s")
+    print(table(everything, ceilings, gbps))
     return 0
 
 

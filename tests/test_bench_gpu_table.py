@@ -36,3 +36,20 @@ def test_tile_flag_reads_m_n_k_or_says_what_it_wants():
     for bad in ("128x256", "128x0x64", "axbxc", "128x256x64x1"):
         with pytest.raises(Exception, match="three positive integers MxNxK"):
             bench_gpu.tile_shape(bad)
+
+
+def test_weights_bound_is_rows_per_expert_times_memory_rate_over_the_ceiling():
+    # 2048 kept rows over 64 experts: 32 rows an expert, 2 FLOPs per row per bf16 weight of 2 bytes,
+    # so 32 FLOPs a weight byte; at 4000 GB/s that is 128 TFLOP/s, 16% of 800
+    p1 = point("a", 1, 1.0)
+    assert bench_gpu.weights_bound(p1, 800.0, 4000.0) == pytest.approx(16.0)
+    # 1024 tokens on each of two GPUs: 64 rows an expert (each GPU holds half the experts, all
+    # their rows)
+    assert bench_gpu.weights_bound(point("a", 2, 1.0), 800.0, 4000.0) == pytest.approx(32.0)
+    # float32 weights are twice the bytes
+    f32 = {**p1, "config": {**p1["config"], "dtype": "float32"}}
+    assert bench_gpu.weights_bound(f32, 800.0, 4000.0) == pytest.approx(8.0)
+    col = bench_gpu.TABLE_HEAD.index("weights' bound % ceil")
+    rows = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)
+    assert rows[0][col] == pytest.approx(16.0)
+    assert bench_gpu.table_rows([p1], {"bfloat16": 800.0})[0][col] == ""

@@ -167,7 +167,8 @@ def test_tf32x3_cases_are_supported_in_two_warpgroups_with_room_for_the_lo_parts
         # the stages, two stage-sized copies for the lo parts, the alignment room: within one block per SM
         assert layout.wgmma_smem_bytes(cfg) == (opts["GEMM_STAGES"] + 2) * stage + 1024 <= 226 * 1024
         assert cfg.tile_m * cfg.tile_n // layout.block_threads(opts) <= layout.BF16_MAX_ACC
-    assert layout.compile_options(Config.from_dict(benches[0]["config"]))["GEMM_STAGES"] == 5  # 128 x 128
+    default = next(Config.from_dict(c["config"]) for c in benches if c["name"] == "bench-flashmoe-tf32x3-p2")
+    assert layout.compile_options(default)["GEMM_STAGES"] == 5  # 128 x 128
     assert layout.kernel_name(Config.from_dict(checks[0]["config"])) == "moelab_moe_tf32x3"
     bench = cases.bench_cases(1, "default", "x-", "tf32x3")[0]
     assert bench["trace"] == "x-trace-flashmoe-tf32x3-p1.npz" and bench["baselines"] == ["float32", "tf32"]
@@ -185,6 +186,30 @@ def test_tf32x3_tiles_the_kernel_lacks_are_named(tile, field, needle):
     with pytest.raises(layout.UnsupportedConfig) as err:
         layout.check_supported(cfg)
     assert err.value.field == field and needle in err.value.allowed
+
+
+def test_tf32x3_bench_takes_the_short_tile_where_an_experts_window_fits_64_rows():
+    from gpu import cases
+
+    def tiles(p):
+        return {c["name"]: (lambda k: (k.tile_m, k.tile_n, k.tile_k))(Config.from_dict(c["config"]))
+                for c in cases.bench_cases(p, "sweep", "x-", "tf32x3")}
+
+    short, tall = cases.TF32X3_SHORT_TILE, cases.TF32X3_TILE
+    # C = T k / E slots from each of P sources: 32 and 64 on one GPU, 32 x 2 on two
+    assert tiles(1)["bench-flashmoe-tokens-1k-tf32x3-p1"] == short
+    assert tiles(1)["bench-flashmoe-tokens-2k-tf32x3-p1"] == short
+    assert tiles(2)["bench-flashmoe-tokens-1k-tf32x3-p2"] == short
+    # 128 rows: 4K on one GPU, 2K on two, 1K on four, and the default everywhere
+    assert tiles(1)["bench-flashmoe-tokens-4k-tf32x3-p1"] == tall
+    assert tiles(2)["bench-flashmoe-tokens-2k-tf32x3-p2"] == tall
+    assert tiles(4)["bench-flashmoe-tokens-1k-tf32x3-p4"] == tall
+    assert {tiles(p)[f"bench-flashmoe-tf32x3-p{p}"] for p in (1, 2, 4)} == {tall}
+    # the rule is the windows' rows, with or without dropping, and tf32x3's alone
+    flash = presets.get("flashmoe").replace(ranks=1)
+    assert cases.in_dtype(flash.replace(tokens=2080), "tf32x3").tile_m == tall[0]  # C = 65
+    assert cases.in_dtype(flash.replace(tokens=1024, capacity_factor=None), "tf32x3").tile_m == tall[0]  # C = T
+    assert cases.in_dtype(flash.replace(tokens=1024), "bfloat16").tile_m == cases.BF16_TILE[0]
 
 
 def test_tf32_stages_are_the_kernels():
