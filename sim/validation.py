@@ -81,8 +81,10 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **141 of 179 runs hold every bound, 167 their latency**: on one and two H100s (the kernel of
-  8e14b82), on one, two and four H200s at b7b5b24 (the staged dispatch from 16 senders, the
+- **185 of 230 runs hold every bound, 212 their latency**: on one and two H100s (the kernel of
+  8e14b82), on one, two and four H100s at 163bbf2 (the `h100x4-` bf16 and tf32x3 sweeps, calibrated
+  at that commit on two H100s: 44 of its 51 runs at the calibrated tiles, every tf32x3 one), on one,
+  two and four H200s at b7b5b24 (the staged dispatch from 16 senders, the
   `h200x4-` bf16 and float32 runs) and at cb946c2 (the tf32x3 build, float32 on split TF32 tensor
   cores: 26 of its 27 runs at the calibrated tile), on one and two at b18c6d7 (16 senders, the
   `h200x2-` runs) and on two and four at fca7b10 (32 senders: its runs left are the flat
@@ -96,8 +98,10 @@ Right:
   GPUs (-7.7% to +6.0% with a tile per source); bf16 -5.8% to +4.2% on one, -9.5% to +2.2% on two
   (16 senders: -9.5% to +1.7%), -16.8% to -2.8% on four (the misses below); tf32x3 -3.7% to
   +4.6% on one, two and four GPUs but its 1K layer on four (-8.2%, with its combines and overlap
-  missed as the float32 1K layer's). Mean absolute latency error 3.4% (3.8% before the tf32x3
-  runs). The layer is a queue of
+  missed as the float32 1K layer's). H100 at 163bbf2: tf32x3 -2.5% to +7.1% on one, two and
+  four GPUs; bf16 -5.0% to +1.4% on one, -11.4% to -1.9% on two, -17.1% to -4.5% on four (the
+  misses below). Mean absolute latency error 3.6% (3.4% before the 163bbf2 H100 runs, whose own
+  is 4.4%). The layer is a queue of
   equal tile tasks on 263 processors (131 on the bf16 and tf32x3 builds), each task a fixed cost plus its
   FLOPs' time and its share of its weight slice's loads, overlapped (below), with a hand-off
   between tasks and the scheduler's latencies around idle processors. Fewer runs hold every bound
@@ -366,6 +370,15 @@ Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and 
   run longer than modelled (1K flat: a GEMM0 task 52.8 us measured, 46.8 modelled; a GEMM1 task
   68.6 against 59.1), and the flat dispatch ends later (16K: at 569 against 437 us, busy 0.30
   against 0.23 ms a block; T(2)/T(4) 0.853 against 0.965 beside the flat two-GPU run).
+- **bf16 on four H100s** (163bbf2): 5 of the 9 runs miss their latency, -10.6% to -17.1% (the
+  others -4.5% to -9.5%), as on four H200s: the gate runs longer at 1K and 2K (45.1 and 53.5 us
+  medians against 35.8 and 45.8; at 1K its busy time and the dispatch's miss too, -21%), the
+  staged dispatch ends later (1K: at 86 against 59 us; 2K: 111 against 86), with 8 experts the
+  first GEMM0 task starts at 247 us against 168, and at 2K a GEMM1 task, storing into three peers,
+  takes 53.6 us against 44.2. T(2)/T(4) misses at 8 experts (0.83 measured, 0.93 modelled). On two
+  H100s of that call, the 1K layer misses as at 8e14b82 (-11.4%: the gate 43.6 us against 35.8, a
+  GEMM0 task 62.4 against 53.6; below) and the 128-expert dispatch's busy time is modelled 28%
+  short (a share 28.0 us median against 20.0), its latency within 1.9%.
 - **16 senders, float32** (b18c6d7 on two GPUs, b7b5b24 on two and four; dispatch busy -23% to
   -33% in 7 of each commit's and GPU count's 9 runs, the 1K and 2K ones holding; their latency
   within -1.1% to +1.9%): in the defaults a share to a peer took a median 63.7-64.4 us a MiB (16
