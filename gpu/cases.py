@@ -149,7 +149,8 @@ TF32X3_TILE_VARIANTS = ((64, 256, 32),)
 # fits 64 rows (1K and 2K tokens on one GPU, 1K on two): at 128 x 128 its tasks multiplied one
 # 64-row block and still split and streamed the weights 128 columns at a time; 64 x 256 does each
 # slice's fixed work for twice the columns. Side by side on two H200s those layers took 21-23%
-# less time (1K on one GPU 1.517 -> 1.169 ms), and every larger one 1.5-3.9% more.
+# less time (1K on one GPU 1.517 -> 1.169 ms), and every larger one 1.3-3.8% more
+# (measurements/gpu/experiments-2026-11-26-hints-tiles-stores.json).
 TF32X3_SHORT_TILE = (64, 256, 32)
 
 
