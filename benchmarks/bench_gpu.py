@@ -118,14 +118,9 @@ def flops(r: dict) -> float:
 
 
 def weights_bound(r: dict, ceiling: float, gbps: float) -> float:
-    """The GEMM phase's best rate as a share of `ceiling` (TFLOP/s a GPU) where each GPU's memory,
-    at `gbps`, has to stream every expert weight it holds once: a GPU's FLOPs over its weight bytes
-    (2 FLOPs per kept row per weight) times the rate, over the ceiling. Under 60, the bar on the GEMM
-    phase cannot hold at that point whatever the kernel does, short of keeping weights on chip."""
-    c = r["config"]
-    elem = 2 if c.get("dtype") == "bfloat16" else 4
-    weight_bytes = (c["experts"] + c.get("shared_experts", 0) * c["ranks"]) * 2 * c["hidden"] * c["ffn"] * elem
-    return 100 * flops(r) * gbps * 1e9 / (weight_bytes * ceiling * 1e12)
+    """The GEMM phase's best share (%) of `ceiling` (TFLOP/s a GPU) at the memory rate `gbps`
+    (sim.metrics.weights_roofline): under 60 the bar on the GEMM phase cannot hold at that point."""
+    return metrics.weights_roofline(Config.from_dict(r["config"]), r["kept_rows"], ceiling, gbps)
 
 
 def run_meta(args_line: str) -> dict:

@@ -16,6 +16,8 @@ telemetry): only the schema's columns and the meta's optional "processors" are r
 - critical path: the GPU that finishes last, the kind of its last interval, and its latency
   split into compute (some processor busy), exposed communication (a put, signal or fence of
   its own or addressed to it in flight while no processor computes) and idle time.
+- the weights' roofline of a GEMM phase (`weights_roofline`, from the config alone): its best
+  share of a GPU's matmul ceiling where the memory streams every expert weight once.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ def union_ns(start: np.ndarray, end: np.ndarray) -> float:
 def overlap_efficiency(latency_2gpu_ns: float, latency_ns: float) -> float:
     """FlashMoE's O_e = T(2) / T(N_G) (see the module text)."""
     return latency_2gpu_ns / latency_ns
+
+
+def weights_roofline(cfg: Config, kept_rows: int, ceiling_tflops: float, gbps: float) -> float:
+    """The GEMM phase's best rate, in % of a GPU's matmul ceiling `ceiling_tflops`, where each
+    GPU's memory, at `gbps` GB/s, has to stream every expert weight it holds once: the layer's
+    GEMM FLOPs (4 H I per kept row, both GEMMs) over its weight bytes (2 H I a weight matrix pair
+    per expert) times the rate. With R kept rows an expert a bf16 weight byte carries R FLOPs, a
+    float32 one R / 2; under 60, issue 9's bar on the GEMM phase cannot hold, short of keeping
+    weights on chip between calls."""
+    elem = 2 if cfg.dtype == "bfloat16" else 4
+    experts = cfg.experts + cfg.shared_experts * cfg.ranks  # every GPU holds the shared experts
+    return 100 * 4 * kept_rows * gbps * 1e9 / (experts * 2 * elem * ceiling_tflops * 1e12)
 
 
 def compute(trace: Trace, cfg: Config, latency_2gpu_ns: float | None = None) -> dict:
