@@ -153,6 +153,21 @@ def lines(table: list[dict], x: str, y: str, series: str, title: str, y_title: s
     return fig
 
 
+def roofline(points: list[dict], x: str, y: str, series: str, curves: dict[str, tuple[list, list]],
+             bar: float, title: str, x_title: str, y_title: str) -> go.Figure:
+    """Measured points (one marker series per value of `series`) over roofline curves (name ->
+    (xs, ys)), with the bar as a dashed line, on a log-2 x axis."""
+    fig = go.Figure([go.Scatter(x=xs, y=ys, name=name, mode="lines") for name, (xs, ys) in curves.items()])
+    for name in dict.fromkeys(r[series] for r in points):
+        pts = [r for r in points if r[series] == name]
+        fig.add_trace(go.Scatter(x=[r[x] for r in pts], y=[r[y] for r in pts], name=str(name), mode="markers",
+                                 text=[r["point"] for r in pts], hovertemplate="%{text}: %{y:.1f}<extra></extra>"))
+    fig.add_hline(y=bar, line_dash="dash", line_color="grey", annotation_text=f"the bar: {bar:g}")
+    fig.update_layout(title={"text": title}, xaxis={"title": {"text": x_title}, "type": "log", "dtick": 0.30103},
+                      yaxis={"title": {"text": y_title}}, margin={"l": 10, "r": 10, "t": 50, "b": 40})
+    return fig
+
+
 def grouped_bars(categories: list[str], values: dict[str, list[float]], title: str,
                  y_title: str, stacked: bool = False) -> go.Figure:
     """Bars per category, one bar series per key of `values`."""

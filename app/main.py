@@ -1,7 +1,9 @@
-"""The Streamlit app's entry (`moelab app` runs `streamlit run` on this file): the four pages.
+"""The Streamlit app's entry (`moelab app` runs `streamlit run` on this file): the five pages.
 
 Simulate: a config's simulated timeline and metrics. Compare: a measured run next to its
-prediction. Fences: the Perseus story across nodes and transports. Golden: the routing of a config.
+prediction. Benchmarks: a GPU benchmark run's table, its GEMM phases against the memory's
+roofline and its speedups over torch. Fences: the Perseus story across nodes and transports.
+Golden: the routing of a config.
 """
 
 import sys
@@ -21,6 +23,7 @@ PAGES = Path(__file__).parent / "views"
 st.navigation([
     st.Page(PAGES / "simulate.py", title="Simulate", default=True),
     st.Page(PAGES / "compare.py", title="Compare"),
+    st.Page(PAGES / "bench.py", title="Benchmarks"),
     st.Page(PAGES / "fences.py", title="Fences"),
     st.Page(PAGES / "golden.py", title="Golden"),
 ]).run()

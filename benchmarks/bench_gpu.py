@@ -117,6 +117,18 @@ def flops(r: dict) -> float:
     return 4.0 * r["kept_rows"] * c["hidden"] * c["ffn"]
 
 
+# where a summary's meta keeps each measured matmul ceiling (TFLOP/s a GPU)
+CEILING_KEYS = {"float32": "fp32_ceiling_tflops", "bfloat16": "bf16_ceiling_tflops", "tf32": "tf32_ceiling_tflops"}
+
+
+def ceilings_of(meta: dict) -> dict[str, float]:
+    """The ceilings a run's meta recorded, by GEMM precision: tf32x3's is float32's, the ceiling of
+    its dtype at its accuracy (summaries from before the tf32 ceiling lack it)."""
+    out = {dt: meta[key] for dt, key in CEILING_KEYS.items() if key in meta}
+    out["tf32x3"] = out["float32"]
+    return out
+
+
 def weights_bound(r: dict, ceiling: float, gbps: float) -> float:
     """The GEMM phase's best share (%) of `ceiling` (TFLOP/s a GPU) at the memory rate `gbps`
     (sim.metrics.weights_roofline): under 60 the bar on the GEMM phase cannot hold at that point."""
@@ -235,10 +247,9 @@ def main() -> int:
         ap.error(why)
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
-    ceilings = {dt: ceiling_tflops(dt) for dt in ("float32", "bfloat16", "tf32")}
-    ceilings["tf32x3"] = ceilings["float32"]
-    meta["fp32_ceiling_tflops"], meta["bf16_ceiling_tflops"] = ceilings["float32"], ceilings["bfloat16"]
-    meta["tf32_ceiling_tflops"] = ceilings["tf32"]
+    for dt, key in CEILING_KEYS.items():
+        meta[key] = ceiling_tflops(dt)
+    ceilings = ceilings_of(meta)
     meta["memory_gbps"] = gbps = memory_gbps()
     print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s", flush=True)
     seed = int.from_bytes(os.urandom(4), "little")

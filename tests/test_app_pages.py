@@ -192,3 +192,66 @@ def test_fences_page_sets_ibrc_beside_perseus_and_follows_the_form():
     assert not at.exception and table(at) != before
     set_field(at, "gpus_per_node", 3, "fences")
     assert any("'ranks' = 4" in e.value for e in at.sidebar.error)
+
+
+def bench_summary(folder, gpu="NVIDIA H200", memory_gbps=None, stream_gbps=None):
+    """A made-up bench_gpu summary of the bf16 FlashMoE layer at 1K tokens on one and two GPUs
+    (and a weight-stream file for its GPU) under folder/gpu/."""
+    (folder / "gpu").mkdir(parents=True, exist_ok=True)
+    meta = {"gpus_seen": [gpu], "driver": "580", "commit": "0" * 40, "command": "bench",
+            "fp32_ceiling_tflops": 50.0, "bf16_ceiling_tflops": 800.0, "tf32_ceiling_tflops": 400.0,
+            **({"memory_gbps": memory_gbps} if memory_gbps else {})}
+    results = []
+    for p in (1, 2):
+        cfg = presets.get("flashmoe").replace(ranks=p, tokens=1024, dtype="bfloat16", tile_m=128, tile_n=256,
+                                               tile_k=64)
+        results.append({"name": f"bench-flashmoe-tokens-1k-bf16-p{p}", "config": cfg.to_dict(),
+                         "kept_rows": 2048 * p, "kernel_ms": 0.4 / p, "kernel_telemetry_ms": 0.41 / p,
+                         "torch_bfloat16_ms": 1.2, "gemm_ms_per_proc": 0.3, "sm_utilization": 0.8})
+    (folder / "gpu" / "x-bench-bf16.json").write_text(json.dumps({"meta": meta, "results": results}))
+    if stream_gbps:
+        (folder / "gpu" / "x-weight-stream.json").write_text(json.dumps(
+            {"gpu": gpu, "variants": [{"weight_gbps": stream_gbps / 2}, {"weight_gbps": stream_gbps}]}))
+
+
+def test_bench_page_sets_each_gemm_phase_against_the_weights_roofline(tmp_path, monkeypatch):
+    bench_summary(tmp_path, stream_gbps=4000.0)
+    (tmp_path / "gpu" / "x-experiments.json").write_text(json.dumps({"meta": {}, "experiments": []}))
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("bench")
+    assert [s.value.name for s in at.selectbox] == ["x-bench-bf16.json"]  # the experiments file is no run
+    # no rate in the run: the fastest weight stream measured on its GPU
+    assert at.number_input(key="bench.gbps.x-bench-bf16.json").value == 4000.0
+    rows = {r["point"]: r for r in table(at)}
+    # 2048 kept rows over 64 experts: 32 FLOPs a bf16 weight byte, at 4000 GB/s 128 TFLOP/s, 16% of 800
+    assert rows["bench-flashmoe-tokens-1k-bf16-p1"]["weights' bound % ceil"] == pytest.approx(16.0)
+    assert rows["bench-flashmoe-tokens-1k-bf16-p2"]["rows an expert"] == pytest.approx(64.0)
+    assert rows["bench-flashmoe-tokens-1k-bf16-p1"]["speedup"] == pytest.approx(3.0)
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert "GEMM phase over kept rows an expert" in specs[0]
+    assert "bfloat16 weights' roofline (4000 GB\\u002fs)" in specs[0]  # plotly escapes the slash
+    assert "torch time over kernel time" in specs[1]
+    at.number_input(key="bench.gbps.x-bench-bf16.json").set_value(8000.0).run()
+    assert not at.exception
+    assert {r["point"]: r for r in table(at)}["bench-flashmoe-tokens-1k-bf16-p1"]["weights' bound % ceil"] == \
+        pytest.approx(32.0)
+
+
+def test_bench_page_takes_the_runs_own_memory_rate(tmp_path, monkeypatch):
+    bench_summary(tmp_path, memory_gbps=3000.0, stream_gbps=4000.0)
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("bench")
+    assert at.number_input(key="bench.gbps.x-bench-bf16.json").value == 3000.0
+    assert table(at)[0]["weights' bound % ceil"] == pytest.approx(12.0)
+
+
+def test_bench_page_says_plainly_when_nothing_was_benchmarked(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("bench")
+    assert any("No benchmark runs yet" in i.value for i in at.info) and not at.dataframe
+
+
+def test_bench_page_opens_on_the_committed_four_gpu_bf16_run():
+    at = page("bench")
+    assert at.selectbox[0].value.name == "h200x4-bench-bf16-59417b2.json"
+    assert len(table(at)) == 30 and len(at.get("plotly_chart")) == 2

@@ -1,0 +1,72 @@
+"""Which GPU benchmark runs the Benchmarks page offers, and their rows. The rows are
+benchmarks/bench_gpu.py's table (one definition for the device run's printout and the page); the
+weights' roofline is sim.metrics'."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.bench_gpu import TABLE_HEAD, ceilings_of, table_rows
+from reference import Config
+from sim import metrics
+
+from .compare_data import measurements_dir
+
+
+def summaries(folder: Path | None = None) -> list[Path]:
+    """The benchmark summaries (`bench_gpu.py`'s summary.json, committed as
+    measurements/gpu/<gpu>-bench-*.json) under `folder`: files whose results time the kernel."""
+    out = []
+    for path in sorted(((folder or measurements_dir()) / "gpu").glob("*.json")):
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and "meta" in d and any("kernel_ms" in r for r in d.get("results", [])
+                                                       if isinstance(r, dict)):
+            out.append(path)
+    return out
+
+
+def load(path: Path) -> tuple[dict, list[dict]]:
+    d = json.loads(Path(path).read_text())
+    return d["meta"], d["results"]
+
+
+def stream_gbps(gpu: str, folder: Path | None = None) -> float | None:
+    """The fastest weight stream measured on `gpu` (benchmarks/weight_stream.py's files), GB/s:
+    the rate for runs from before the benchmark measured its GPU's memory; None where none was."""
+    rates = []
+    for path in ((folder or measurements_dir()) / "gpu").glob("*weight-stream.json"):
+        d = json.loads(path.read_text())
+        if d.get("gpu") == gpu:
+            rates += [v["weight_gbps"] for v in d.get("variants", [])]
+    return max(rates) if rates else None
+
+
+def config_of(result: dict) -> Config:
+    return Config.from_dict(result["config"])
+
+
+def rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
+    """One record per benchmark point: the table's columns, and the kept rows an expert."""
+    table = table_rows(results, ceilings_of(meta), gbps)
+    per_expert = {r["name"]: r["kept_rows"] / config_of(r).experts
+                  for r in results if "kernel_ms" in r}
+    return [{**dict(zip(TABLE_HEAD, row)), "rows an expert": per_expert[row[0]]} for row in table]
+
+
+def roofline_curves(meta: dict, results: list[dict], gbps: float, per_expert: list[float]) -> dict[str, tuple]:
+    """Per GEMM precision of the run, its weights' roofline (% of that precision's ceiling, at most
+    100) over kept rows an expert `per_expert`, for a layer like the run's first of that precision."""
+    ceilings, curves = ceilings_of(meta), {}
+    for r in results:
+        if "kernel_ms" not in r:
+            continue
+        c = config_of(r)
+        name = f"{c.gemm_precision} weights' roofline ({gbps:.0f} GB/s)"
+        if name not in curves:
+            curves[name] = (list(per_expert), [min(100.0, metrics.weights_roofline(
+                c, rows * c.experts, ceilings[c.gemm_precision], gbps)) for rows in per_expert])
+    return curves

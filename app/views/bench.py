@@ -1,0 +1,61 @@
+"""Benchmarks page: a committed GPU benchmark run (benchmarks/bench_gpu.py) as its table, its GEMM
+phases against the memory's roofline, and its speedups over the torch layer."""
+
+import numpy as np
+import streamlit as st
+
+from app import bench_data, charts, downloads
+
+BAR = 60.0  # issue 9: GEMM phases at 60% or more of the dtype's matmul ceiling
+
+st.title("Benchmarks: the kernel against torch and the memory's roofline")
+files = bench_data.summaries()
+if not files:
+    st.info(f"No benchmark runs yet: {bench_data.measurements_dir() / 'gpu'} holds no summary of "
+            "`benchmarks/bench_gpu.py` (a JSON with meta and results that time the kernel).")
+    st.stop()
+default = next((i for i, p in enumerate(files) if p.name == "h200x4-bench-bf16-59417b2.json"), 0)
+path = st.selectbox("benchmark run", files, index=default, format_func=lambda p: p.name)
+meta, results = bench_data.load(path)
+gpu = (meta.get("gpus_seen") or ["unknown GPU"])[0]
+st.caption(f"{len(meta.get('gpus_seen', []))} x {gpu}, driver {meta.get('driver', '?')}, commit "
+           f"{str(meta.get('commit', '?'))[:7]}: `{meta.get('command', '')}`")
+measured = meta.get("memory_gbps")
+fallback = bench_data.stream_gbps(gpu)
+gbps = st.number_input(
+    "memory rate for the roofline (GB/s)", min_value=100.0, max_value=20000.0, step=50.0,
+    value=float(measured or fallback or 3000.0), key=f"bench.gbps.{path.name}",
+    help="measured by the run (torch copy and sum of 1 GiB)" if measured else
+    ("not measured by this run: the fastest weight stream measured on this GPU "
+     "(benchmarks/weight_stream.py)" if fallback else "not measured on this GPU: set it"))
+rows = bench_data.rows(meta, results, gbps)
+st.dataframe(rows, hide_index=True)
+
+st.subheader("GEMM phase against the weights' roofline")
+st.caption("A GEMM task reads its expert's weight slice however few rows the tile holds: with R kept rows an "
+           "expert a bf16 weight byte carries R FLOPs (float32: R / 2), so the GEMM phase can at best run at R "
+           "times the memory's rate. Left of where a curve crosses the bar, the bar cannot hold.")
+curves = bench_data.roofline_curves(meta, results, gbps, list(np.geomspace(8, 8192, 120)))
+points = [{**r, "series": f"{r['dtype']}, {r['GPUs']} GPU(s)"} for r in rows]
+fig = charts.roofline(points, "rows an expert", "GEMM phase % ceil", "series", curves, BAR,
+                      f"{path.stem}: GEMM phase over kept rows an expert", "kept rows an expert",
+                      "% of the dtype's matmul ceiling")
+st.plotly_chart(fig, key="bench.roofline")
+downloads.figure(fig, f"{path.stem}-roofline")
+
+st.subheader("Speedup over the torch layer of the same precision")
+
+
+def layer(r: dict) -> str:
+    """The point's layer, without the GPU count (bench-flashmoe-tokens-1k-bf16-p2 -> flashmoe-tokens-1k-bf16)."""
+    return r["point"].removeprefix("bench-").rsplit("-p", 1)[0]
+
+
+names = list(dict.fromkeys(layer(r) for r in rows))
+by_gpus = {}
+for r in rows:
+    by_gpus.setdefault(f"{r['GPUs']} GPU(s)", {})[layer(r)] = r["speedup"]
+fig2 = charts.grouped_bars(names, {k: [v.get(n, 0.0) for n in names] for k, v in by_gpus.items()},
+                           f"{path.stem}: torch time over kernel time (above 1: the kernel is faster)", "speedup")
+st.plotly_chart(fig2, key="bench.speedup")
+downloads.figure(fig2, f"{path.stem}-speedup")
