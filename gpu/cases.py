@@ -160,7 +160,7 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
     cases = [
         ("fresh", {}),
         ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
-        # GEMM0's K = 128 is four slices, as many as the stages the copies run ahead
+        # GEMM0's K = 128 is four slices, fewer than the seven the copies run ahead (GEMM1's: eight)
         ("nodrop_silu_topk_softmax", dict(capacity_factor=None, activation="silu", gate="topk_softmax",
                                           hidden=128, ffn=256)),
         ("skewed_sigmoid_gelu", dict(skew=2.0, gate="sigmoid_bias", activation="gelu")),

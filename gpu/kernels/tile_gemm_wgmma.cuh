@@ -17,7 +17,7 @@
 // docs/gpu-measurements.md).
 // K is walked in slices 128 bytes deep (64 bf16 or 32 floats: one swizzle line per operand row)
 // that the tensor memory accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES
-// from the room a block's share of the SM leaves), STAGES - 1 slices ahead of the wgmmas: one
+// from the room a block's share of the SM leaves), AHEAD slices ahead of the wgmmas: one
 // thread asks for a slice's boxes (64 A rows each, BN weight rows) from the operands' tensor maps
 // (gpu/tma.py) and the stage's mbarrier counts its bytes in; every thread waits on that barrier,
 // not on copies of its own. Slice kt's wgmmas are committed as one group and run on while the
@@ -25,7 +25,7 @@
 // split_slices).
 // (Before, every thread issued 16-byte cp.async copies: 16 a slice at 128 x 128, plus their
 // addresses, a wait and a barrier more per slice.) The stages' barriers are set once per block and
-// their phases carried from task to task, and a task's first STAGES - 1 slices are asked for as the
+// their phases carried from task to task, and a task's first AHEAD slices are asked for as the
 // task before it ends, once the processor has taken the command that names it (prime): they land
 // during that task's bookkeeping and the call, where each task used to set its barriers, meet, and
 // only then ask. Side by side on one H100 the layers with 8 and 16 experts were 2-3% faster, the
@@ -245,6 +245,13 @@ struct WgmmaTileGemm {
                 "of 128 (a TMA box of at most 256 rows), slices 128 bytes deep (BK = 64 bf16, 32 float), 3 stages "
                 "or more");
   using Acc = float[MB][NB_N][NREG];
+  // slices asked for ahead of the one multiplied: bf16 keeps slice kt - 1's wgmmas in flight while
+  // slice kt's run, so its stage is free one slice later; tf32x3 waits for slice kt's wgmmas
+  // before the next, so its stage takes slice kt + STAGES at once. (tf32x3 asked for STAGES - 1
+  // too, a stage idle a slice long: at 64 x 256 x 32, three stages, slice kt + 1 was asked for
+  // half a slice before it was awaited. One ahead more took 6-7% off the 1K and 2K layers on
+  // one GPU and 1K on two, side by side on two H100s; the default within its spread.)
+  static constexpr int AHEAD = Op::LO_BUFFERS > 0 ? STAGES : STAGES - 1;
 
   // The stages' barriers live as long as the block: a task's slice kt is in stage kt % STAGES and
   // waits for the phase of that stage's bit in `phase` (flipped by each wait), and its first
@@ -289,14 +296,14 @@ struct WgmmaTileGemm {
   }
 
   // One thread, as the block's task before this one has ended and its next GEMM is known: asks
-  // for that GEMM's first STAGES - 1 slices (all of A's 64-row boxes: its rows are not known
+  // for that GEMM's first AHEAD slices (all of A's 64-row boxes: its rows are not known
   // here), so that they land during the task's bookkeeping and the call. A's rows were seen
   // written by this thread (it took the command that names them). The block meets before the
   // next task starts: its thread 0 reads `primed`.
   __device__ static void prime(const GemmOperands& op, void* smem) {
     fence_async_shared();  // the epilogue wrote the stages through the generic proxy
     fence_async_global();
-    const int n = min(STAGES - 1, op.K / BK);
+    const int n = min(AHEAD, op.K / BK);
     for (int s = 0; s < n; ++s) load(op, stages_base(smem), BM / 64, s, s);
     ring().primed = n;
   }
@@ -326,7 +333,7 @@ struct WgmmaTileGemm {
       // the stages were last written through the generic proxy (the gate, the last epilogue), A too
       fence_async_shared();
       fence_async_global();
-      for (int s = r.primed; s < STAGES - 1 && s < KT; ++s) load(op, base, boxes, s, s);
+      for (int s = r.primed; s < AHEAD && s < KT; ++s) load(op, base, boxes, s, s);
     }
     Slices in(r.phase);
     int kt;
@@ -394,7 +401,7 @@ struct WgmmaTileGemm {
   }
 
   // bf16: slice kt's wgmmas run on while slice kt - 1's are waited for, whose stage then takes
-  // slice kt + STAGES - 1, so the copies run STAGES - 1 slices ahead, as L2 and HBM latency need.
+  // slice kt + AHEAD (STAGES - 1), so the copies run AHEAD slices ahead, as L2 and HBM latency need.
   // Returns the slices multiplied (KT, or the one that never landed).
   template <int NB>
   __device__ static int slices(const Params& p, const GemmOperands& op, unsigned base, int boxes, int KT, Slices& in,
@@ -405,7 +412,7 @@ struct WgmmaTileGemm {
       multiply<NB>(base, kt, 0, acc);
       wgmma_wait<1>();
       __syncthreads();  // every warp is past slice kt - 1's wgmmas
-      const int next = kt + STAGES - 1;
+      const int next = kt + AHEAD;
       if (tid == 0 && next < KT) load(op, base, boxes, next % STAGES, next);
     }
     return KT;
@@ -416,7 +423,7 @@ struct WgmmaTileGemm {
   // layer's output, measured, where float32's tolerance is 1e-5). Each slice's products are
   // summed from zero in `part` and added into acc rounding to nearest. Slice kt + 1 lands and is
   // split (into the lo copy slice kt - 1 used) while slice kt's wgmmas run; then they are waited
-  // for and summed, and slice kt - 1's stage takes slice kt + STAGES - 1. (Two parts taking turns,
+  // for and summed, and slice kt's own stage takes slice kt + AHEAD (STAGES). (Two parts taking turns,
   // so that slice kt's wgmmas could run on while slice kt - 1's part is summed, spilled 452 bytes
   // of gemm_task and made the default layer 25% slower, one H200.)
   template <int NB>
@@ -444,7 +451,7 @@ struct WgmmaTileGemm {
             part[m][n][q] = 0.f;
           }
       __syncthreads();  // every warp is past slice kt's wgmmas
-      const int next = kt + STAGES - 1;
+      const int next = kt + AHEAD;
       if (tid == 0 && next < KT) load(op, base, boxes, next % STAGES, next);
     }
     return KT;
