@@ -82,8 +82,9 @@ FINDINGS = """\
 Right:
 
 - **185 of 230 runs hold every bound, 212 their latency**: on one and two H100s (the kernel of
-  8e14b82), on one, two and four H100s at 163bbf2 (the `h100x4-` bf16 and tf32x3 sweeps, calibrated
-  at that commit on two H100s: 44 of its 51 runs at the calibrated tiles, every tf32x3 one), on one,
+  8e14b82), on one, two and four H100s at 163bbf2 (the `h100x4-` bf16 sweep) and 175ba1d (the
+  tf32x3 sweep, its ring one slice further ahead), each calibrated at its commit on two H100s: 44 of
+  their 51 runs at the calibrated tiles, every tf32x3 one; on one,
   two and four H200s at b7b5b24 (the staged dispatch from 16 senders, the
   `h200x4-` bf16 and float32 runs) and at cb946c2 (the tf32x3 build, float32 on split TF32 tensor
   cores: 26 of its 27 runs at the calibrated tile), on one and two at b18c6d7 (16 senders, the
@@ -98,10 +99,10 @@ Right:
   GPUs (-7.7% to +6.0% with a tile per source); bf16 -5.8% to +4.2% on one, -9.5% to +2.2% on two
   (16 senders: -9.5% to +1.7%), -16.8% to -2.8% on four (the misses below); tf32x3 -3.7% to
   +4.6% on one, two and four GPUs but its 1K layer on four (-8.2%, with its combines and overlap
-  missed as the float32 1K layer's). H100 at 163bbf2: tf32x3 -2.5% to +7.1% on one, two and
-  four GPUs; bf16 -5.0% to +1.4% on one, -11.4% to -1.9% on two, -17.1% to -4.5% on four (the
-  misses below). Mean absolute latency error 3.6% (3.4% before the 163bbf2 H100 runs, whose own
-  is 4.4%). The layer is a queue of
+  missed as the float32 1K layer's). Four H100s: tf32x3 (175ba1d) -2.3% to +8.0% on one, two and
+  four GPUs; bf16 (163bbf2) -5.0% to +1.4% on one, -11.4% to -1.9% on two, -17.1% to -4.5% on four
+  (the misses below). Mean absolute latency error 3.7% (3.4% before the four-H100 runs, whose own
+  is 4.6%). The layer is a queue of
   equal tile tasks on 263 processors (131 on the bf16 and tf32x3 builds), each task a fixed cost plus its
   FLOPs' time and its share of its weight slice's loads, overlapped (below), with a hand-off
   between tasks and the scheduler's latencies around idle processors. Fewer runs hold every bound

@@ -24,8 +24,9 @@ PREDICT = compare.Predictor()  # partners' predictions are shared between runs
 # (the other bf16 and float32 h200x4- runs) and the tf32x3 build at cb946c2 on 1, 2 and 4 (-tf32x3).
 # Each kernel's runs are predicted with its own microbenchmarks: fca7b10's, b18c6d7's and b7b5b24's
 # kept as calibrated-h200-<commit>.json, cb946c2's (measured on 2 H200s) calibrated-h200.json.
-# At 163bbf2 on 1, 2 and 4 H100s (h100x4-: the bf16 and tf32x3 sweeps), predicted with that
-# commit's microbenchmarks on 2 H100s (calibrated-h100.json; 8e14b82's kept as calibrated-h100-8e14b82.json).
+# On 1, 2 and 4 H100s (h100x4-): the bf16 sweep at 163bbf2, the tf32x3 one at 175ba1d, each predicted with
+# its commit's microbenchmarks on 2 H100s (175ba1d's calibrated-h100.json; 163bbf2's and 8e14b82's kept as
+# calibrated-h100-<commit>.json).
 SMALL_TWO_GPU = ("at 1K tokens on two GPUs every phase runs longer than modelled, none by more than 20%: the gate "
                  "47.5 us against 43.9, the GEMM tasks 33.9/37.3 us against 32.9/33.4 (medians over both ranks): "
                  "layer -10.5% (the H200's run holds since d92b7fd: -9.2%)")
