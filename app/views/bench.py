@@ -29,6 +29,14 @@ gbps = st.number_input(
     ("not measured by this run: the fastest weight stream measured on this GPU "
      "(benchmarks/weight_stream.py)" if fallback else "not measured on this GPU: set it"))
 rows = bench_data.rows(meta, results, gbps)
+held, faster, cannot = (sum(1 for r in rows if r["GEMM phase % ceil"] >= BAR), sum(1 for r in rows if r["speedup"] > 1),
+                        sum(1 for r in rows if r["weights' bound % ceil"] < BAR))
+cols = st.columns(4)
+cols[0].metric("points", len(rows))
+cols[1].metric("faster than torch", f"{faster} of {len(rows)}")
+cols[2].metric(f"GEMM phase at {BAR:g}% or more", f"{held} of {len(rows)}")
+cols[3].metric(f"roofline under {BAR:g}%", cannot,
+               help="points whose weights' roofline, at the memory rate above, leaves the bar out of reach")
 st.dataframe(rows, hide_index=True)
 
 st.subheader("GEMM phase against the weights' roofline")
