@@ -57,7 +57,6 @@ def golden_path(cfg: Config) -> str:
     return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
 
 
-
 def check_golden(cfg: Config, ys: list, routes: list) -> dict:
     """Kernel routing and output of every rank against the reference's golden of its precision
     (the routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights);

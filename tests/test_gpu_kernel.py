@@ -65,36 +65,36 @@ def test_kernel_matches_golden(suite):
         assert_matches_golden(r, "float32")
 
 
-def test_bf16_kernel_matches_bf16_golden(suite):
-    p, results = suite
-    checks = [r for name, r in results.items() if name.startswith("check-bf16-")]
+def tensor_core_checks(p: int, results: dict, tag: str, precision: str) -> list[dict]:
+    """The check-<tag>- cases, each held to its precision's golden and routed as the torch layer
+    routed it, the all-to-one-expert case having dropped rows; returned for the test's own checks."""
+    checks = [r for name, r in results.items() if name.startswith(f"check-{tag}-")]
     assert checks
     for r in checks:
-        assert_matches_golden(r, "bfloat16")
-        assert r["config"]["dtype"] == "bfloat16" and r["baseline_routing_equal"], r["name"]
-    assert results[f"check-bf16-one_expert_dropping-p{p}"]["dropped"] > 0
+        assert_matches_golden(r, precision)
+        assert r["baseline_routing_equal"], r["name"]
+    assert results[f"check-{tag}-one_expert_dropping-p{p}"]["dropped"] > 0
+    return checks
+
+
+def test_bf16_kernel_matches_bf16_golden(suite):
+    p, results = suite
+    for r in tensor_core_checks(p, results, "bf16", "bfloat16"):
+        assert r["config"]["dtype"] == "bfloat16", r["name"]
 
 
 def test_tf32_kernel_matches_tf32_golden_and_float64(suite):
     p, results = suite
-    checks = [r for name, r in results.items() if name.startswith("check-tf32-")]
-    assert checks
-    for r in checks:
-        assert_matches_golden(r, "tf32")
-        assert r["config"]["tf32"] and r["baseline_routing_equal"], r["name"]
+    for r in tensor_core_checks(p, results, "tf32", "tf32"):
+        assert r["config"]["tf32"], r["name"]
         assert r["rel_err_float64"] < TF32_VS_FLOAT64, (r["name"], r["rel_err_float64"])
-    assert results[f"check-tf32-one_expert_dropping-p{p}"]["dropped"] > 0
 
 
 def test_tf32x3_kernel_matches_float64_at_float32s_tolerance(suite):
     p, results = suite
-    checks = [r for name, r in results.items() if name.startswith("check-tf32x3-")]
-    assert checks
-    for r in checks:
-        assert_matches_golden(r, "tf32x3")
-        assert r["config"]["tf32x3"] and r["baseline_routing_equal"], r["name"]
+    for r in tensor_core_checks(p, results, "tf32x3", "tf32x3"):
+        assert r["config"]["tf32x3"], r["name"]
         assert r["vs_baseline_rel_err"] < GOLDEN_TOLERANCE["tf32x3"], (r["name"], r["vs_baseline_rel_err"])
-    assert results[f"check-tf32x3-one_expert_dropping-p{p}"]["dropped"] > 0
 
 
 def test_dropping_and_skew_were_exercised(suite):
