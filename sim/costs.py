@@ -49,9 +49,13 @@ GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one i
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (gpu/layout.py STAGED_BLOCKS; a test checks they agree)
 STAGED_BLOCKS = 16
-# when a dispatched tile's GEMM0 tasks are queued: with the rest of its expert's tiles, from every
-# source, once the last has landed (os.cuh enqueue_expert), or as it lands (queue_policy)
-QUEUE_POLICIES = ("expert", "tile")
+# when a tile's GEMM tasks are queued (queue_policy): "expert-both", its GEMM0 tasks with the rest of
+# its expert's tiles, from every source, once the last has landed, and its GEMM1 tasks with theirs
+# once every tile's GEMM0 tasks are done (os.cuh enqueue_expert); "expert", its GEMM0 tasks so and
+# its GEMM1 tasks as its own GEMM0 tasks are done (the bf16 build up to fcd262e); "tile", each
+# phase's tasks as the tile lands and as its GEMM0 tasks are done
+QUEUE_POLICIES = ("expert-both", "expert", "tile")
+BY_EXPERT = ("expert-both", "expert")  # the policies that queue an expert's tiles' GEMM0 tasks together
 DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (processor.cuh DISPATCH_MAX_PARTS)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
@@ -81,14 +85,15 @@ def block_bytes_per_ns(hw: Hardware) -> float:
 
 def queue_policy(cfg: Config) -> str:
     """The queue policy of cfg's kernel build (os.cuh QUEUE_BY_EXPERT): the bf16 build queues an
-    expert's tiles together, the float32 and tf32 builds each tile as it lands (and so did the bf16
-    build up to 0521fe7, whose traces carry no "queue")."""
-    return "expert" if cfg.dtype == "bfloat16" else "tile"
+    expert's tiles' tasks together, both GEMM phases (its traces up to fcd262e say "expert": GEMM0
+    only; up to 0521fe7 they carry no "queue", each tile as it landed), the float32 and tf32
+    builds each tile's."""
+    return "expert-both" if cfg.dtype == "bfloat16" else "tile"
 
 
 def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.ndarray:
     """Per task: its weight slice's bytes over the tiles that share the slice at once: all of its
-    expert's, from every source, where the subscriber queues them together (`queue` "expert",
+    expert's, from every source, where the subscriber queues them together (`queue` in BY_EXPERT,
     QUEUE_POLICIES); only those of the same source where each tile was queued as it landed
     ("tile": a peer's tiles ran 170-390 us after the GPU's own, two H100s, when the slice had
     left the L2), a tile counting as the source of its last chunk (it lands with it). A GEMM0
@@ -96,7 +101,7 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     tile's tasks of that kind run at once; 0 for a combine task."""
     kind, tile = plan.task_kind, plan.task_tile
     experts = cfg.experts + cfg.shared_experts
-    src = 0 if queue == "expert" else plan.chunk_src[plan.chunk_lo[1:] - 1]  # each tile's last chunk
+    src = 0 if queue in BY_EXPERT else plan.chunk_src[plan.chunk_lo[1:] - 1]  # each tile's last chunk
     key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
     tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
     tasks_per_tile = np.where(kind == GEMM0, cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n)

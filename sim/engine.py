@@ -75,9 +75,9 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     `dispatch` is how the fused kernel moves dispatched rows (trace.DISPATCH_PATHS: "staged", the
     kernel's default, or "store", both into the owner's memory where a block can reach it, or
     "put" every chunk), `staged_blocks` the processors that send the peers' chunks on the staged path;
-    `queue` when it queues a dispatched tile's tasks (costs.QUEUE_POLICIES: "expert", with the
-    rest of its expert's tiles; "tile", as it lands), by default as cfg's kernel build does
-    (costs.queue_policy)."""
+    `queue` when it queues a tile's GEMM tasks (costs.QUEUE_POLICIES: "expert-both", each phase's
+    with the rest of its expert's tiles; "expert", GEMM0's so; "tile", as it lands and as its
+    GEMM0 tasks end), by default as cfg's kernel build does (costs.queue_policy)."""
     queue = costs.queue_policy(cfg) if queue is None else queue
     if transport not in TRANSPORTS:
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))

@@ -12,10 +12,12 @@ the OS block's subscriber warps watch the arrival flags (one signal per chunk) a
 tiles into tasks for the scheduler warp, which hands them to processor blocks in queue order:
 
 - a tile lands at its expert's owner with the last of its chunks: its GEMM0 tasks (one per
-  tile_n columns of I) go into the queue, or, with the "expert" queue policy (the bf16
-  kernel's, costs.queue_policy), wait for the expert's last tile to land and go in with all of
-  its tiles' tasks, column block by column block, the tasks reading one weight slice side by side;
-- the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks;
+  tile_n columns of I) go into the queue, or, with the "expert-both" or "expert" queue policy
+  (costs.QUEUE_POLICIES; the bf16 kernel's, costs.queue_policy), wait for the expert's last tile
+  to land and go in with all of its tiles' tasks, column block by column block, the tasks
+  reading one weight slice side by side;
+- the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks, or, with
+  "expert-both", the one finishing the expert's last tile's enqueues every tile's, so;
 - each GEMM1 task stores its column block of every chunk straight into the chunk's source rank
   (its GPU or an NVLink peer; the stores' time over NVLink is added to every task, and its bytes
   for the peers pass this GPU's NVLink port behind those of the tasks before it) and counts
@@ -128,6 +130,8 @@ class FusedKernel:
         self.chunks_left = {int(t): len(plan.tile_chunks(t)) for t in mine}
         # each local expert's landed tiles: its GEMM0 tasks wait for all
         self.expert_waiting: dict[int, list[int]] = {}
+        # each local expert's tiles whose GEMM0 tasks are done: with "expert-both", their GEMM1 tasks wait for all
+        self.expert_gemm0_done: dict[int, list[int]] = {}
         self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
 
     def start(self) -> None:
@@ -236,14 +240,14 @@ class FusedKernel:
         self.chunks_left[t] -= 1
         if self.chunks_left[t]:
             return
-        if self.queue == "expert":
+        if self.queue in costs.BY_EXPERT:
             # the expert's tiles wait for its last, then go into the queue together
             e = int(p.tile_expert[t])
             waiting = self.expert_waiting.setdefault(e, [])
             waiting.append(t)
             if len(waiting) < self.expert_tiles[e]:
                 return
-            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_expert(sorted(waiting)))
+            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_expert(sorted(waiting), GEMM0))
         else:
             self.env.timeout(wake).callbacks.append(lambda _: self.enqueue(t, GEMM0))
 
@@ -255,11 +259,12 @@ class FusedKernel:
         """Hand chunk `c`'s combine task to the scheduler."""
         self.hand_out(COMBINE, [(c, int(self.phases.combine[c]))])
 
-    def enqueue_expert(self, tiles: list[int]) -> None:
-        """An expert's tiles' GEMM0 tasks, column block by column block (os.cuh enqueue_expert)."""
-        per_tile = [self.phases.tasks[t][GEMM0] for t in tiles]
-        self.hand_out(GEMM0, [(t, int(tasks[c])) for c in range(max(map(len, per_tile)))
-                              for t, tasks in zip(tiles, per_tile) if c < len(tasks)])
+    def enqueue_expert(self, tiles: list[int], kind: int) -> None:
+        """An expert's tiles' tasks of one GEMM phase, column block by column block (os.cuh
+        enqueue_expert)."""
+        per_tile = [self.phases.tasks[t][kind] for t in tiles]
+        self.hand_out(kind, [(t, int(tasks[c])) for c in range(max(map(len, per_tile)))
+                             for t, tasks in zip(tiles, per_tile) if c < len(tasks)])
 
     def hand_out(self, kind: int, order: list[tuple[int, int]]) -> None:
         """Hand (unit, task) pairs of one phase to the scheduler in queue order, a unit being a
@@ -318,7 +323,14 @@ class FusedKernel:
     def phase_done(self, u: int, kind: int) -> None:
         """Unit `u` (a tile, or a chunk for the combine) finished its phase `kind`."""
         self.phases_left -= 1
-        if kind == GEMM0:
+        if kind == GEMM0 and self.queue == "expert-both":
+            # the processor ending the expert's last tile's GEMM0 queues every tile's GEMM1 tasks
+            e = int(self.plan.tile_expert[u])
+            done = self.expert_gemm0_done.setdefault(e, [])
+            done.append(u)
+            if len(done) == self.expert_tiles[e]:
+                self.enqueue_expert(sorted(done), GEMM1)
+        elif kind == GEMM0:
             self.enqueue(u, GEMM1)
         elif kind == GEMM1:  # every chunk goes home: stored by the tasks, or put through the NIC
             for c in self.plan.tile_chunks(u):

@@ -48,7 +48,7 @@ persistent kernel (`sim/kernel.py`), with every cost from the calibrated preset:
   to 128, 1 to 3 tiles per expert), or, in a calibration from before those, on the
   microbenchmark's tile heights and 1, 2 and 8 tiles per expert; the tiles that share a slice are
   all of its expert's, from every source GPU, where the subscriber queues them together once the
-  last has landed (the bf16 build, whose traces record `queue` "expert"),
+  last has landed (the bf16 build, whose traces record `queue` "expert" or "expert-both"),
   else those of its expert from the same source GPU (they land and queue together); each GEMM1 task
   also stores its output into the source GPU's memory, over NVLink at `return_store_ns_per_byte`
   (how much longer a GEMM1 task of the peer's tiles takes than one of its own GPU's, less GEMM0's

@@ -253,19 +253,23 @@ def test_scheduler_capacity_is_the_kernels():
 
 
 def test_simulated_queue_policy_is_the_kernel_builds():
-    """The bf16 build's subscriber queues an expert's tiles together (os.cuh QUEUE_BY_EXPERT,
-    enqueue_expert), the float32 and tf32 builds' each tile as it lands; the simulator's
-    queue_policy, which the worker writes into every trace, says the same of each build."""
+    """The bf16 build queues an expert's tiles' tasks together (os.cuh QUEUE_BY_EXPERT,
+    enqueue_expert): its subscriber their GEMM0 tasks, the processor ending the last tile's GEMM0
+    their GEMM1 tasks; the float32 and tf32 builds each tile's; the simulator's queue_policy,
+    which the worker writes into every trace, says the same of each build ("expert", GEMM0's
+    alone, is the bf16 build's of earlier traces)."""
     text = (layout.KERNEL_DIR / "os.cuh").read_text()
     by_build = re.search(r"#if MOE_BF16\nconstexpr bool QUEUE_BY_EXPERT = (\w+);\n#else\n"
                          r"constexpr bool QUEUE_BY_EXPERT = (\w+);", text)
     assert by_build and by_build.groups() == ("true", "false")
-    assert "if (QUEUE_BY_EXPERT) {" in text and "enqueue_expert(p, le, n0, BN)" in text
+    assert "if (QUEUE_BY_EXPERT) {" in text and "enqueue_expert(p, TASK_GEMM0, le, n0, BN)" in text
+    processor = (layout.KERNEL_DIR / "processor.cuh").read_text()
+    assert "if (last && QUEUE_BY_EXPERT) {" in processor and "enqueue_expert(p, TASK_GEMM1, le, n1, BN)" in processor
     cfg = presets.get("flashmoe")
     policy = {name: costs.queue_policy(c) for name, c in (
         ("float32", cfg), ("tf32", cfg.replace(tf32=True)), ("bfloat16", cfg.replace(dtype="bfloat16")))}
-    assert policy == {"float32": "tile", "tf32": "tile", "bfloat16": "expert"}
-    assert set(policy.values()) == set(costs.QUEUE_POLICIES)
+    assert policy == {"float32": "tile", "tf32": "tile", "bfloat16": "expert-both"}
+    assert set(policy.values()) | {"expert"} == set(costs.QUEUE_POLICIES)
     assert '"queue": queue_policy(cfg)' in (layout.KERNEL_DIR.parent / "worker.py").read_text()
 
 

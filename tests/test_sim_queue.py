@@ -1,7 +1,8 @@
-"""The simulated subscriber queues a dispatched tile's GEMM0 tasks as the kernel build does
-(costs.queue_policy): "tile", as each tile lands (with its last chunk); "expert" (the bf16
-build), all of an expert's tiles once its last has landed, column block by column block
-(os.cuh enqueue_expert)."""
+"""The simulated kernel queues a tile's GEMM tasks as the kernel build does (costs.queue_policy):
+"tile", GEMM0's as each tile lands (with its last chunk) and GEMM1's as its GEMM0 tasks end;
+"expert" (the bf16 build up to fcd262e), GEMM0's of all of an expert's tiles once its last has
+landed, column block by column block (os.cuh enqueue_expert); "expert-both" (the bf16 build),
+GEMM1's so too, once every tile's GEMM0 tasks have ended."""
 
 import numpy as np
 import pytest
@@ -25,6 +26,16 @@ def layer(queue: str, seed: int, merge: bool):
     return sim.simulate(cfg, hardware=HW, queue=queue).trace
 
 
+def tasks_of(trace, kind: str) -> dict[tuple[int, int], list[tuple[float, float, int]]]:
+    """Per (rank, expert): its `kind` tasks' (start, end, tile) in start order."""
+    c = trace.columns
+    m = (c["role"] == ROLE["processor"]) & (c["kind"] == KIND[kind])
+    tasks: dict[tuple[int, int], list] = {}
+    for r, e, t, start, end in zip(c["rank"][m], c["expert"][m], c["tile"][m], c["start"][m], c["end"][m]):
+        tasks.setdefault((int(r), int(e)), []).append((float(start), float(end), int(t)))
+    return {k: sorted(v) for k, v in tasks.items()}
+
+
 def gemm0_and_landings(trace):
     """Per (rank, expert): its GEMM0 tasks' (start, tile) in start order, and when its last dispatched
     tile landed (a tile lands with the last of its chunks; a chunk's first signal at its owner is
@@ -38,11 +49,7 @@ def gemm0_and_landings(trace):
     landed: dict[tuple[int, int], float] = {}
     for (r, _, _), (end, e) in first.items():
         landed[int(r), e] = max(landed.get((int(r), e), 0.0), end)
-    g0 = (c["role"] == ROLE["processor"]) & (c["kind"] == KIND["gemm0"])
-    tasks: dict[tuple[int, int], list] = {}
-    for r, e, t, start in zip(c["rank"][g0], c["expert"][g0], c["tile"][g0], c["start"][g0]):
-        tasks.setdefault((int(r), int(e)), []).append((float(start), int(t)))
-    return {k: sorted(v) for k, v in tasks.items()}, landed
+    return {k: [(start, t) for start, _, t in v] for k, v in tasks_of(trace, "gemm0").items()}, landed
 
 
 @pytest.mark.parametrize("merge", [True, False])
@@ -52,7 +59,7 @@ def test_an_expert_waits_for_its_last_tile_only_with_the_expert_queue(merge):
     for queue in costs.QUEUE_POLICIES:
         tasks, landed = gemm0_and_landings(layer(queue, seed, merge))
         early[queue] = sum(ts[0][0] < landed[key] for key, ts in tasks.items())
-    assert early["expert"] == 0
+    assert early["expert"] == early["expert-both"] == 0
     assert early["tile"] > 0  # the GPU's own tiles start before the peer's land
 
 
@@ -67,16 +74,37 @@ def test_the_expert_queue_hands_out_one_column_block_of_every_tile_first(merge):
             starts = [s for s, _ in ts]
             assert len(set(starts)) == len(starts), "a burst's tasks start one assign_ns apart"
             spread.append(len({t for _, t in ts[:tiles]}) == tiles)
-        if queue == "expert":
+        if queue in costs.BY_EXPERT:
             assert all(spread)
         else:  # a tile's column blocks go out together
             assert not any(spread)
 
 
+@pytest.mark.parametrize("merge", [True, False])
+def test_only_expert_both_queues_an_experts_gemm1_tasks_together(merge):
+    """With "expert-both" an expert's GEMM1 tasks start once every one of its tiles' GEMM0 tasks
+    has ended, one column block of every tile first; otherwise a tile's go out together, its
+    first before the expert's other tile's GEMM0 tasks have all ended."""
+    seed = int(np.random.randint(1e6))
+    for queue in costs.QUEUE_POLICIES:
+        trace = layer(queue, seed, merge)
+        g0, g1 = tasks_of(trace, "gemm0"), tasks_of(trace, "gemm1")
+        waited, spread = [], []
+        for key, ts in g1.items():
+            tiles = len({t for _, _, t in ts})
+            assert tiles == 2, "C = 96 slots a source: two tiles per expert"
+            waited.append(ts[0][0] >= max(end for _, end, _ in g0[key]) - 1e-6)  # ns, float sums
+            spread.append(len({t for _, _, t in ts[:tiles]}) == tiles)
+        if queue == "expert-both":
+            assert all(waited) and all(spread)
+        else:
+            assert not all(waited) and not any(spread)
+
+
 def test_the_default_is_the_kernel_builds_and_a_bad_policy_is_named():
     cfg = presets.get("tiny")
     assert sim.simulate(cfg).trace.meta["queue"] == "tile"
-    assert sim.simulate(cfg.replace(dtype="bfloat16")).trace.meta["queue"] == "expert"
+    assert sim.simulate(cfg.replace(dtype="bfloat16")).trace.meta["queue"] == "expert-both"
     with pytest.raises(sim.SimError, match="queue"):
         sim.simulate(cfg, queue="fifo")
 

@@ -55,23 +55,25 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
   return true;
 }
 
-// Every tile of local expert le once all have landed: their GEMM0 tasks column block by column
-// block, so that the tasks reading one weight slice sit side by side in the queue and run at once,
-// the slice read from HBM once for all of them. (Enqueued tile by tile as they landed, a peer's
-// tiles ran 170-390 us after this GPU's own, two H100s: the slice had left the L2 by then, and each
-// was read once per source.) The windows' rows are read once per window: a read per task, each
-// waited for in turn, held the lane ~1 us a task, and 8 experts' layers were 50% slower for it.
-__device__ bool enqueue_expert(const Params& p, int le, int n0, int col_step) {
-  const int all = __ldcg(p.expert_tiles + le), n = all * n0, base = reserve(p, n);
+// Every tile of local expert le at once: once all have landed, their GEMM0 tasks (the subscriber),
+// and once every tile's GEMM0 tasks are done, their GEMM1 tasks (the processor ending the last), n
+// of a kind a tile, column block by column block, so that the tasks reading one weight slice sit
+// side by side in the queue and run at once, the slice read from HBM once for all of them.
+// (Enqueued tile by tile as they landed, a peer's tiles ran 170-390 us after this GPU's own, two
+// H100s: the slice had left the L2 by then, and each was read once per source.) The windows' rows
+// are read once per window: a read per task, each waited for in turn, held the lane ~1 us a task,
+// and 8 experts' layers were 50% slower for it.
+__device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step) {
+  const int all = __ldcg(p.expert_tiles + le), base = reserve(p, all * n);
   if (base < 0) return false;
   int4* task = p.queue + base;
   int kg = 0;
   for (int w = 0; w < p.W; ++w) {
     if (__ldcg(p.window_rows + le * p.W + w) == 0) continue;
-    for (int c = 0; c < n0; ++c) task[c * all + kg] = make_int4(TASK_GEMM0, le, w, c * col_step);
+    for (int c = 0; c < n; ++c) task[c * all + kg] = make_int4(kind, le, w, c * col_step);
     ++kg;
   }
-  publish(p, base, n);
+  publish(p, base, all * n);
   return true;
 }
 
@@ -163,7 +165,7 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
           // publication by the counting lane's fence in publish
           __threadfence();
           if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le) &&
-              !enqueue_expert(p, le, n0, BN))
+              !enqueue_expert(p, TASK_GEMM0, le, n0, BN))
             return;
         } else if (!enqueue(p, TASK_GEMM0, le, tile, n0, BN)) {
           return;

@@ -66,7 +66,7 @@ struct Params {
   int* window_rows;            // [L][W] rows a tile computes (to its last row; 0: no tile), by the subscriber
   int* window_chunks;          // [L][W] chunks a tile waits for, by the subscriber
   int* seen;                   // [L*W + E*CH] 1 once the subscriber has seen a tile or a returned chunk land
-  int* expert_tiles;           // [2][L] tiles each local expert expects, and those landed so far
+  int* expert_tiles;           // [3][L] tiles each local expert expects, those landed and those whose GEMM0 is done
   unsigned long long* mailbox; // [NP][2] (sequence << 32) | task index, written by the scheduler
                                //         (slot sequence % 2: the running task's and the next one's)
   int* mailbox_done;           // [NP] last sequence number a processor finished

@@ -450,7 +450,15 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       __threadfence();
       if (tk.x == TASK_GEMM0) {
         last = atomicAdd(p.tile_done0 + tile_id, 1) == n0 - 1;
-        if (last) enqueue(p, TASK_GEMM1, le, tile, n1, BN);
+        if (last && QUEUE_BY_EXPERT) {
+          // the tile's GEMM0 tasks (seen done by the count) before the expert's count: the task
+          // ending the expert's last tile sees every tile's hidden rows written
+          __threadfence();
+          if (atomicAdd(p.expert_tiles + 2 * p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le))
+            enqueue_expert(p, TASK_GEMM1, le, n1, BN);
+        } else if (last) {
+          enqueue(p, TASK_GEMM1, le, tile, n1, BN);
+        }
       } else {
         last = atomicAdd(p.tile_done1 + tile_id, 1) == n1 - 1;
       }
