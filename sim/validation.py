@@ -81,28 +81,27 @@ kernel's is kept, else the GPU's current one, which must be of the run's commit)
 FINDINGS = """\
 Right:
 
-- **185 of 230 runs hold every bound, 212 their latency**: on one and two H100s (the kernel of
-  8e14b82), on one, two and four H100s at 163bbf2 (the `h100x4-` bf16 sweep) and 175ba1d (the
-  tf32x3 sweep, its ring one slice further ahead), each calibrated at its commit on two H100s: 44 of
-  their 51 runs at the calibrated tiles, every tf32x3 one; on one,
-  two and four H200s at b7b5b24 (the staged dispatch from 16 senders, the
-  `h200x4-` bf16 and float32 runs) and at cb946c2 (the tf32x3 build, float32 on split TF32 tensor
-  cores: 26 of its 27 runs at the calibrated tile), on one and two at b18c6d7 (16 senders, the
+- **180 of 227 runs hold every bound, 206 their latency**: on one and two H100s (the kernel of
+  8e14b82), on one, two and four H100s at 33d8ac7 (the `h100x4-` bf16 sweep, an expert's GEMM1
+  tasks queued together) and 175ba1d (the tf32x3 sweep, its ring one slice further ahead), each
+  calibrated at its commit on two H100s: 44 of their 51 runs at the calibrated tiles, every
+  tf32x3 one; on one, two and four H200s at fcd262e (the bf16 and tf32x3 sweeps: 44 of their 51
+  runs at the calibrated tiles, every tf32x3 one), at b7b5b24 (the staged dispatch from 16
+  senders, the `h200x4-` float32 runs), on one and two at b18c6d7 (16 senders, the
   `h200x2-` runs) and on two and four at fca7b10 (32 senders: its runs left are the flat
   dispatch's, named -store, and those with a tile per source, -apart), the bf16 128 x 256 tile of
   two warpgroups, each calibrated on the megakernel's own dispatch, GEMM tasks, per-tile and final
   combines. Each run is predicted with
   its own commit's measurements (fca7b10's, b18c6d7's and b7b5b24's kept as
-  `calibrated-h200-<commit>.json`, cb946c2's measured on two H200s with the tf32x3 build's own
-  section). Latency errors: H100 float32 -3.1% to +6.1%, bf16 -5.0% to
-  +1.9% on one GPU and -10.5% to +4.7% on two; H200 float32 -6.1% to +4.9% on one, two and four
-  GPUs (-7.7% to +6.0% with a tile per source); bf16 -5.8% to +4.2% on one, -9.5% to +2.2% on two
-  (16 senders: -9.5% to +1.7%), -16.8% to -2.8% on four (the misses below); tf32x3 -3.7% to
-  +4.6% on one, two and four GPUs but its 1K layer on four (-8.2%, with its combines and overlap
-  missed as the float32 1K layer's). Four H100s: tf32x3 (175ba1d) -2.3% to +8.0% on one, two and
-  four GPUs; bf16 (163bbf2) -5.0% to +1.4% on one, -11.4% to -1.9% on two, -17.1% to -4.5% on four
-  (the misses below). Mean absolute latency error 3.7% (3.4% before the four-H100 runs, whose own
-  is 4.6%). The layer is a queue of
+  `calibrated-h200-<commit>.json`, fcd262e's measured on two of the four H200s). Latency errors:
+  H100 float32 -3.1% to +6.1%, bf16 -5.0% to +1.9% on one GPU and -10.5% to +4.7% on two; H200
+  float32 -5.9% to +4.9% on one, two and four GPUs (-7.7% to +6.0% with a tile per source); bf16
+  (fcd262e) -4.5% to +3.6% on one, -10.3% to +0.4% on two (b18c6d7's 16 senders: -8.6% to
+  +0.5%), -19.6% to -5.1% on four (the misses below); tf32x3 (fcd262e) -2.1% to +6.8% on one,
+  two and four GPUs. Four H100s: tf32x3 (175ba1d) -2.3% to +8.0% on one, two and four GPUs;
+  bf16 (33d8ac7) -6.5% to -1.1% on one, -13.7% to -3.4% on two, -24.3% to -6.0% on four (the
+  misses below). Mean absolute latency error 4.1% (the 78 runs of fcd262e and 33d8ac7: 5.7%,
+  their bf16 layers modelled short on every GPU count). The layer is a queue of
   equal tile tasks on 263 processors (131 on the bf16 and tf32x3 builds), each task a fixed cost plus its
   FLOPs' time and its share of its weight slice's loads, overlapped (below), with a hand-off
   between tasks and the scheduler's latencies around idle processors. Fewer runs hold every bound
@@ -358,28 +357,30 @@ What the datasheet preset ignored (each now a measured mechanism, none fitted to
 
 Missed, and why (tests/test_compare_measured.py KNOWN_MISSES names each run and quantity):
 
-- **bf16 on four GPUs**: with 16 senders (b7b5b24) 4 of the 9 runs miss their latency, -12.3%
-  to -16.8% (the others -2.8% to -9.2%), though no phase's busy time misses: the staged dispatch
-  ends later than modelled (1K: at 83 against 62 us, after a gate of 42.8 against 38.1 us; the
-  default at 266 against 229), with 8 or 16 experts the first GEMM0 task starts later still (at
-  249 and 194 us against 165 and 140; with 8 experts 13 us after the dispatch ends, where the
-  model starts an expert's tasks while the other experts' chunks are in flight), and at 2K a
-  GEMM1 task, storing into three peers, takes 50.7 us against 39.7 (GEMM0 34.0 against 35.3).
-  T(2)/T(4) misses at 8 experts (0.827 measured, 0.927 modelled) and 2K (1.015, 1.119). At
-  fca7b10 (32 senders) 6 of the 9 staged runs missed (-10.8% to -19.4%). With the
+- **bf16 on four GPUs**: on four H200s (fcd262e) 6 of the 9 runs miss their latency, -10.3% to
+  -19.6% (the others -5.1% to -6.8%), the phases' busy times within 13% but GEMM1's at 2K: the
+  phases run later and less overlapped than modelled (SM utilization 0.62-0.81 measured,
+  0.73-0.87 modelled). At 2K a GEMM1 task, storing into three peers, takes 52.7 us against
+  GEMM0's 35.2 (busy 0.103 ms a block against 0.076 modelled); stored into its own GPU instead
+  (wrong output, timing only: `h200x4-experiments-gemm1-local-stores-2026-11-26.json`) the 2K
+  layer's GEMM phase goes from 50.9/48.5% of the ceiling to 59.2/58.9%, so the stores cost its
+  GEMM1 tasks about 12 us each and the rest of the gap is the tasks' own. T(2)/T(4) misses at 1K
+  (1.17 measured, 1.31 modelled) and 2K (1.02, 1.13). At b7b5b24 4 of the 9 runs missed (-12.3%
+  to -16.8%), at fca7b10 (32 senders) 6 of the 9 staged runs (-10.8% to -19.4%). With the
   flat dispatch (fca7b10, 4 of 9, -10.0% to -15.7%) and a tile per source (both) the GEMM tasks
   run longer than modelled (1K flat: a GEMM0 task 52.8 us measured, 46.8 modelled; a GEMM1 task
   68.6 against 59.1), and the flat dispatch ends later (16K: at 569 against 437 us, busy 0.30
   against 0.23 ms a block; T(2)/T(4) 0.853 against 0.965 beside the flat two-GPU run).
-- **bf16 on four H100s** (163bbf2): 5 of the 9 runs miss their latency, -10.6% to -17.1% (the
-  others -4.5% to -9.5%), as on four H200s: the gate runs longer at 1K and 2K (45.1 and 53.5 us
-  medians against 35.8 and 45.8; at 1K its busy time and the dispatch's miss too, -21%), the
-  staged dispatch ends later (1K: at 86 against 59 us; 2K: 111 against 86), with 8 experts the
-  first GEMM0 task starts at 247 us against 168, and at 2K a GEMM1 task, storing into three peers,
-  takes 53.6 us against 44.2. T(2)/T(4) misses at 8 experts (0.83 measured, 0.93 modelled). On two
-  H100s of that call, the 1K layer misses as at 8e14b82 (-11.4%: the gate 43.6 us against 35.8, a
-  GEMM0 task 62.4 against 53.6; below) and the 128-expert dispatch's busy time is modelled 28%
-  short (a share 28.0 us median against 20.0), its latency within 1.9%.
+- **bf16 on four H100s** (33d8ac7): 4 of the 9 runs miss their latency, -11.6% to -24.3% (the
+  others -6.0% to -9.9%), as on four H200s: the phases run later and less overlapped than
+  modelled (8 experts: SM utilization 0.75 against 0.83, GEMM0 busy -13.7%); at 1K the gate's and
+  the dispatch's busy times miss too (0.0447 against 0.0353 ms a block, -21%; -23%) and
+  T(2)/T(4) (1.25 measured, 1.43 modelled). On two H100s of that call the 1K and 2K layers miss
+  as at 8e14b82 (-13.7% and -12.5%: the gate 0.043 and 0.051 ms a block against 0.035 and 0.045,
+  GEMM0 0.115 and 0.122 against 0.103 and 0.108; below), and the 128-expert dispatch's busy time
+  is modelled 27% short (0.0295 ms a block against 0.0216), its latency within 5.3%, as at
+  163bbf2. The 1K layer on two H200s (fcd262e) misses the same way: every phase longer than
+  modelled, none by more than 11%, layer -10.3%.
 - **16 senders, float32** (b18c6d7 on two GPUs, b7b5b24 on two and four; dispatch busy -23% to
   -33% in 7 of each commit's and GPU count's 9 runs, the 1K and 2K ones holding; their latency
   within -1.1% to +1.9%): in the defaults a share to a peer took a median 63.7-64.4 us a MiB (16

@@ -256,5 +256,5 @@ def test_bench_page_says_plainly_when_nothing_was_benchmarked(tmp_path, monkeypa
 
 def test_bench_page_opens_on_the_committed_four_gpu_bf16_run():
     at = page("bench")
-    assert at.selectbox[0].value.name == "h200x4-bench-bf16-59417b2.json"
+    assert at.selectbox[0].value.name == "h200x4-bench-bf16-fcd262e.json"
     assert len(table(at)) == 30 and len(at.get("plotly_chart")) == 2

@@ -14,7 +14,7 @@ if not files:
     st.info(f"No benchmark runs yet: {bench_data.measurements_dir() / 'gpu'} holds no summary of "
             "`benchmarks/bench_gpu.py` (a JSON with meta and results that time the kernel).")
     st.stop()
-default = next((i for i, p in enumerate(files) if p.name == "h200x4-bench-bf16-59417b2.json"), 0)
+default = next((i for i, p in enumerate(files) if p.name == "h200x4-bench-bf16-fcd262e.json"), 0)
 path = st.selectbox("benchmark run", files, index=default, format_func=lambda p: p.name)
 meta, results = bench_data.load(path)
 gpu = (meta.get("gpus_seen") or ["unknown GPU"])[0]
