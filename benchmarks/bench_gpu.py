@@ -19,7 +19,8 @@ first (torch, 8192^3) and each point's rate is given as a share of its own preci
 tf32x3's is float32's, the ceiling of its dtype at its accuracy. The memory's rate is measured
 too (torch copy and sum), and each point gets the GEMM phase's best share of the ceiling where
 every expert weight has to come from memory once (weights_bound): the roofline the GEMM phase's
-bar meets on layers of few rows per expert.
+bar meets on layers of few rows per expert; `GEMM phase % roofline` is the phase's share of the
+lesser of that bound and the ceiling (roofline_share).
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -161,8 +162,15 @@ def run_meta(args_line: str) -> dict:
             "nvcc": (out(["nvcc", "--version"]).splitlines() or ["unknown"])[-1]}
 
 
+def roofline_share(gemm_pct: float, bound_pct: float) -> float:
+    """The GEMM phase (% of the ceiling) as a share (%) of the most that point allows: the ceiling,
+    or the weights' bound where that is lower (weights_bound)."""
+    return 100 * gemm_pct / min(100.0, bound_pct)
+
+
 TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
-              "% ceil", "GEMM phase % ceil", "weights' bound % ceil", "SM util %", "overlap eff T(2)/T(N)",
+              "% ceil", "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
+              "overlap eff T(2)/T(N)",
               "telemetry +%", "rel err vs torch")
 
 
@@ -170,7 +178,8 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
     """One row (TABLE_HEAD) per bench point: the kernel against the torch layer of its own dtype, its rate as a
     share of that dtype's ceiling, the GEMM phase's rate (GEMM FLOPs over the GEMM task time per
     processor block, from telemetry) as a share of it, the most the GPUs' memory allows it
-    (weights_bound, at `gbps`; blank without), and FlashMoE's overlap efficiency T(2) / T(N)
+    (weights_bound, at `gbps`; blank without) and the GEMM phase's share of the lesser of that and
+    the ceiling (roofline_share), and FlashMoE's overlap efficiency T(2) / T(N)
     (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too."""
     def precision(r):
         return Config.from_dict(r["config"]).gemm_precision
@@ -191,9 +200,11 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
         gemm_tf = flops(r) / (r["gemm_ms_per_proc"] * 1e-3) / 1e12 if r.get("gemm_ms_per_proc") else 0.0
         torch_ms = r.get(f"torch_{baseline(r)}_ms", 0.0)
         two = on_two.get((c["name"], dt))
+        gemm_pct, bound = 100 * gemm_tf / ceil, None if gbps is None else weights_bound(r, ceilings[dt], gbps)
         rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], torch_ms,
-                     torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, 100 * gemm_tf / ceil,
-                     "" if gbps is None else weights_bound(r, ceilings[dt], gbps), 100 * r.get("sm_utilization", 0.0),
+                     torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, gemm_pct,
+                     "" if bound is None else bound, "" if bound is None else roofline_share(gemm_pct, bound),
+                     100 * r.get("sm_utilization", 0.0),
                      "" if two is None else metrics.overlap_efficiency(two, r["kernel_ms"]),
                      100 * (r["kernel_telemetry_ms"] / r["kernel_ms"] - 1), r.get("vs_baseline_rel_err", -1.0)))
     return rows

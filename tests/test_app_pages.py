@@ -227,9 +227,12 @@ def test_bench_page_sets_each_gemm_phase_against_the_weights_roofline(tmp_path, 
     assert rows["bench-flashmoe-tokens-1k-bf16-p1"]["weights' bound % ceil"] == pytest.approx(16.0)
     assert rows["bench-flashmoe-tokens-1k-bf16-p2"]["rows an expert"] == pytest.approx(64.0)
     assert rows["bench-flashmoe-tokens-1k-bf16-p1"]["speedup"] == pytest.approx(3.0)
-    # both points beat torch; their GEMM phases (14% each) sit under bounds (16% and 32%) under 60
+    # both points beat torch; their GEMM phases (14% each) sit under bounds (16% and 32%) under 60:
+    # 88% of the first's, 44% of the second's
     assert metrics(at) == {"points": "2", "faster than torch": "2 of 2", "GEMM phase at 60% or more": "0 of 2",
-                           "roofline under 60%": "2"}
+                           "roofline under 60%": "2", "at 60% of their roofline": "1 of 2"}
+    assert rows["bench-flashmoe-tokens-1k-bf16-p1"]["GEMM phase % roofline"] == pytest.approx(
+        100 * rows["bench-flashmoe-tokens-1k-bf16-p1"]["GEMM phase % ceil"] / 16.0)
     specs = [c.proto.spec for c in at.get("plotly_chart")]
     assert "GEMM phase over kept rows an expert" in specs[0]
     assert "bfloat16 weights' roofline (4000 GB\\u002fs)" in specs[0]  # plotly escapes the slash

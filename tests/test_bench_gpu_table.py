@@ -53,3 +53,13 @@ def test_weights_bound_is_rows_per_expert_times_memory_rate_over_the_ceiling():
     rows = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)
     assert rows[0][col] == pytest.approx(16.0)
     assert bench_gpu.table_rows([p1], {"bfloat16": 800.0})[0][col] == ""
+
+
+def test_roofline_share_is_the_gemm_phase_over_the_lesser_of_bound_and_ceiling():
+    assert bench_gpu.roofline_share(12.0, 16.0) == pytest.approx(75.0)  # the weights bind: 12 of 16
+    assert bench_gpu.roofline_share(50.0, 131.0) == pytest.approx(50.0)  # the ceiling binds
+    p1 = point("a", 1, 1.0)
+    gemm, share = (bench_gpu.TABLE_HEAD.index(k) for k in ("GEMM phase % ceil", "GEMM phase % roofline"))
+    row = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)[0]
+    assert row[share] == pytest.approx(100 * row[gemm] / 16.0)  # its bound is 16% (above)
+    assert bench_gpu.table_rows([p1], {"bfloat16": 800.0})[0][share] == ""
