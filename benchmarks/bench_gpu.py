@@ -170,8 +170,7 @@ def roofline_share(gemm_pct: float, bound_pct: float) -> float:
 
 TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
               "% ceil", "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
-              "overlap eff T(2)/T(N)",
-              "telemetry +%", "rel err vs torch")
+              "overlap eff T(2)/T(N)", "telemetry +%", "rel err vs torch")
 
 
 def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None) -> list[tuple]:

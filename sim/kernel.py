@@ -242,12 +242,9 @@ class FusedKernel:
             return
         if self.queue in costs.BY_EXPERT:
             # the expert's tiles wait for its last, then go into the queue together
-            e = int(p.tile_expert[t])
-            waiting = self.expert_waiting.setdefault(e, [])
-            waiting.append(t)
-            if len(waiting) < self.expert_tiles[e]:
-                return
-            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_expert(sorted(waiting), GEMM0))
+            tiles = self.expert_complete(self.expert_waiting, t)
+            if tiles:
+                self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_expert(tiles, GEMM0))
         else:
             self.env.timeout(wake).callbacks.append(lambda _: self.enqueue(t, GEMM0))
 
@@ -258,6 +255,14 @@ class FusedKernel:
     def enqueue_combine(self, c: int) -> None:
         """Hand chunk `c`'s combine task to the scheduler."""
         self.hand_out(COMBINE, [(c, int(self.phases.combine[c]))])
+
+    def expert_complete(self, gathered: dict[int, list[int]], t: int) -> list[int] | None:
+        """Tile `t` counted in with its expert's in `gathered`: all of the expert's tiles here, in
+        order, once `t` is the last of them; else None."""
+        e = int(self.plan.tile_expert[t])
+        tiles = gathered.setdefault(e, [])
+        tiles.append(t)
+        return sorted(tiles) if len(tiles) == self.expert_tiles[e] else None
 
     def enqueue_expert(self, tiles: list[int], kind: int) -> None:
         """An expert's tiles' tasks of one GEMM phase, column block by column block (os.cuh
@@ -325,11 +330,9 @@ class FusedKernel:
         self.phases_left -= 1
         if kind == GEMM0 and self.queue == "expert-both":
             # the processor ending the expert's last tile's GEMM0 queues every tile's GEMM1 tasks
-            e = int(self.plan.tile_expert[u])
-            done = self.expert_gemm0_done.setdefault(e, [])
-            done.append(u)
-            if len(done) == self.expert_tiles[e]:
-                self.enqueue_expert(sorted(done), GEMM1)
+            tiles = self.expert_complete(self.expert_gemm0_done, u)
+            if tiles:
+                self.enqueue_expert(tiles, GEMM1)
         elif kind == GEMM0:
             self.enqueue(u, GEMM1)
         elif kind == GEMM1:  # every chunk goes home: stored by the tasks, or put through the NIC

@@ -56,9 +56,8 @@ def weights_roofline(cfg: Config, kept_rows: int, ceiling_tflops: float, gbps: f
     per expert) times the rate. With R kept rows an expert a bf16 weight byte carries R FLOPs, a
     float32 one R / 2; under 60, issue 9's bar on the GEMM phase cannot hold, short of keeping
     weights on chip between calls."""
-    elem = 2 if cfg.dtype == "bfloat16" else 4
     experts = cfg.experts + cfg.shared_experts * cfg.ranks  # every GPU holds the shared experts
-    return 100 * 4 * kept_rows * gbps * 1e9 / (experts * 2 * elem * ceiling_tflops * 1e12)
+    return 100 * 4 * kept_rows * gbps * 1e9 / (experts * 2 * cfg.dtype_bytes * ceiling_tflops * 1e12)
 
 
 def compute(trace: Trace, cfg: Config, latency_2gpu_ns: float | None = None) -> dict:
