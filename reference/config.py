@@ -14,8 +14,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias")
-ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu", "swiglu")
+# routers (reference/routing.py has each one's formula and the model families that use it)
+GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias", "sigmoid_topk")
+ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu", "swiglu", "swiglu_oai")
+GATED_ACTIVATIONS = ("swiglu", "swiglu_oai")  # W1 holds [gate | up] halves: 2 x ffn columns
 DTYPES = ("float32", "bfloat16", "float64")
 PLACEMENTS = ("contiguous",)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
@@ -56,8 +58,17 @@ class Config:
     experts: int = 8  # E: routed experts
     top_k: int = 2  # k
     gate: str = "softmax_topk"
+    # group-limited top-k (DeepSeek-V2/V3): experts in n_group equal groups, the k picked from the
+    # topk_group best groups only; 1 and 1: plain top-k
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling: float = 1.0  # every routed weight multiplied by this (DeepSeek's routed_scaling_factor)
+    router_bias: bool = False  # the gate projection has a bias added to its logits (gpt-oss)
+    # the routed weight scales the token before the expert, not the expert's output (Llama 4)
+    scale_before_expert: bool = False
     capacity_factor: float | None = 1.0  # None: no dropping
     activation: str = "relu"
+    swiglu_limit: float = 7.0  # swiglu_oai's clamp: gate <= limit, -limit <= up <= limit (gpt-oss)
     bias: bool = True
     shared_experts: int = 0  # dense experts every token goes through with weight 1
     skew: float = 0.0  # load imbalance: -skew * ln(1 + e) is added to expert e's gate logit
@@ -85,8 +96,8 @@ class Config:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError("name", self.name, "a non-empty string")
-        for f in ("tokens", "hidden", "ffn", "experts", "top_k", "ranks", "gpus_per_node",
-                  "tile_m", "tile_n", "tile_k"):
+        for f in ("tokens", "hidden", "ffn", "experts", "top_k", "n_group", "topk_group", "ranks",
+                  "gpus_per_node", "tile_m", "tile_n", "tile_k"):
             _positive_int(f, getattr(self, f))
         if self.top_k > self.experts:
             raise ConfigError("top_k", self.top_k, f"at most experts = {self.experts}")
@@ -101,8 +112,25 @@ class Config:
         if isinstance(self.skew, bool) or not isinstance(self.skew, (int, float)) \
                 or not math.isfinite(self.skew) or self.skew < 0:
             raise ConfigError("skew", self.skew, "a finite number >= 0 (0: no imbalance)")
-        if not isinstance(self.bias, bool):
-            raise ConfigError("bias", self.bias, "true or false")
+        for f in ("bias", "router_bias", "scale_before_expert"):
+            if not isinstance(getattr(self, f), bool):
+                raise ConfigError(f, getattr(self, f), "true or false")
+        for f in ("routed_scaling", "swiglu_limit"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f, v, "a finite number > 0")
+        if self.experts % self.n_group:
+            raise ConfigError("n_group", self.n_group, f"a divisor of experts = {self.experts}")
+        if self.topk_group > self.n_group:
+            raise ConfigError("topk_group", self.topk_group, f"at most n_group = {self.n_group}")
+        if self.top_k > self.topk_group * (self.experts // self.n_group):
+            raise ConfigError("topk_group", self.topk_group,
+                              f"large enough that the {self.topk_group} best groups of "
+                              f"{self.experts // self.n_group} experts hold top_k = {self.top_k}")
+        if self.scale_before_expert and self.top_k != 1:
+            raise ConfigError("scale_before_expert", self.scale_before_expert,
+                              f"false with top_k = {self.top_k} (a token scaled before its expert has one routed "
+                              "expert, as Llama 4's top-1)")
         if not isinstance(self.tf32, bool):
             raise ConfigError("tf32", self.tf32, "true or false")
         if not isinstance(self.tf32x3, bool):
@@ -129,12 +157,10 @@ class Config:
             raise ConfigError("ranks", self.ranks,
                               f"at most gpus_per_node = {self.gpus_per_node}, or a multiple of it "
                               "(whole nodes)")
-        if self.hidden % self.tile_n:
-            raise ConfigError("hidden", self.hidden, f"a multiple of tile_n = {self.tile_n}")
-        if self.ffn % self.tile_n:
-            raise ConfigError("ffn", self.ffn, f"a multiple of tile_n = {self.tile_n}")
-        if self.hidden % self.tile_k or self.ffn % self.tile_k:
-            raise ConfigError("tile_k", self.tile_k, "a divisor of both hidden and ffn")
+        # tile_n need not divide H or I: the last column block of a GEMM is ragged
+        for f in ("hidden", "ffn"):
+            if getattr(self, f) % self.tile_k:
+                raise ConfigError(f, getattr(self, f), f"a multiple of tile_k = {self.tile_k}")
 
     # derived layout
     @property
@@ -144,6 +170,11 @@ class Config:
     @property
     def local_experts(self) -> int:
         return self.experts // self.ranks
+
+    @property
+    def gated(self) -> bool:
+        """W1 holds a gate and an up half (2 x ffn columns), multiplied after the activation."""
+        return self.activation in GATED_ACTIVATIONS
 
     @property
     def dtype_bytes(self) -> int:
@@ -208,7 +239,7 @@ class Config:
         d = dict(d)
         if d.get("capacity_factor") == "none":
             d["capacity_factor"] = None
-        for f in ("capacity_factor", "skew"):
+        for f in ("capacity_factor", "skew", "routed_scaling", "swiglu_limit"):
             if isinstance(d.get(f), int) and not isinstance(d[f], bool):
                 d[f] = float(d[f])
         return cls(**d)

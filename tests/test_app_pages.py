@@ -52,7 +52,7 @@ def test_golden_page_shows_a_bad_config_next_to_its_field():
     at = set_field(page("golden"), "hidden", 100)
     assert not at.exception and not at.metric
     messages = [e.value for e in at.error]
-    assert any("'hidden' = 100" in m and "multiple of tile_n" in m for m in messages)
+    assert any("'hidden' = 100" in m and "multiple of tile_k" in m for m in messages)
     assert any("'hidden' = 100" in e.value for e in at.sidebar.error)
 
 

@@ -15,7 +15,9 @@ BAD_FIELDS = [
     ("placement", "random"), ("capacity_factor", 0.0), ("capacity_factor", -1.0),
     ("capacity_factor", float("inf")), ("capacity_factor", "none"), ("bias", 1),
     ("shared_experts", -1), ("skew", -0.5), ("skew", float("nan")), ("seed", -1), ("tf32", 1),
-    ("tf32", "true"),
+    ("tf32", "true"), ("n_group", 0), ("topk_group", 0), ("routed_scaling", 0.0),
+    ("routed_scaling", float("nan")), ("router_bias", 1), ("scale_before_expert", "yes"),
+    ("swiglu_limit", -7.0),
 ]
 
 
@@ -31,11 +33,16 @@ def test_bad_field_names_field_value_and_rule(field, value):
     (dict(top_k=9, experts=8), "top_k"),
     (dict(experts=6, ranks=4), "experts"),
     (dict(ranks=12, gpus_per_node=8, experts=24), "ranks"),
-    (dict(hidden=100, tile_n=64), "hidden"),
-    (dict(ffn=96, tile_n=64, hidden=128), "ffn"),
-    (dict(hidden=64, ffn=64, tile_n=32, tile_k=24), "tile_k"),
+    (dict(hidden=100, tile_k=8), "hidden"),
+    (dict(ffn=100, tile_k=8, hidden=128), "ffn"),
+    (dict(experts=8, n_group=3), "n_group"),
+    (dict(experts=8, n_group=4, topk_group=5), "topk_group"),
+    (dict(experts=8, top_k=4, n_group=4, topk_group=1), "topk_group"),
+    (dict(top_k=2, scale_before_expert=True), "scale_before_expert"),
 ])
 def test_cross_field_rules(changes, field):
+    # a tile_n that does not divide H or I is allowed: the last column block is ragged
+    Config(hidden=96, ffn=160, tile_n=64, tile_k=8)
     with pytest.raises(ConfigError) as err:
         Config(**changes)
     assert err.value.field == field
