@@ -134,10 +134,20 @@ class Session:
             dist.destroy_process_group()
 
 
+def interleave_gated(a):
+    """W1 (or b1) of a gated layer, its last axis [gate | up] halves (reference/weights.py), as the
+    kernel takes it: column 2j the gate column j, 2j + 1 the up column j, so a GEMM0 task's
+    accumulators hold each gate value beside its up value (numpy array or torch tensor)."""
+    n = a.shape[-1] // 2
+    return a.reshape(*a.shape[:-1], 2, n).swapaxes(-1, -2).reshape(*a.shape[:-1], 2 * n)
+
+
 @dataclass
 class Inputs:
     """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset and gate_bias
-    (E,) float64, and the local experts' w1 (L, H, I), b1 (L, I), w2 (L, I, H), b2 (L, H).
+    (E,) float64, and the weights of the local experts then the S shared ones: w1 (L+S, H, I'),
+    b1 (L+S, I'), w2 (L+S, I, H), b2 (L+S, H), I' = 2I for a gated layer (W1's gate and up columns
+    interleaved: interleave_gated), else I.
     For a bfloat16 config x, w1 and w2 are bf16 and wg, b1, b2 float32 rounded to bf16 values."""
 
     x: object
@@ -151,20 +161,25 @@ class Inputs:
 
     @classmethod
     def reference(cls, cfg: Config, rank: int) -> Inputs:
-        """The reference's seeded inputs: this rank's tokens and the experts it owns."""
+        """The reference's seeded inputs: this rank's tokens, the experts it owns and the shared ones."""
         import torch
 
         wg, gate_bias = weights.gate(cfg)
-        experts = [weights.expert(cfg, e) for e in range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts)]
+        mine = range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts)
+        shared = range(cfg.experts, cfg.experts + cfg.shared_experts)
+        experts = [weights.expert(cfg, e) for e in (*mine, *shared)]
         dev = torch.device("cuda", torch.cuda.current_device())
 
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
+        def stacked(i):
+            a = np.stack([ex[i] for ex in experts])
+            return interleave_gated(a) if cfg.gated and i < 2 else a
+
         return cls(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
                    gate_bias=t(gate_bias.astype(np.float64)),
-                   **{name: t(np.stack([ex[i] for ex in experts])) for i, name in enumerate(("w1", "b1", "w2", "b2"))}
-                   ).as_dtype(cfg.dtype)
+                   **{name: t(stacked(i)) for i, name in enumerate(("w1", "b1", "w2", "b2"))}).as_dtype(cfg.dtype)
 
     @classmethod
     def random(cls, cfg: Config, rank: int, seed: int) -> Inputs:
@@ -176,7 +191,8 @@ class Inputs:
         g.manual_seed(seed * 1_000_003 + rank)
         gshared = torch.Generator(device=dev)
         gshared.manual_seed(seed)  # the gate is the same on every rank
-        h, i, e, L = cfg.hidden, cfg.ffn, cfg.experts, cfg.local_experts
+        h, i, e, L = cfg.hidden, cfg.ffn, cfg.experts, cfg.local_experts + cfg.shared_experts
+        i1 = layout.gemm0_cols(cfg)  # W1's columns (gated: interleaved gate and up, drawn alike)
 
         def n(shape, scale, gen=g):
             return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32) * scale
@@ -185,7 +201,7 @@ class Inputs:
         return cls(x=n((cfg.tokens, h), 1.0), wg=n((h, e), h ** -0.5, gshared),
                    logit_offset=torch.from_numpy(logit_offset(cfg)).to(dev),
                    gate_bias=n((e,), 0.1, gshared).double(),
-                   w1=n((L, h, i), h ** -0.5), b1=zeros(L, i) if zeros else n((L, i), 0.1),
+                   w1=n((L, h, i1), h ** -0.5), b1=zeros(L, i1) if zeros else n((L, i1), 0.1),
                    w2=n((L, i, h), i ** -0.5), b2=zeros(L, h) if zeros else n((L, h), 0.1)).as_dtype(cfg.dtype)
 
     def as_dtype(self, dtype: str) -> Inputs:
@@ -199,6 +215,11 @@ class Inputs:
         return Inputs(x=self.x.to(bf), wg=self.wg.to(bf).float(), logit_offset=self.logit_offset,
                       gate_bias=self.gate_bias, w1=self.w1.to(bf), b1=self.b1.to(bf).float(), w2=self.w2.to(bf),
                       b2=self.b2.to(bf).float())
+
+
+def float_bits(v: float) -> int:
+    """A double argument (Params' 8-byte fields) as the int64 of its bits."""
+    return int(np.float64(v).view(np.int64))
 
 
 def logit_offset(cfg: Config) -> np.ndarray:
@@ -249,6 +270,8 @@ class Layer:
             self._sym_f = symmetric.tensor((4, rows, s.H), dtype=elem)
             self._sym_sig = symmetric.tensor((s.signal_words,), dtype=i64)
             self._sym_sig.zero_()
+            # each inbox row's combine weight, sent with it where the rows are scaled before the expert
+            self._sym_w = symmetric.tensor((rows,), dtype=f32) if cfg.scale_before_expert else None
             def empty(*shape, dtype):
                 return torch.empty(*shape, dtype=dtype, device=dev)
 
@@ -258,15 +281,16 @@ class Layer:
                      weight=empty(s.T, s.K, dtype=f64), slot=empty(s.T, s.K, dtype=i32), counts=empty(s.E, dtype=i32),
                      slot_base=empty(s.E, s.K, -(-s.T // layout.GATE_TOKENS), dtype=i32),
                      row_token=empty(rows, dtype=i32), row_choice=empty(rows, dtype=i32),
-                     row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=elem),
+                     row_weight=empty(rows, dtype=f32), hidden=empty(rows + s.S * s.T, s.I, dtype=elem),
+                     shared_out=empty(s.S * s.T, s.H, dtype=elem),
                      queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))
             b.update(inbox=self._sym_f[0], staging=self._sym_f[1], outbuf=self._sym_f[2], combox=self._sym_f[3],
                      **{name: self._sym_sig[lo:hi] for name, (lo, hi) in s.signal_slices.items()})
             # working state zeroed before every launch: 64-bit words, then 32-bit words
             self._work64 = torch.zeros(errors.ERROR_WORDS + layout.MAILBOX_SLOTS * self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
-            tiles = s.L * s.W
-            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=tiles, tile_done1=tiles,
+            tiles, all_tiles = s.L * s.W, s.L * s.W + s.S * s.WS  # the shared experts' tiles counted after
+            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=all_tiles, tile_done1=all_tiles,
                        dispatch_done=s.E * s.CH, in_count=s.E, window_rows=tiles, window_chunks=tiles,
                        seen=tiles + s.E * s.CH, expert_tiles=3 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
@@ -281,7 +305,11 @@ class Layer:
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
                      staged_blocks=staged_blocks if dispatch == "staged" else 0,
-                     gate_splits=splits)
+                     gate_splits=splits, S=s.S, WS=s.WS,
+                     in_weight=self._sym_w.data_ptr() if self._sym_w is not None else 0,
+                     swiglu_alpha=float_bits(layout.SWIGLU_OAI_ALPHA), swiglu_limit=float_bits(cfg.swiglu_limit))
+        if cfg.activation in layout.GATED:
+            sizes["act_kind"] = layout.ACTIVATIONS.index("silu")  # unused: MOE_GATED picks the gated activation
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}
         self._check_inputs(tensors)
@@ -295,6 +323,12 @@ class Layer:
             tensors["tmaps"] = self._tensor_maps
         else:
             sizes["tmaps"] = 0  # the float32 and tf32 GEMMs read their operands by address
+            if layout.ragged(cfg):
+                # a ragged last column block reads its weight rows' whole tile_n columns (the ones past
+                # N are the next row's, never stored): tile_n elements more after the last expert's
+                self._weights_padded = {k: torch.cat([tensors[k].reshape(-1), tensors[k].new_zeros(cfg.tile_n)])
+                                        for k in ("w1", "w2")}
+                tensors.update(self._weights_padded)
         fields = layout.param_fields()
         block = np.zeros(len(fields), np.int64)
         for i, name in enumerate(fields):
@@ -310,8 +344,9 @@ class Layer:
         import torch
 
         s = self.sizes
-        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), w1=(s.L, s.H, s.I),
-                    b1=(s.L, s.I), w2=(s.L, s.I, s.H), b2=(s.L, s.H))
+        n, i1 = s.L + s.S, layout.gemm0_cols(self.cfg)
+        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), w1=(n, s.H, i1),
+                    b1=(n, i1), w2=(n, s.I, s.H), b2=(n, s.H))
         elem = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
         for name, shape in want.items():
             v = t[name]
@@ -326,7 +361,8 @@ class Layer:
         import torch
 
         with torch.cuda.stream(self.session.torch_stream):
-            for name in ("y", "logits", "weight", "row_weight", "hidden", "inbox", "staging", "outbuf", "combox"):
+            for name in ("y", "logits", "weight", "row_weight", "hidden", "inbox", "staging", "outbuf", "combox",
+                         "shared_out"):
                 self.buffers[name].fill_(float("nan"))
             for name in ("expert", "slot", "counts", "row_token", "row_choice"):
                 self.buffers[name].fill_(-7)
@@ -379,7 +415,7 @@ class Layer:
     def trace_builder(self, origin_ns: int, send_counts: np.ndarray | None):
         """This rank's events of the last telemetry launch, and the number of dropped events."""
         tlog, counts = self.telemetry_logs()
-        ids = telemetry.tile_ids(self.cfg, send_counts) if send_counts is not None else None
+        ids = telemetry.tile_ids(self.cfg, send_counts, self.session.rank) if send_counts is not None else None
         return telemetry.decode(tlog, counts, rank=self.session.rank, node=self.cfg.node_of(self.session.rank),
                                 n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, ids=ids,
                                 elem_bytes=self.sizes.elem_bytes)
@@ -412,3 +448,5 @@ class Layer:
         self.session.sync()
         nvshmem.free_tensor(self._sym_f)
         nvshmem.free_tensor(self._sym_sig)
+        if self._sym_w is not None:
+            nvshmem.free_tensor(self._sym_w)

@@ -14,13 +14,25 @@ from sim.trace import KIND
 
 def test_unsupported_fields_are_named():
     base = presets.get("tiny")
-    for change, field in [(dict(dtype="float64"), "dtype"), (dict(activation="swiglu"), "activation"),
-                          (dict(shared_experts=1), "shared_experts"), (dict(tile_m=24, tokens=96), "tile_m"),
-                          (dict(tile_n=12, hidden=96, ffn=96), "tile_n")]:
+    for change, field in [(dict(dtype="float64"), "dtype"), (dict(shared_experts=31), "shared_experts"),
+                          (dict(tile_m=24, tokens=96), "tile_m"), (dict(tile_n=12, hidden=96, ffn=96), "tile_n"),
+                          (dict(tile_n=64, hidden=96), "hidden"), (dict(tile_n=128, ffn=200), "ffn"),
+                          (dict(activation="swiglu", tile_n=8), "tile_n")]:  # a float32 thread's gate beside its up
         with pytest.raises(layout.UnsupportedConfig) as e:
             layout.check_supported(base.replace(**change))
         assert e.value.field == field and field in str(e.value)
     layout.check_supported(base)
+    # gated, shared experts, scaled before the expert, ragged H and I: each a build flag, only where present
+    real = base.replace(activation="swiglu", shared_experts=2, top_k=1, scale_before_expert=True, hidden=192,
+                        ffn=320, tile_n=128)
+    layout.check_supported(real)
+    assert layout.compile_options(real) == {"TILE_M": 32, "TILE_N": 128, "TILE_K": 8, "MOE_GATED": 1, "MOE_SHARED": 1,
+                                            "MOE_SCALE_BEFORE": 1, "MOE_RAGGED": 1}
+    assert layout.compile_options(base.replace(activation="swiglu_oai"))["MOE_GATED"] == 2
+    assert layout.compile_options(base) == {"TILE_M": 32, "TILE_N": 32, "TILE_K": 8}
+    s = layout.Sizes.of(real)  # gated GEMM0: 2 x 320 interleaved columns in blocks of 128; GEMM1: 192 in 2
+    assert (s.n0, s.n1, s.S, s.WS) == (5, 2, 2, 3)
+    assert s.queue_cap == (s.L * s.W + 2 * 3) * (5 + 2) + s.E * s.CH
 
 
 def test_bf16_tile_shape_is_checked_field_by_field():
@@ -236,10 +248,11 @@ def test_sizes_derive_from_config():
 
 def test_param_fields_match_the_struct():
     fields = layout.param_fields()
-    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
+    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-2:] == ["swiglu_alpha", "swiglu_limit"]
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc",
-             "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "staged_blocks", "gate_splits"}
+             "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "staged_blocks", "gate_splits", "S", "WS",
+             "shared_out", "in_weight"}
     assert sizes <= set(fields)
 
 
