@@ -21,7 +21,6 @@ KERNEL_DIR = Path(__file__).parent / "kernels"
 GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias")  # params.cuh order
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
 GATED = {"swiglu": 1, "swiglu_oai": 2}  # the gated activations: the build's MOE_GATED (params.cuh)
-SWIGLU_OAI_ALPHA = 1.702  # swiglu_oai's g sigmoid(alpha g) (gpt-oss), Params.swiglu_alpha
 COMBINE_LANES = 32  # a token's routed choices and shared experts, one warp lane each (processor.cuh combine_tokens)
 RAGGED_MULTIPLE = 64  # H and I need not be multiples of tile_n where they are of this (16-byte rows, 4-column stores)
 WARPGROUP_THREADS = 128  # a block is one warpgroup, or two for the bf16 128 x 256 tile (warpgroups())

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference import Config, weights
+from reference import Config, numerics, weights
 from reference.config import is_positive_int
 from sim.trace import DISPATCH_PATHS
 
@@ -270,8 +270,6 @@ class Layer:
             self._sym_f = symmetric.tensor((4, rows, s.H), dtype=elem)
             self._sym_sig = symmetric.tensor((s.signal_words,), dtype=i64)
             self._sym_sig.zero_()
-            # each inbox row's combine weight, sent with it where the rows are scaled before the expert
-            self._sym_w = symmetric.tensor((rows,), dtype=f32) if cfg.scale_before_expert else None
             def empty(*shape, dtype):
                 return torch.empty(*shape, dtype=dtype, device=dev)
 
@@ -305,9 +303,8 @@ class Layer:
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
                      staged_blocks=staged_blocks if dispatch == "staged" else 0,
-                     gate_splits=splits, S=s.S, WS=s.WS,
-                     in_weight=self._sym_w.data_ptr() if self._sym_w is not None else 0,
-                     swiglu_alpha=float_bits(layout.SWIGLU_OAI_ALPHA), swiglu_limit=float_bits(cfg.swiglu_limit))
+                     gate_splits=splits, S=s.S, WS=s.WS, swiglu_alpha=float_bits(numerics.OAI_ALPHA),
+                     swiglu_limit=float_bits(cfg.swiglu_limit))
         if cfg.activation in layout.GATED:
             sizes["act_kind"] = layout.ACTIVATIONS.index("silu")  # unused: MOE_GATED picks the gated activation
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
@@ -448,5 +445,3 @@ class Layer:
         self.session.sync()
         nvshmem.free_tensor(self._sym_f)
         nvshmem.free_tensor(self._sym_sig)
-        if self._sym_w is not None:
-            nvshmem.free_tensor(self._sym_w)

@@ -252,7 +252,7 @@ def test_param_fields_match_the_struct():
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc",
              "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "staged_blocks", "gate_splits", "S", "WS",
-             "shared_out", "in_weight"}
+             "shared_out"}
     assert sizes <= set(fields)
 
 

@@ -22,7 +22,8 @@ typedef float elem_t;
 // The layer's features that change a GEMM task, each a build flag (gpu/layout.py compile_options),
 // so a layer without them runs the code it ran before: MOE_GATED 1 (swiglu) or 2 (swiglu_oai),
 // W1's gate and up columns interleaved (column 2j the gate of j, 2j + 1 its up); MOE_SHARED, shared
-// experts as local tasks; MOE_SCALE_BEFORE, a routed row scaled by its weight in GEMM0 (Llama 4);
+// experts as local tasks; MOE_SCALE_BEFORE, a routed row dispatched as its token times its routing
+// weight and combined with weight 1 (Llama 4);
 // MOE_RAGGED, H or W1's columns not a multiple of TILE_N (the last column block stores fewer).
 #ifndef MOE_GATED
 #define MOE_GATED 0
@@ -106,7 +107,6 @@ struct Params {
   long long gate_splits;       // most blocks one gate item's H may be split over (gate_partial's size)
   // shared experts and the gated and scaled GEMM0 (the build flags above)
   elem_t* shared_out;          // [S][T][H]    GEMM1 output of the shared experts (MOE_SHARED)
-  float* in_weight;            // [L][P][C]    symmetric: the combine weight of each inbox row (MOE_SCALE_BEFORE)
   long long S;                 // shared experts: local experts L .. L+S-1 of the weights
   long long WS;                // tile windows per shared expert: ceil(T / TILE_M)
   double swiglu_alpha;         // swiglu_oai: act(g, u) = min(g, l) sigmoid(alpha min(g, l)) (clamp(u, -l, l) + 1)

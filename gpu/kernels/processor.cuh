@@ -72,24 +72,6 @@ __device__ __forceinline__ SwiGluOai gated_activation(const Params& p) {
 __device__ __forceinline__ SwiGlu gated_activation(const Params&) { return {}; }
 #endif
 
-// A GEMM0 row's factor before its bias: 1, or (MOE_SCALE_BEFORE) a routed row's combine weight,
-// which its source sent with it (in_weight); w null for a shared expert's rows
-struct NoScale {
-  __device__ float operator()(int) const { return 1.f; }
-};
-struct RowScale {
-  const float* w;
-  __device__ float operator()(int r) const { return w ? __ldcg(w + r) : 1.f; }
-};
-// GEMM0's row factor for a task whose A starts at row s0 (MOE_SCALE_BEFORE: the routed rows' weights)
-__device__ __forceinline__ auto gemm0_scale(const Params& p, int le, long long s0) {
-#if MOE_SCALE_BEFORE
-  return RowScale{MOE_SHARED && le >= p.L ? nullptr : p.in_weight + s0};
-#else
-  return NoScale{};
-#endif
-}
-
 // A task's first row of A: a routed window's in inbox (GEMM0) and hidden (GEMM1); a shared
 // expert's window w: its tokens' in x (GEMM0), and its rows of hidden after the routed experts'
 // E x C (GEMM0's output, GEMM1's input)
@@ -115,10 +97,24 @@ __device__ __forceinline__ void with_activation(int kind, F f) {
 }
 
 // Row copies by warps: dst row r (H elements) = scale(r) * src(r), or src(r) where scales is null
-// (scales only on float32 rows). Each warp moves ROW_GROUP rows at a time with all of a batch's
+// (bf16 rows scaled in float32 and rounded to nearest even, as the golden stores a scaled row). Each warp moves ROW_GROUP rows at a time with all of a batch's
 // 16-byte loads issued before any store: these copies are bound by load latency, not bandwidth,
 // when each load waits for the one before.
 constexpr int ROW_GROUP = 4, ROW_BATCH = 2;
+// 16 bytes of elem_t times w
+__device__ __forceinline__ float4 scaled(float4 v, float w) {
+#if MOE_BF16
+  __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(b[q]);
+    b[q] = __floats2bfloat162_rn(__fmul_rn(w, f.x), __fmul_rn(w, f.y));
+  }
+  return v;
+#else
+  return make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+#endif
+}
 template <class Src>
 __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const float* scales) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
@@ -145,8 +141,7 @@ __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const
 #pragma unroll
         for (int u = 0; u < ROW_BATCH; ++u)
           if (s[g] && h + 32 * u < H4)
-            d[h + 32 * u] = scales ? make_float4(w[g] * v[g][u].x, w[g] * v[g][u].y, w[g] * v[g][u].z, w[g] * v[g][u].w)
-                                   : v[g][u];
+            d[h + 32 * u] = scales ? scaled(v[g][u], w[g]) : v[g][u];
       }
     }
   }
@@ -177,21 +172,10 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
   const int share = there ? ceil_div(rows, parts) : rows, r0 = min(rows, part * share), r1 = min(rows, r0 + share);
   const long long from = (long long)e * p.C + c.a;  // the chunk's first slot in row_token and staging
   elem_t* dst = (there ? there : p.staging + from * H) + r0 * H;
+  // scaled before the expert (Llama 4), each row leaves as its token times its routing weight
   copy_rows(p, dst, r1 - r0, [&](int r) {
     return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + from + r0 + r) * H);
-  }, nullptr);
-#if MOE_SCALE_BEFORE
-  // the rows' combine weights go with them: the owner's GEMM0 scales each row by its own
-  float* const w_at = p.in_weight + ((long long)le * p.P + p.rank) * p.C + c.a;
-  if (there) {
-    float* const w_there = static_cast<float*>(nvshmem_ptr(w_at, owner));
-    for (int r = r0 + threadIdx.x; r < r1; r += blockDim.x) w_there[r] = __ldcg(p.row_weight + from + r);
-  } else {
-    __syncthreads();
-    nvshmemx_putmem_nbi_block(w_at, p.row_weight + from, (size_t)rows * sizeof(float), owner);
-    nvshmem_fence();  // the weights land before the rows' signal
-  }
-#endif
+  }, MOE_SCALE_BEFORE ? p.row_weight + from + r0 : nullptr);
   __syncthreads();
   uint64_t* const landed = p.sig_tile + (long long)le * p.W + w;
   if (there && threadIdx.x == 0) {
@@ -315,23 +299,22 @@ __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long
   return true;
 }
 #endif
-// A task's output tile, element (r, c) = act(scale(r) acc + bias[c]) at out(r) + c for the columns
-// c < cols; GATED: columns c, c + 1 (gate, up) give act(gate, up) at out(r) + c / 2. bf16 (rounded to
+// A task's output tile, element (r, c) = act(acc + bias[c]) at out(r) + c for the columns c < cols;
+// GATED: columns c, c + 1 (gate, up) give act(gate, up) at out(r) + c / 2. bf16 (rounded to
 // nearest even) through shared memory in whole rows (WgmmaTileGemm::store); tf32's and tf32x3's
 // float32 straight from the fragments
-template <class Gemm, bool GATED, class Rows, class Act, class Scale>
+template <class Gemm, bool GATED, class Rows, class Act>
 __device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, int cols, void* smem, Rows out,
-                                           const float* bias, Act act, Scale scale) {
+                                           const float* bias, Act act) {
 #if MOE_BF16
-  Gemm::template store<GATED>(acc, rows, cols, smem, out, bias, act, scale);
+  Gemm::template store<GATED>(acc, rows, cols, smem, out, bias, act);
 #else
   Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
     if (MOE_RAGGED && c >= cols) return;
-    const float s = scale(r);
     if constexpr (GATED)
-      out(r)[c / 2] = act(s * v0 + bias[c], s * v1 + bias[c + 1]);
+      out(r)[c / 2] = act(v0 + bias[c], v1 + bias[c + 1]);
     else
-      *reinterpret_cast<float2*>(out(r) + c) = make_float2(act(s * v0 + bias[c]), act(s * v1 + bias[c + 1]));
+      *reinterpret_cast<float2*>(out(r) + c) = make_float2(act(v0 + bias[c]), act(v1 + bias[c + 1]));
   });
 #endif
 }
@@ -360,16 +343,16 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   if (first) {
     const ConsecutiveRows to{p.hidden + hidden_row(p, le, s0) * p.I + (MOE_GATED ? col0 / 2 : col0), p.I};
 #if MOE_GATED
-    store_tile<Gemm, true>(acc, rows, cols, smem, to, b, gated_activation(p), gemm0_scale(p, le, s0));
+    store_tile<Gemm, true>(acc, rows, cols, smem, to, b, gated_activation(p));
 #else
     with_activation(act, [&](auto activate) {
-      store_tile<Gemm, false>(acc, rows, cols, smem, to, b, activate, gemm0_scale(p, le, s0));
+      store_tile<Gemm, false>(acc, rows, cols, smem, to, b, activate);
     });
 #endif
     fence_async_global();  // GEMM1 tasks read these rows through the TMA (the async proxy)
   } else {
     const SourceRows to = out1();
-    store_tile<Gemm, false>(acc, rows, cols, smem, [&](int r) { return to(r) + col0; }, b, Identity{}, NoScale{});
+    store_tile<Gemm, false>(acc, rows, cols, smem, [&](int r) { return to(r) + col0; }, b, Identity{});
   }
 }
 #else
@@ -387,7 +370,6 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
             (int)K, reinterpret_cast<float*>(smem), acc);
   if (first) {
     const long long h0 = hidden_row(p, le, s0);
-    const auto scale = gemm0_scale(p, le, s0);
 #if MOE_GATED
     // a thread's columns come in even-odd pairs (its groups of CG are even: layout checks TN)
     const auto act = gated_activation(p);
@@ -395,13 +377,12 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
     for (int i = 0; i < Gemm::TM; ++i) {
       int r = Gemm::row_of(i);
       if (r >= rows) continue;
-      const float s = scale(r);
 #pragma unroll
       for (int j = 0; j < Gemm::TN; j += 2) {
         int c = col0 + Gemm::col_of(j);
         if (MOE_RAGGED && c >= N) continue;
         const float* b = p.b1 + (long long)le * N + c;
-        p.hidden[(h0 + r) * p.I + c / 2] = act(s * acc[i][j] + b[0], s * acc[i][j + 1] + b[1]);
+        p.hidden[(h0 + r) * p.I + c / 2] = act(acc[i][j] + b[0], acc[i][j + 1] + b[1]);
       }
     }
 #else
@@ -410,12 +391,11 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
       for (int i = 0; i < Gemm::TM; ++i) {
         int r = Gemm::row_of(i);
         if (r >= rows) continue;
-        const float s = scale(r);
 #pragma unroll
         for (int j = 0; j < Gemm::TN; ++j) {
           int c = col0 + Gemm::col_of(j);
           if (MOE_RAGGED && c >= N) continue;
-          p.hidden[(h0 + r) * p.I + c] = activate(s * acc[i][j] + p.b1[(long long)le * N + c]);
+          p.hidden[(h0 + r) * p.I + c] = activate(acc[i][j] + p.b1[(long long)le * N + c]);
         }
       }
     });

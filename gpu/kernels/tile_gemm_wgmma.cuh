@@ -493,10 +493,8 @@ struct WgmmaTileGemm {
   // 32 banks.
   // Only the columns < cols are stored (a ragged last column block: a multiple of 4). GATED: the
   // columns come in (gate, up) pairs, and columns c, c + 1 give act(gate, up) at out(r) + c / 2.
-  // scale(r) multiplies row r before its bias (1 but where the rows were scaled before the expert).
-  template <bool GATED, class Rows, class Act, class Scale>
-  __device__ static void store(const Acc& acc, int rows, int cols, void* smem, Rows out, const float* bias, Act act,
-                               Scale scale) {
+  template <bool GATED, class Rows, class Act>
+  __device__ static void store(const Acc& acc, int rows, int cols, void* smem, Rows out, const float* bias, Act act) {
     constexpr int ROW_FLOATS = BN + 8, QUADS = BN / 4;
     static_assert(BM * ROW_FLOATS * 4 <= STAGES * STAGE_BYTES && THREADS % QUADS == 0,
                   "the float32 tile fits the stages, and every thread keeps its 4 columns");
@@ -509,15 +507,13 @@ struct WgmmaTileGemm {
     if (c >= cols) return;
     const float4 b = *reinterpret_cast<const float4*>(bias + c);
     for (int r = tid / QUADS; r < rows; r += THREADS / QUADS) {
-      float4 v = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
-      const float f = scale(r);
-      v = make_float4(f * v.x + b.x, f * v.y + b.y, f * v.z + b.z, f * v.w + b.w);
+      const float4 v = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
       if constexpr (GATED) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(act(v.x, v.y), act(v.z, v.w));
+        const __nv_bfloat162 h = __floats2bfloat162_rn(act(v.x + b.x, v.y + b.y), act(v.z + b.z, v.w + b.w));
         *reinterpret_cast<unsigned*>(out(r) + c / 2) = *reinterpret_cast<const unsigned*>(&h);
       } else {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x), act(v.y));
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z), act(v.w));
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
         *reinterpret_cast<uint2*>(out(r) + c) =
             make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
       }
