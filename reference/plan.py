@@ -23,9 +23,10 @@ neither derives routing on its own. Everything is a plain NumPy array:
 - tasks: per tile, ceil(ffn / tile_n) GEMM0 tasks (a column block of I: x W1 + b1, activation)
   and ceil(hidden / tile_n) GEMM1 tasks (a column block of H: h W2 + b2), every block tile_n
   columns wide but the last, which holds the rest (task_col0, task_cols); a gated activation's
-  GEMM0 task computes both its block's gate columns and the matching up columns (W1's columns c
-  and I + c) and writes act(gate, up): twice the weight columns and FLOPs of its output columns
-  (weight_columns), GEMM1 reading I. Per chunk one combine task at its source (weighted
+  GEMM0 blocks are tile_n / 2 wide (gemm0_block), and a task computes both its block's gate
+  columns and the matching up columns (W1's columns c and I + c) and writes act(gate, up): twice
+  the weight columns and FLOPs of its output columns (weight_columns), tile_n of W1's as the
+  kernel's task, GEMM1 reading I. Per chunk one combine task at its source (weighted
   accumulation of the returned rows). FLOPs and HBM bytes per task.
 - transfers: per chunk one dispatch (source -> owner) and one combine (owner -> source) transfer,
   with the bytes moved and the link class (local copy, NVLink inside a node, network). A shared
@@ -121,6 +122,13 @@ class TilePlan:
             "flops": int(self.task_flops.sum()),
             **{f"bytes_{name}": int(b) for name, b in zip(LINKS, bytes_by_link)},
         }
+
+
+def gemm0_block(cfg: Config) -> int:
+    """Columns of I a GEMM0 task computes: tile_n, or tile_n / 2 for a gated activation, whose task
+    multiplies tile_n of W1's columns, the gate and up columns of its block (the kernel takes W1
+    with them interleaved, so each thread holds a gate beside its up: no second accumulator tile)."""
+    return cfg.tile_n // 2 if cfg.gated else cfg.tile_n
 
 
 def column_blocks(width: int, tile_n: int) -> int:
@@ -240,16 +248,18 @@ def build(cfg: Config, routing: Routing) -> TilePlan:
     n_tiles, n_chunks = tile_expert.size, c_tile.size
 
     # tasks, tile-major: GEMM0 column blocks, GEMM1 column blocks, then a combine per chunk
-    n0, n1 = column_blocks(cfg.ffn, cfg.tile_n), column_blocks(cfg.hidden, cfg.tile_n)
+    b0 = gemm0_block(cfg)
+    n0, n1 = column_blocks(cfg.ffn, b0), column_blocks(cfg.hidden, cfg.tile_n)
     chunks_of = np.bincount(c_tile, minlength=n_tiles)
     per_tile = n0 + n1 + chunks_of
     task_tile = np.repeat(np.arange(n_tiles, dtype=np.int32), per_tile)
     at = _within(per_tile)
     kind = np.select([at < n0, at < n0 + n1], [GEMM0, GEMM1], COMBINE).astype(np.int8)
-    col0 = (np.where(at < n0, at, at - n0) * cfg.tile_n * (kind != COMBINE)).astype(np.int32)
+    block = np.where(kind == GEMM0, b0, cfg.tile_n)
+    col0 = (np.where(at < n0, at, at - n0) * block * (kind != COMBINE)).astype(np.int32)
     width = np.select([kind == GEMM0, kind == GEMM1], [cfg.ffn, cfg.hidden], cfg.hidden)
     # the last column block of a GEMM holds what is left of its width
-    cols = np.where(kind == COMBINE, cfg.hidden, np.minimum(cfg.tile_n, width - col0)).astype(np.int32)
+    cols = np.where(kind == COMBINE, cfg.hidden, np.minimum(block, width - col0)).astype(np.int32)
     # combine tasks take the tile's chunks in order (chunks are tile-major)
     chunk_base = np.cumsum(chunks_of) - chunks_of
     task_chunk = np.where(kind == COMBINE, chunk_base[task_tile] + at - n0 - n1, -1).astype(np.int32)
