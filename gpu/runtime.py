@@ -299,14 +299,12 @@ class Layer:
         self.buffers = b
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride,
                      rank=session.rank, gate_kind=layout.GATES.index(cfg.gate),
-                     act_kind=layout.ACTIVATIONS.index(cfg.activation),
+                     act_kind=layout.ACTIVATIONS.index("silu" if cfg.gated else cfg.activation),  # gated: MOE_GATED's
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
                      staged_blocks=staged_blocks if dispatch == "staged" else 0,
                      gate_splits=splits, S=s.S, WS=s.WS, swiglu_alpha=float_bits(numerics.OAI_ALPHA),
                      swiglu_limit=float_bits(cfg.swiglu_limit))
-        if cfg.activation in layout.GATED:
-            sizes["act_kind"] = layout.ACTIVATIONS.index("silu")  # unused: MOE_GATED picks the gated activation
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
                                                           "b2")}}
         self._check_inputs(tensors)
