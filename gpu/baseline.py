@@ -271,15 +271,15 @@ class TorchLayer(TorchMoE):
 
 class DroplessLayer(TorchMoE):
     """The dropless layer (see the module text); `gemm` "grouped" (torch._grouped_mm) or "loop"
-    (one matmul per expert), by default grouped where torch has it."""
+    (one matmul per expert), by default grouped in bf16 where torch has it."""
 
     def __init__(self, cfg: Config, inputs, rank: int, dtype: str = "float32", group=None, shared=None,
                  gemm: str | None = None):
         import torch
 
         super().__init__(cfg, inputs, rank, dtype, group, shared)
-        if gemm is None:
-            gemm = "grouped" if hasattr(torch, "_grouped_mm") else "loop"
+        if gemm is None:  # torch's grouped GEMM is CUTLASS's in bf16 on sm_90; float32 and tf32 go to cuBLAS
+            gemm = "grouped" if hasattr(torch, "_grouped_mm") and self.dt == torch.bfloat16 else "loop"
         if gemm not in GEMMS:
             raise ValueError(f"baseline gemm {gemm!r} is not allowed: one of {', '.join(GEMMS)}")
         self.gemm = gemm
@@ -328,3 +328,24 @@ class DroplessLayer(TorchMoE):
             return torch.cat([chunks[s * n + e] for e in range(n) for s in range(p)])
         chunks = rows.split(counts.T.reshape(-1).tolist())
         return torch.cat([chunks[e * p + s] for s in range(p) for e in range(n)])
+
+
+# the torch layers a bench point is timed as (gpu.worker): the capacity-padded one, the dropless
+# one (the yardstick) and the dropless one with one matmul per expert (the plain version of it)
+KINDS = {"padded": (TorchLayer, {}), "dropless": (DroplessLayer, {}), "loop": (DroplessLayer, {"gemm": "loop"})}
+
+
+def make(kind: str, cfg: Config, inputs, rank: int, dtype: str, group=None):
+    """The torch layer of `kind` (KINDS)."""
+    if kind not in KINDS:
+        raise ValueError(f"torch layer {kind!r} is not allowed: one of {', '.join(KINDS)}")
+    cls, kw = KINDS[kind]
+    return cls(cfg, inputs, rank, dtype, group, **kw)
+
+
+def padded_bytes(cfg: Config, dtype: str) -> int:
+    """Device memory the padded layer's buffers take on one rank, at most: its E C rows of H (send,
+    receive, regrouped, expert output, sent back, returned) and of GEMM0's I' (before and after the
+    activation). At 16K tokens of Qwen3-30B-A3B's layer (C = T) about 58 GB."""
+    rows = cfg.experts * cfg.slots
+    return rows * (6 * cfg.hidden + 2 * weights.ffn_in_width(cfg)) * (2 if dtype == "bfloat16" else 4)
