@@ -112,6 +112,41 @@ def memory_gbps() -> float:
     return gbps
 
 
+def nvlink_gbps(gpus: int) -> float | None:
+    """Measured rate of GPU 0 to all its peers at once, GB/s it sends: 256 MiB copied to each of
+    GPUs 1 .. gpus-1 together, one stream each (the pace of a layer's dispatch and returns at
+    best); None on one GPU, or where the copies fail (the error is printed)."""
+    import torch
+
+    if gpus < 2:
+        return None
+
+    def measure() -> float:
+        n = 2**26
+        src = torch.rand(n, device="cuda:0")
+        dsts = [torch.empty(n, device=f"cuda:{g}") for g in range(1, gpus)]
+        streams = [torch.cuda.Stream(device="cuda:0") for _ in dsts]
+        times = []
+        for i in range(13):
+            t = time.perf_counter()
+            for dst, stream in zip(dsts, streams):
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+            for g in range(gpus):
+                torch.cuda.synchronize(g)
+            if i >= 3:
+                times.append(time.perf_counter() - t)
+        return 4 * n * (gpus - 1) / sorted(times)[len(times) // 2] / 1e9
+
+    try:
+        return measure()
+    except Exception as e:  # the table then has no NVLink bound, not no table
+        print(f"NVLink rate not measured: {type(e).__name__}: {e}", flush=True)
+        return None
+    finally:
+        torch.cuda.empty_cache()
+
+
 def flops(r: dict) -> float:
     """Expert FLOPs of one layer call over all ranks: 2 GEMMs of 2 H I per kept row."""
     c = r["config"]
@@ -168,40 +203,77 @@ def roofline_share(gemm_pct: float, bound_pct: float) -> float:
     return 100 * gemm_pct / min(100.0, bound_pct)
 
 
-TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
-              "% ceil", "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
+TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+              "loop torch ms", "speedup", "roofline ms", "bound", "kernel / roofline", "TFLOP/s", "% ceil",
+              "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
               "overlap eff T(2)/T(N)", "telemetry +%", "rel err vs torch")
 
 
-def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None) -> list[tuple]:
-    """One row (TABLE_HEAD) per bench point: the kernel against the torch layer of its own dtype, its rate as a
-    share of that dtype's ceiling, the GEMM phase's rate (GEMM FLOPs over the GEMM task time per
-    processor block, from telemetry) as a share of it, the most the GPUs' memory allows it
-    (weights_bound, at `gbps`; blank without) and the GEMM phase's share of the lesser of that and
-    the ceiling (roofline_share), and FlashMoE's overlap efficiency T(2) / T(N)
-    (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too."""
+def torch_ms(r: dict, kind: str) -> float | str:
+    """A point's time of the torch layer of `kind` in its precision (gpu.baseline.KINDS): blank where
+    the run did not time it, the reason where it skipped it."""
+    dt = baseline_precision(Config.from_dict(r["config"]))
+    key = f"torch_{dt}" if kind == "padded" else f"torch_{kind}_{dt}"
+    return r.get(f"{key}_ms", r.get(f"{key}_skipped", ""))
+
+
+def speedup(r: dict) -> float:
+    """Torch's time over the kernel's: the dropless layer's where the run timed it, else (runs from
+    before it) the padded layer's."""
+    t = torch_ms(r, "dropless")
+    t = torch_ms(r, "padded") if not isinstance(t, float) else t
+    return t / r["kernel_ms"] if isinstance(t, float) else 0.0
+
+
+def roofline(r: dict, ceilings: dict[str, float], gbps: float | None, nvlink: float | None) -> dict | None:
+    """The point's roofline (sim.metrics.layer_roofline) at the run's measured rates; None where the
+    result has no send counts (runs from before them), no memory rate, or moves NVLink bytes no
+    rate was measured for."""
+    cfg = Config.from_dict(r["config"])
+    if "send_counts" not in r or gbps is None:
+        return None
+    try:
+        return metrics.layer_roofline(cfg, r["send_counts"], ceilings[cfg.gemm_precision], gbps, nvlink)
+    except ValueError:
+        return None
+
+
+def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None,
+               nvlink: float | None = None) -> list[tuple]:
+    """One row (TABLE_HEAD) per bench point: the kernel against the torch layers of its own dtype
+    (dropless, padded, dropless with one matmul per expert; `speedup` over the dropless one), its
+    roofline (roofline(), at the memory rate `gbps` and NVLink rate `nvlink`; blank without) and the
+    kernel's time over it, its rate as a share of that dtype's ceiling, the GEMM phase's rate (GEMM
+    FLOPs over the GEMM task time per processor block, from telemetry) as a share of it, the most
+    the GPUs' memory allows it (weights_bound, at `gbps`; blank without) and the GEMM phase's share
+    of the lesser of that and the ceiling (roofline_share), and FlashMoE's overlap efficiency
+    T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too. A point
+    the run skipped (result with `skipped`) gets its reason in the kernel's column."""
     def precision(r):
         return Config.from_dict(r["config"]).gemm_precision
-
-    def baseline(r):
-        return baseline_precision(Config.from_dict(r["config"]))
 
     on_two = {(r["config"]["name"], precision(r)): r["kernel_ms"]
               for r in all_results if "kernel_ms" in r and r["config"]["ranks"] == 2}
     rows = []
     for r in all_results:
+        c = r.get("config", {})
+        if "skipped" in r:
+            rows.append((r["name"], precision(r), c["ranks"], c["tokens"], c["experts"], c["top_k"],
+                         f"skipped: {r['skipped']}", *[""] * (len(TABLE_HEAD) - 7)))
+            continue
         if "kernel_ms" not in r:
             continue
-        c = r["config"]
         dt = precision(r)
         ceil = ceilings[dt] * c["ranks"]
         tf = flops(r) / (r["kernel_ms"] * 1e-3) / 1e12
         gemm_tf = flops(r) / (r["gemm_ms_per_proc"] * 1e-3) / 1e12 if r.get("gemm_ms_per_proc") else 0.0
-        torch_ms = r.get(f"torch_{baseline(r)}_ms", 0.0)
         two = on_two.get((c["name"], dt))
         gemm_pct, bound = 100 * gemm_tf / ceil, None if gbps is None else weights_bound(r, ceilings[dt], gbps)
-        rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], torch_ms,
-                     torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, gemm_pct,
+        roof = roofline(r, ceilings, gbps, nvlink)
+        rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], c["top_k"], r["kernel_ms"],
+                     torch_ms(r, "dropless"), torch_ms(r, "padded"), torch_ms(r, "loop"), speedup(r),
+                     "" if roof is None else roof["ms"], "" if roof is None else roof["bound"],
+                     "" if roof is None else r["kernel_ms"] / roof["ms"], tf, 100 * tf / ceil, gemm_pct,
                      "" if bound is None else bound, "" if bound is None else roofline_share(gemm_pct, bound),
                      100 * r.get("sm_utilization", 0.0),
                      "" if two is None else metrics.overlap_efficiency(two, r["kernel_ms"]),
@@ -209,8 +281,9 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
     return rows
 
 
-def table(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None) -> str:
-    return format_table(TABLE_HEAD, table_rows(all_results, ceilings, gbps))
+def table(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None,
+          nvlink: float | None = None) -> str:
+    return format_table(TABLE_HEAD, table_rows(all_results, ceilings, gbps, nvlink))
 
 
 def ceiling_text(ceilings: dict[str, float]) -> str:
@@ -261,7 +334,9 @@ def main() -> int:
         meta[key] = ceiling_tflops(dt)
     ceilings = ceilings_of(meta)
     meta["memory_gbps"] = gbps = memory_gbps()
-    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s", flush=True)
+    meta["nvlink_gbps"] = nvlink = nvlink_gbps(max(args.gpus))
+    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s; NVLink of one GPU "
+          f"to its peers {'-' if nvlink is None else f'{nvlink:.0f}'} GB/s", flush=True)
     seed = int.from_bytes(os.urandom(4), "little")
     meta["seed"] = seed
     everything = []
@@ -305,8 +380,8 @@ def main() -> int:
                 "telemetry_same_output", "sm_utilization", "raised", "seconds_to_raise", "error", "failed")
         print(r["name"], {k: r[k] for k in keys if k in r}, flush=True)
     print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}, "
-          f"ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s")
-    print(table(everything, ceilings, gbps))
+          f"ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s, NVLink {nvlink or '-'} GB/s")
+    print(table(everything, ceilings, gbps, nvlink))
     return 0
 
 

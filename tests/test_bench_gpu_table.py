@@ -63,3 +63,29 @@ def test_roofline_share_is_the_gemm_phase_over_the_lesser_of_bound_and_ceiling()
     row = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)[0]
     assert row[share] == pytest.approx(100 * row[gemm] / 16.0)  # its bound is 16% (above)
     assert bench_gpu.table_rows([p1], {"bfloat16": 800.0})[0][share] == ""
+
+
+def test_torch_columns_speedup_over_the_dropless_layer_and_skipped_points():
+    p = {**point("a", 1, 1.0), "torch_dropless_bfloat16_ms": 1.5, "torch_loop_bfloat16_ms": 1.8,
+         "torch_bfloat16_skipped": "58.0 GB of buffers do not fit"}
+    p.pop("torch_bfloat16_ms")
+    skipped = {"name": "bench-b-p4", "config": {**p["config"], "name": "b", "ranks": 4}, "skipped": "out of memory"}
+    rows = bench_gpu.table_rows([p, skipped], {"bfloat16": 800.0})
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    assert rows[0][col["speedup"]] == pytest.approx(1.5)
+    assert rows[0][col["loop torch ms"]] == pytest.approx(1.8)
+    assert rows[0][col["padded torch ms"]] == "58.0 GB of buffers do not fit"
+    assert rows[1][col["kernel ms"]] == "skipped: out of memory"
+    assert len(rows[1]) == len(bench_gpu.TABLE_HEAD)
+
+
+def test_roofline_columns_from_the_send_counts():
+    # 32 rows to each of 64 experts of H = I = 2048 on one GPU: 2 x 2048 rows x 2 x 2048^2 FLOPs
+    # = 34.4 GFLOP, 0.043 ms at 800 TFLOP/s; 64 experts' bf16 weights, 1.07 GB, 0.268 ms at 4000 GB/s
+    p = {**point("a", 1, 1.0), "send_counts": [[32] * 64]}
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    row = bench_gpu.table_rows([p], {"bfloat16": 800.0}, gbps=4000.0)[0]
+    weights_ms = 64 * 2 * 2048 * 2048 * 2 / 4000e6
+    assert (row[col["roofline ms"]], row[col["bound"]]) == (pytest.approx(weights_ms), "weights")
+    assert row[col["kernel / roofline"]] == pytest.approx(1.0 / weights_ms)
+    assert bench_gpu.table_rows([p], {"bfloat16": 800.0})[0][col["roofline ms"]] == ""  # no memory rate
