@@ -42,20 +42,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu import UnsupportedConfig, check_supported, spawn  # noqa: E402
+from gpu.baseline import padded_bytes  # noqa: E402
 from gpu.cases import (  # noqa: E402
+    MATRIX_TOKENS,
     PRECISIONS,
+    ZOO_TWINS,
     baseline_precision,
     bench_cases,
     bf16_check_cases,
     check_cases,
     in_dtype,
+    matrix_cases,
     sit_out_case,
     tf32_check_cases,
     tf32x3_check_cases,
 )
+from gpu.layout import Sizes  # noqa: E402
 from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
-from sim import metrics  # noqa: E402
+from reference.weights import ffn_in_width  # noqa: E402
+from sim import hardware, metrics  # noqa: E402
 from sim.trace import DISPATCH_PATHS  # noqa: E402
 
 
@@ -197,6 +203,82 @@ def run_meta(args_line: str) -> dict:
             "nvcc": (out(["nvcc", "--version"]).splitlines() or ["unknown"])[-1]}
 
 
+# the matrix's guess of a run's time (matrix_seconds), from each point's roofline at the H100's
+# datasheet rates: the kernel at KERNEL_OVER_ROOFLINE times it, the torch layers at TORCH_OVER_ROOFLINE
+# times it plus TORCH_FIXED_MS (the host's read of the counts, the launches), the per-expert loop
+# LOOP_MS_PER_EXPERT more an expert; POINT_SECONDS to set a point up, SPAWN_SECONDS to start the
+# processes of a GPU count, CEILINGS_SECONDS to measure the rates
+KERNEL_OVER_ROOFLINE, TORCH_OVER_ROOFLINE, TORCH_FIXED_MS, LOOP_MS_PER_EXPERT = 3.0, 3.0, 1.0, 0.03
+POINT_SECONDS, SPAWN_SECONDS, CEILINGS_SECONDS = 3.0, 25.0, 15.0
+MEMORY_SHARE = 0.85  # of a GPU's memory a point may plan to take
+
+
+def matrix_bytes(cfg: Config) -> int:
+    """Device memory one GPU takes for a matrix point, at least: the kernel's NVSHMEM buffers
+    (gpu.layout.Sizes), its local experts' weights and the dropless torch layer's rows (k T rows of
+    H six times, of I' twice). The padded layer is measured against the free memory by the worker."""
+    eb = Sizes.of(cfg).elem_bytes
+    weights = cfg.local_experts * cfg.hidden * (ffn_in_width(cfg) + cfg.ffn) * eb
+    rows = cfg.tokens * cfg.top_k * (6 * cfg.hidden + 2 * ffn_in_width(cfg)) * eb
+    return Sizes.of(cfg).symmetric_bytes + weights + rows
+
+
+def matrix_skip(cfg: Config, gpu_gb: float) -> str | None:
+    """Why the matrix does not run a point (None: it runs): the kernel does not support it, its
+    column blocks would be ragged, or it does not fit a GPU of `gpu_gb` GB."""
+    try:
+        check_supported(cfg)
+    except UnsupportedConfig as e:
+        return f"not in the kernel: {e}"
+    if cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n:
+        return f"H {cfg.hidden} and I {cfg.ffn} are not multiples of tile_n {cfg.tile_n} (ragged column blocks)"
+    need = matrix_bytes(cfg)
+    if need > MEMORY_SHARE * gpu_gb * 1e9:
+        return f"needs {need / 1e9:.0f} GB a GPU, more than {MEMORY_SHARE:.0%} of {gpu_gb:g} GB"
+    return None
+
+
+def matrix_point_seconds(cfg: Config, gpu_gb: float, hw_name: str = "h100-sxm") -> float:
+    """The guess of one matrix point's time (see KERNEL_OVER_ROOFLINE): 13 timed and warm-up
+    launches with and without telemetry and four more, 14 calls of each torch layer."""
+    hw = hardware.get(hw_name)
+    even = [[cfg.tokens * cfg.top_k // cfg.experts] * cfg.experts] * cfg.ranks
+    roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.gemm_precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
+    torch_ms = TORCH_OVER_ROOFLINE * roof + TORCH_FIXED_MS
+    dt = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
+    padded = 0.0
+    if padded_bytes(cfg, dt) < MEMORY_SHARE * gpu_gb * 1e9 - matrix_bytes(cfg):
+        padded = TORCH_OVER_ROOFLINE * roof * cfg.experts * cfg.slots / max(1, cfg.tokens * cfg.top_k)
+    ms = 30 * KERNEL_OVER_ROOFLINE * roof + 14 * (2 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT + padded)
+    return POINT_SECONDS + ms / 1e3
+
+
+def matrix_plan(gpus: list[int], dtypes: list[str], layers: list[str], tokens: list[int], flashmoe: bool,
+                gpu_gb: float) -> tuple[dict[int, list[dict]], list[dict], float]:
+    """The matrix's cases per GPU count, the points it skips (results with `skipped`) and the guess
+    of the whole run's seconds."""
+    cases, skipped, seconds = {}, [], CEILINGS_SECONDS
+    for p in gpus:
+        cases[p] = []
+        for dt in dtypes:
+            for c in matrix_cases(p, dt, layers, tokens, flashmoe):
+                cfg = Config.from_dict(c["config"])
+                why = matrix_skip(cfg, gpu_gb)
+                if why:
+                    skipped.append({"name": c["name"], "config": c["config"], "skipped": why})
+                else:
+                    cases[p].append(c)
+                    seconds += matrix_point_seconds(cfg, gpu_gb)
+        seconds += SPAWN_SECONDS if cases[p] else 0.0
+    return cases, skipped, seconds
+
+
+def compact(results: list[dict]) -> list[dict]:
+    """Results without the per-iteration times, profiles and tracebacks: the matrix's committed JSON."""
+    drop = ("_all", "_profile")
+    return [{k: v for k, v in r.items() if not k.endswith(drop) and k != "traceback"} for r in results]
+
+
 def roofline_share(gemm_pct: float, bound_pct: float) -> float:
     """The GEMM phase (% of the ceiling) as a share (%) of the most that point allows: the ceiling,
     or the weights' bound where that is lower (weights_bound)."""
@@ -293,7 +375,17 @@ def ceiling_text(ceilings: dict[str, float]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1])
-    ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout"])
+    ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout", "matrix"])
+    ap.add_argument("--layers", nargs="+", default=[*ZOO_TWINS, "flashmoe"], choices=[*ZOO_TWINS, "flashmoe"],
+                    help="the matrix's layers: zoo twins (gpu.cases.ZOO_TWINS) and FlashMoE's token and expert sweeps")
+    ap.add_argument("--tokens", nargs="+", type=int, default=list(MATRIX_TOKENS),
+                    help="the matrix's tokens per GPU of the zoo twins")
+    ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU: the matrix skips points that "
+                    f"would take more than {MEMORY_SHARE:.0%} of it")
+    ap.add_argument("--estimate", action="store_true", help="print the matrix's points, what it skips and the "
+                    "guess of its time, and stop (no GPU needed)")
+    ap.add_argument("--compact", type=Path, metavar="FILE.json", help="also write the run as one compact JSON "
+                    "(no per-iteration times, profiles) and its table beside it (FILE.txt)")
     ap.add_argument("--points", default="sweep", choices=["default", "sweep", "tiles"])
     ap.add_argument("--out", default="artifacts/gpu")
     ap.add_argument("--timeout", type=float, default=560.0, help="wall-clock limit per GPU count, seconds")
@@ -325,6 +417,18 @@ def main() -> int:
                     tile_m=args.tile[0], tile_n=args.tile[1], tile_k=args.tile[2]))
             except (UnsupportedConfig, ConfigError) as e:
                 ap.error(f"--tile {'x'.join(map(str, args.tile))} for {dt}: {e}")
+    mplan, mskipped = {}, []
+    if "matrix" in args.suite:
+        layers = [x for x in args.layers if x != "flashmoe"]
+        mplan, mskipped, guess = matrix_plan(args.gpus, args.dtypes, layers, args.tokens, "flashmoe" in args.layers,
+                                             args.gpu_gb)
+        print(f"matrix: {sum(map(len, mplan.values()))} points on {args.gpus} GPU(s), {len(mskipped)} skipped; "
+              f"about {guess:.0f} s (a guess from the roofline at H100 datasheet rates)", flush=True)
+        if args.estimate:
+            rows = [(c["name"], f"{matrix_point_seconds(Config.from_dict(c['config']), args.gpu_gb):.1f}")
+                    for p in args.gpus for c in mplan[p]]
+            print(format_table(("point", "guess s"), rows + [(r["name"], r["skipped"]) for r in mskipped]))
+            return 0
     why = spawn.unmet(max(args.gpus))
     if why:
         ap.error(why)
@@ -357,6 +461,7 @@ def main() -> int:
                                      apart=args.apart)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
+        cases += mplan.get(p, [])
         for c in cases:
             c["meta"] = meta
         out = Path(args.out) / f"gpus-{p}"
@@ -367,6 +472,7 @@ def main() -> int:
             print(f"gpus={p}: {e}", flush=True)
             results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else []
         everything += results
+    everything += mskipped
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.json").write_text(json.dumps({"meta": meta, "results": everything}, indent=1,
                                                             default=str))
@@ -381,7 +487,12 @@ def main() -> int:
         print(r["name"], {k: r[k] for k in keys if k in r}, flush=True)
     print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}, "
           f"ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s, NVLink {nvlink or '-'} GB/s")
-    print(table(everything, ceilings, gbps, nvlink))
+    text = table(everything, ceilings, gbps, nvlink)
+    print(text)
+    if args.compact:
+        args.compact.parent.mkdir(parents=True, exist_ok=True)
+        args.compact.write_text(json.dumps({"meta": meta, "results": compact(everything)}, default=str) + "\n")
+        args.compact.with_suffix(".txt").write_text(text + "\n")
     return 0
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from reference import Config, plan, presets
 
+from . import layout
+
 # the kernel's max rel. error against the golden of its precision (gpu.worker.golden_path), by
 # Config.gemm_precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
 # rounds the rows it returns once more); tf32 against the tf32 path at TF32's half-ulp, 2**-11: a
@@ -263,3 +265,44 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
                       "profile": c.name == "flashmoe" and dispatch == "staged" and staged_blocks is None,
                       "dispatch": dispatch, **({"staged_blocks": staged_blocks} if staged_blocks else {})})
     return cases
+
+
+# the zoo's layers as the benchmark matrix runs them until the zoo's presets land: non-gated twins
+# of real models' MoE layers (their routers, SiLU experts without bias, nothing dropped)
+ZOO_TWINS = {
+    "qwen3-30b-a3b": dict(hidden=2048, ffn=768, experts=128, top_k=8, gate="softmax_topk_renorm"),
+    "mixtral-8x7b": dict(hidden=4096, ffn=14336, experts=8, top_k=2, gate="topk_softmax"),
+    "deepseek-v3": dict(hidden=7168, ffn=2048, experts=256, top_k=8, shared_experts=1, gate="sigmoid_bias"),
+    "gpt-oss-120b": dict(hidden=2880, ffn=2880, experts=128, top_k=4, gate="topk_softmax"),
+}
+MATRIX_TOKENS = (1024, 4096, 16384)  # tokens per GPU
+MATRIX_DTYPES = ("bfloat16", "tf32x3")
+
+
+def matrix_layer(layer: str, tokens: int, p: int, dtype: str) -> Config:
+    """A zoo twin (ZOO_TWINS) at `tokens` per GPU on `p` GPUs, as the bench runs precision `dtype`."""
+    if layer not in ZOO_TWINS:
+        raise ValueError(f"matrix layer {layer!r} is not known: one of {', '.join(ZOO_TWINS)}")
+    cfg = Config(name=f"{layer}-{tokens // 1024}k" if tokens % 1024 == 0 else f"{layer}-{tokens}", tokens=tokens,
+                 activation="silu", bias=False, capacity_factor=None, ranks=p, **ZOO_TWINS[layer])
+    cfg = in_dtype(cfg, dtype)
+    # gpt-oss' 2880 columns: the widest bf16 tile whose column blocks divide H and I (64)
+    if dtype == "bfloat16" and (cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n):
+        n = max((n for n in layout.BF16_TILE_N if cfg.hidden % n == 0 and cfg.ffn % n == 0), default=cfg.tile_n)
+        cfg = cfg.replace(tile_n=n)
+    return cfg
+
+
+def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True) -> list[dict]:
+    """The benchmark matrix's cases on `p` GPUs in precision `dtype`: each zoo twin of `layers` at
+    each of `tokens` per GPU, then (with `flashmoe`) FlashMoE's token and expert sweeps; each timed
+    beside the torch layers of its precision (padded, dropless, dropless per-expert loop), untraced.
+    Names: matrix-LAYER-Tk[-bf16|-tf32x3]-pP."""
+    tag = PRECISIONS[dtype][1]
+    configs = [matrix_layer(layer, t, p, dtype) for layer in layers for t in tokens]
+    if flashmoe:
+        configs += [in_dtype(c.replace(ranks=p), dtype) for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]
+                    if c.experts % p == 0]
+    return [{"name": f"matrix-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
+             "bench": True, "baselines": [baseline_precision(c)], "warmup": 3, "iters": 10, "trace": None}
+            for c in dict.fromkeys(configs)]

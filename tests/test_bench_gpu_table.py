@@ -89,3 +89,28 @@ def test_roofline_columns_from_the_send_counts():
     assert (row[col["roofline ms"]], row[col["bound"]]) == (pytest.approx(weights_ms), "weights")
     assert row[col["kernel / roofline"]] == pytest.approx(1.0 / weights_ms)
     assert bench_gpu.table_rows([p], {"bfloat16": 800.0})[0][col["roofline ms"]] == ""  # no memory rate
+
+
+def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
+    cases, skipped, seconds = bench_gpu.matrix_plan([1, 4], ["bfloat16", "tf32x3"], ["qwen3-30b-a3b", "deepseek-v3",
+                                                                                     "gpt-oss-120b"],
+                                                    [4096, 16384], flashmoe=False, gpu_gb=80.0)
+    names = {c["name"] for p in cases for c in cases[p]}
+    why = {r["name"]: r["skipped"] for r in skipped}
+    assert "matrix-qwen3-30b-a3b-4k-bf16-p4" in names and "matrix-gpt-oss-120b-16k-bf16-p1" in names
+    assert "shared experts" in why["matrix-deepseek-v3-4k-bf16-p4"]
+    assert "ragged" in why["matrix-gpt-oss-120b-4k-tf32x3-p1"]  # 2880 columns, tf32x3 tiles of 128 or 256
+    assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
+    assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 2
+    assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + len(names) * bench_gpu.POINT_SECONDS
+    # the skipped points keep their reason in the table
+    rows = bench_gpu.table_rows(skipped, {"bfloat16": 800.0, "float32": 50.0, "tf32x3": 50.0})
+    assert len(rows) == len(skipped) and all(str(r[bench_gpu.TABLE_HEAD.index("kernel ms")]).startswith("skipped")
+                                             for r in rows)
+
+
+def test_compact_results_drop_per_iteration_times_and_profiles():
+    r = {**point("a", 1, 1.0), "kernel_ms_all": [1.0] * 10, "torch_bfloat16_profile": "table", "traceback": "x"}
+    (c,) = bench_gpu.compact([r])
+    assert "kernel_ms_all" not in c and "torch_bfloat16_profile" not in c and "traceback" not in c
+    assert c["kernel_ms"] == 1.0 and c["config"] == r["config"]
