@@ -116,7 +116,7 @@ def compute(cfg: Config, progress: Progress, paths=PATHS) -> dict:
              f"{cfg.ranks} x {cfg.tokens} tokens)")
     w = weights.draw(cfg)
     progress("routing and tile plan")
-    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     tp = plan.build(cfg, r)
     out = {"weights": w, "routing": r, "plan": tp}
     for path in paths:
@@ -129,7 +129,7 @@ def save_golden(cfg: Config, result: dict, path: str) -> None:
     w, r, tp = result["weights"], result["routing"], result["plan"]
     np.savez_compressed(
         path, config=json.dumps(cfg.to_dict()), plan_summary=json.dumps(tp.summary()),
-        **{f"w_{k}": getattr(w, k) for k in ("x", "wg", "gate_bias", "w1", "b1", "w2", "b2")},
+        **{f"w_{k}": getattr(w, k) for k in ("x", "wg", "gate_bias", "w1", "b1", "w2", "b2", "wg_bias")},
         route_expert=r.expert, route_weight=r.weight, route_slot=r.slot,
         **{k: v for k, v in result.items() if k.startswith("y_")})
 
