@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from reference import Config, weights
+from reference.numerics import OAI_ALPHA
 
 PRECISIONS = ("float32", "tf32", "bfloat16")
 GEMMS = ("grouped", "loop")
-SWIGLU_OAI_ALPHA = 1.702  # gpt-oss' SwiGLU: g * sigmoid(1.702 g) * (up + 1)
 
 
 def activation(cfg: Config):
@@ -42,7 +42,7 @@ def activation(cfg: Config):
     def swiglu_oai(h):
         g, u = h.chunk(2, dim=-1)
         g, u = g.clamp(max=limit), u.clamp(-limit, limit)
-        return g * torch.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1)
+        return (u + 1) * g * torch.sigmoid(OAI_ALPHA * g)
 
     return {"relu": torch.relu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "gelu": F.gelu,
             "silu": F.silu, "swiglu": swiglu, "swiglu_oai": swiglu_oai}[cfg.activation]
@@ -60,8 +60,8 @@ def shared_experts(cfg: Config, device) -> tuple | None:
 
 
 def reference_inputs(cfg: Config, rank: int, device="cpu"):
-    """The reference's seeded inputs of `rank` on any device, as gpu.runtime.Inputs names them
-    (float32; the layers cast them to their precision)."""
+    """The reference's seeded inputs of `rank` on any device, as gpu.runtime.Inputs names them, and
+    the gate's logit bias as router_bias (float32; the layers cast them to their precision)."""
     from types import SimpleNamespace
 
     import torch
@@ -74,7 +74,7 @@ def reference_inputs(cfg: Config, rank: int, device="cpu"):
 
     offset = cfg.skew * np.log1p(np.arange(cfg.experts, dtype=np.float64)) if cfg.skew else np.zeros(cfg.experts)
     return SimpleNamespace(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(offset),
-                           gate_bias=t(gate_bias.astype(np.float64)),
+                           gate_bias=t(gate_bias.astype(np.float64)), router_bias=t(weights.router_bias(cfg)),
                            **{n: t(np.stack([ex[i] for ex in mine])) for i, n in enumerate(("w1", "b1", "w2", "b2"))})
 
 
@@ -140,7 +140,11 @@ class TorchMoE:
         self.x64 = self.x.double()
         self.wg64 = inputs.wg.to(self.dt).double()
         self.offset, self.gate_bias = inputs.logit_offset, inputs.gate_bias
-        self.router_bias = getattr(inputs, "router_bias", None)
+        # the gate's logit bias (router_bias): the inputs' where they carry one, else the reference's
+        bias = getattr(inputs, "router_bias", None)
+        if cfg.router_bias and bias is None:
+            bias = torch.from_numpy(weights.router_bias(cfg)).to(self.x.device)
+        self.router_bias = bias.to(self.dt).double() if cfg.router_bias else None
         self.experts = Experts(cfg, *(t.to(self.dt) for t in (inputs.w1, inputs.b1, inputs.w2, inputs.b2)))
         if shared is None and cfg.shared_experts:
             shared = shared_experts(cfg, self.x.device)
@@ -152,8 +156,8 @@ class TorchMoE:
 
         cfg = self.cfg
         z = self.x64 @ self.wg64 - self.offset
-        if cfg.router_bias and self.router_bias is not None:
-            z = z + self.router_bias.double()
+        if self.router_bias is not None:
+            z = z + self.router_bias
         score = torch.sigmoid(z) + self.gate_bias if cfg.gate == "sigmoid_bias" else z
         if cfg.n_group > 1:
             score = self._group_limited(score)
@@ -169,19 +173,18 @@ class TorchMoE:
             w = torch.sigmoid(picked)
         else:
             sp = torch.sigmoid(picked)
-            w = sp / sp.sum(-1, keepdim=True)
-        if cfg.routed_scaling != 1.0:
-            w = w * cfg.routed_scaling
-        return top, w, self._slots(top)
+            w = sp / (sp.sum(-1, keepdim=True) + 1e-20)
+        return top, w * cfg.routed_scaling, self._slots(top)
 
     def _group_limited(self, score):
-        """Scores of experts outside the topk_group best groups set to -inf (a group's score: the
-        sum of its two best, DeepSeek-V3's rule; ties to the lower group)."""
+        """Scores of experts outside the topk_group best groups set to -inf (a group's score: its
+        best, for sigmoid_bias the sum of its two best; ties to the lower group)."""
         import torch
 
         cfg = self.cfg
         per = score.view(score.shape[0], cfg.n_group, -1)
-        best = per.topk(min(2, per.shape[-1]), dim=-1).values.sum(-1)
+        two = 2 if cfg.gate == "sigmoid_bias" else 1
+        best = per.topk(min(two, per.shape[-1]), dim=-1).values.sum(-1)
         groups = torch.sort(-best, dim=-1, stable=True).indices[:, : cfg.topk_group]
         keep = torch.zeros_like(best, dtype=torch.bool).scatter_(1, groups, True)
         return per.masked_fill(~keep[..., None], -torch.inf).view_as(score)
@@ -236,9 +239,9 @@ class TorchMoE:
 
     def token_rows(self, token, weight):
         """The rows that leave for the experts: tokens, scaled by their weight before the expert
-        where the config says so."""
+        where the config says so (in float32, stored again in the layer's precision)."""
         rows = self.x[token]
-        return rows * weight[:, None].to(self.dt) if self.cfg.scale_before_expert else rows
+        return (rows.float() * weight[:, None].float()).to(self.dt) if self.cfg.scale_before_expert else rows
 
 
 class TorchLayer(TorchMoE):

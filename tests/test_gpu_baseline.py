@@ -34,6 +34,13 @@ CASES = {
     "one_expert_renorm_silu": dict(skew=1000.0, capacity_factor=None, gate="softmax_topk_renorm",
                                    activation="silu"),
     "top8_of_32": dict(experts=32, top_k=8, capacity_factor=None, shared_experts=2),
+    "deepseek_groups_scaled": dict(experts=16, top_k=4, gate="sigmoid_bias", n_group=4, topk_group=2,
+                                   routed_scaling=2.5, shared_experts=1, capacity_factor=None, bias=False),
+    "softmax_groups": dict(experts=16, top_k=3, gate="softmax_topk", n_group=8, topk_group=3, routed_scaling=1.5),
+    "gpt_oss_router_bias_swiglu_oai": dict(gate="topk_softmax", router_bias=True, activation="swiglu_oai",
+                                           swiglu_limit=0.5, capacity_factor=None),
+    "llama4_scale_before_expert": dict(top_k=1, gate="sigmoid_topk", scale_before_expert=True, shared_experts=1,
+                                       activation="swiglu", capacity_factor=None),
 }
 
 
@@ -45,7 +52,7 @@ def small(p: int, seed: int, dtype: str, **changes) -> Config:
 def check(cfg: Config, outs: list[tuple]) -> None:
     """outs[r] = (y, expert, weight, slot) of rank r as numpy arrays."""
     w = weights.draw(cfg)
-    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     y = np.stack([o[0] for o in outs])
     assert np.array_equal(np.stack([o[1] for o in outs]), r.expert)
     assert np.array_equal(np.stack([o[3] for o in outs]), r.slot)
@@ -119,8 +126,8 @@ def run_ranks(world: int, backend: str, jobs: list[tuple[Config, str]], tmp_path
 
 
 def multi_rank_jobs(p: int, seed: int, dtypes=("float32",)) -> list[tuple[Config, str]]:
-    cases = [dict(), dict(capacity_factor=None, activation="swiglu", shared_experts=1, skew=1.5),
-             dict(experts=16, top_k=8, capacity_factor=None, gate="sigmoid_bias")]
+    cases = [dict(), dict(capacity_factor=None, activation="swiglu_oai", shared_experts=1, skew=1.5, router_bias=True),
+             dict(experts=16, top_k=8, capacity_factor=None, gate="sigmoid_bias", n_group=4, topk_group=3)]
     return [(small(p, seed + i, dt, **ch), name) for i, ch in enumerate(cases) for name in sorted(LAYERS)
             for dt in dtypes]
 
