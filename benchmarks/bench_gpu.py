@@ -206,10 +206,12 @@ def run_meta(args_line: str) -> dict:
 # the matrix's guess of a run's time (matrix_seconds), from each point's roofline at the H100's
 # datasheet rates: the kernel at KERNEL_OVER_ROOFLINE times it, the torch layers at TORCH_OVER_ROOFLINE
 # times it plus TORCH_FIXED_MS (the host's read of the counts, the launches), the per-expert loop
-# LOOP_MS_PER_EXPERT more an expert; POINT_SECONDS to set a point up, SPAWN_SECONDS to start the
-# processes of a GPU count, CEILINGS_SECONDS to measure the rates
+# LOOP_MS_PER_EXPERT more an expert; POINT_SECONDS to set a point up, SPAWN_SECONDS (and
+# SPAWN_SECONDS_PER_GPU a process) to start the processes of a GPU count, CEILINGS_SECONDS to
+# measure the rates. One H100, six points of Qwen3-30B-A3B's and gpt-oss-120b's twins at 1K and 4K
+# tokens, bf16 and tf32x3: 0.9-2.1 s a point, 21 s the run
 KERNEL_OVER_ROOFLINE, TORCH_OVER_ROOFLINE, TORCH_FIXED_MS, LOOP_MS_PER_EXPERT = 3.0, 3.0, 1.0, 0.03
-POINT_SECONDS, SPAWN_SECONDS, CEILINGS_SECONDS = 3.0, 25.0, 15.0
+POINT_SECONDS, SPAWN_SECONDS, SPAWN_SECONDS_PER_GPU, CEILINGS_SECONDS = 1.0, 8.0, 4.0, 6.0
 MEMORY_SHARE = 0.85  # of a GPU's memory a point may plan to take
 
 
@@ -269,14 +271,17 @@ def matrix_plan(gpus: list[int], dtypes: list[str], layers: list[str], tokens: l
                 else:
                     cases[p].append(c)
                     seconds += matrix_point_seconds(cfg, gpu_gb)
-        seconds += SPAWN_SECONDS if cases[p] else 0.0
+        seconds += SPAWN_SECONDS + SPAWN_SECONDS_PER_GPU * p if cases[p] else 0.0
     return cases, skipped, seconds
 
 
-def compact(results: list[dict]) -> list[dict]:
-    """Results without the per-iteration times, profiles and tracebacks: the matrix's committed JSON."""
-    drop = ("_all", "_profile")
-    return [{k: v for k, v in r.items() if not k.endswith(drop) and k != "traceback"} for r in results]
+def compact(results: list[dict], meta: dict) -> list[dict]:
+    """Results without the per-iteration times, profiles, tracebacks and the run's meta they repeat:
+    the matrix's committed JSON."""
+    def kept(k, v):
+        return not k.endswith(("_all", "_profile")) and k != "traceback" and not (k in meta and meta[k] == v)
+
+    return [{k: v for k, v in r.items() if kept(k, v)} for r in results]
 
 
 def roofline_share(gemm_pct: float, bound_pct: float) -> float:
@@ -300,11 +305,19 @@ def torch_ms(r: dict, kind: str) -> float | str:
 
 
 def speedup(r: dict) -> float:
-    """Torch's time over the kernel's: the dropless layer's where the run timed it, else (runs from
-    before it) the padded layer's."""
-    t = torch_ms(r, "dropless")
-    t = torch_ms(r, "padded") if not isinstance(t, float) else t
+    """Torch's time over the kernel's: the faster dropless layer's (grouped GEMM or one matmul per
+    expert) where the run timed them, else (runs from before them) the padded layer's."""
+    times = [t for t in (torch_ms(r, "dropless"), torch_ms(r, "loop")) if isinstance(t, float)]
+    t = min(times) if times else torch_ms(r, "padded")
     return t / r["kernel_ms"] if isinstance(t, float) else 0.0
+
+
+def roofline_tflops(precision: str, ceilings: dict[str, float]) -> float:
+    """The matmul ceiling of a GEMM precision for the roofline: tf32x3's is the faster way to
+    float32's accuracy, float32's ceiling or a third of TF32's (three TF32 products a product)."""
+    if precision == "tf32x3" and "tf32" in ceilings:
+        return max(ceilings["float32"], ceilings["tf32"] / 3)
+    return ceilings[precision]
 
 
 def roofline(r: dict, ceilings: dict[str, float], gbps: float | None, nvlink: float | None) -> dict | None:
@@ -315,7 +328,8 @@ def roofline(r: dict, ceilings: dict[str, float], gbps: float | None, nvlink: fl
     if "send_counts" not in r or gbps is None:
         return None
     try:
-        return metrics.layer_roofline(cfg, r["send_counts"], ceilings[cfg.gemm_precision], gbps, nvlink)
+        return metrics.layer_roofline(cfg, r["send_counts"], roofline_tflops(cfg.gemm_precision, ceilings), gbps,
+                                      nvlink)
     except ValueError:
         return None
 
@@ -491,7 +505,7 @@ def main() -> int:
     print(text)
     if args.compact:
         args.compact.parent.mkdir(parents=True, exist_ok=True)
-        args.compact.write_text(json.dumps({"meta": meta, "results": compact(everything)}, default=str) + "\n")
+        args.compact.write_text(json.dumps({"meta": meta, "results": compact(everything, meta)}, default=str) + "\n")
         args.compact.with_suffix(".txt").write_text(text + "\n")
     return 0
 

@@ -274,15 +274,18 @@ class TorchLayer(TorchMoE):
 
 class DroplessLayer(TorchMoE):
     """The dropless layer (see the module text); `gemm` "grouped" (torch._grouped_mm) or "loop"
-    (one matmul per expert), by default grouped in bf16 where torch has it."""
+    (one matmul per expert), by default grouped where torch has it, but for tf32."""
 
     def __init__(self, cfg: Config, inputs, rank: int, dtype: str = "float32", group=None, shared=None,
                  gemm: str | None = None):
         import torch
 
         super().__init__(cfg, inputs, rank, dtype, group, shared)
-        if gemm is None:  # torch's grouped GEMM is CUTLASS's in bf16 on sm_90; float32 and tf32 go to cuBLAS
-            gemm = "grouped" if hasattr(torch, "_grouped_mm") and self.dt == torch.bfloat16 else "loop"
+        # torch's grouped GEMM where it has one (torch 2.11 on an H100, Qwen3-30B-A3B's layer at 4K
+        # tokens on one GPU: bf16 4.2 ms against 12.0 per expert, float32 11.6 against 12.7); tf32
+        # per expert, where cuBLAS honours allow_tf32
+        if gemm is None:
+            gemm = "grouped" if hasattr(torch, "_grouped_mm") and not self.tf32 else "loop"
         if gemm not in GEMMS:
             raise ValueError(f"baseline gemm {gemm!r} is not allowed: one of {', '.join(GEMMS)}")
         self.gemm = gemm

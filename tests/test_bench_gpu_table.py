@@ -102,7 +102,8 @@ def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
     assert "ragged" in why["matrix-gpt-oss-120b-4k-tf32x3-p1"]  # 2880 columns, tf32x3 tiles of 128 or 256
     assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
     assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 2
-    assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + len(names) * bench_gpu.POINT_SECONDS
+    assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + 5 * bench_gpu.SPAWN_SECONDS_PER_GPU \
+        + len(names) * bench_gpu.POINT_SECONDS
     # the skipped points keep their reason in the table
     rows = bench_gpu.table_rows(skipped, {"bfloat16": 800.0, "float32": 50.0, "tf32x3": 50.0})
     assert len(rows) == len(skipped) and all(str(r[bench_gpu.TABLE_HEAD.index("kernel ms")]).startswith("skipped")
@@ -111,6 +112,15 @@ def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
 
 def test_compact_results_drop_per_iteration_times_and_profiles():
     r = {**point("a", 1, 1.0), "kernel_ms_all": [1.0] * 10, "torch_bfloat16_profile": "table", "traceback": "x"}
-    (c,) = bench_gpu.compact([r])
+    (c,) = bench_gpu.compact([{**r, "commit": "abc", "seed": 2}], {"commit": "abc", "seed": 1})
     assert "kernel_ms_all" not in c and "torch_bfloat16_profile" not in c and "traceback" not in c
+    assert "commit" not in c and c["seed"] == 2  # the run's meta is kept once, a differing value stays
     assert c["kernel_ms"] == 1.0 and c["config"] == r["config"]
+
+
+def test_speedup_is_over_the_faster_dropless_layer_and_tf32x3_roofline_over_a_third_of_tf32():
+    p = {**point("a", 1, 1.0), "torch_dropless_bfloat16_ms": 1.5, "torch_loop_bfloat16_ms": 1.2}
+    assert bench_gpu.speedup(p) == pytest.approx(1.2)
+    assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 388.0}) == pytest.approx(388.0 / 3)
+    assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 120.0}) == 51.0
+    assert bench_gpu.roofline_tflops("bfloat16", {"bfloat16": 737.0}) == 737.0
