@@ -28,7 +28,9 @@ neither derives routing on its own. Everything is a plain NumPy array:
   (weight_columns), GEMM1 reading I. Per chunk one combine task at its source (weighted
   accumulation of the returned rows). FLOPs and HBM bytes per task.
 - transfers: per chunk one dispatch (source -> owner) and one combine (owner -> source) transfer,
-  with the bytes moved and the link class (local copy, NVLink inside a node, network).
+  with the bytes moved and the link class (local copy, NVLink inside a node, network). A shared
+  expert's chunk has no dispatch: its tile is at its tokens' own rank and reads them in place (its
+  tile w holds tokens w * tile_m ..), ready once the gate is done; its return is a local one.
 """
 
 from __future__ import annotations
@@ -263,9 +265,11 @@ def build(cfg: Config, routing: Routing) -> TilePlan:
     gemm_bytes = nb * (rows * depth + depth * wcols + rows * cols)
     task_bytes = np.where(kind == COMBINE, rows * cfg.hidden * (nb + 4), gemm_bytes)
 
-    # transfers, chunk-major: dispatch then combine
-    x_chunk = np.repeat(np.arange(n_chunks, dtype=np.int32), 2)
-    x_kind = np.tile(np.array([DISPATCH, RETURN], np.int8), n_chunks)
+    # transfers, chunk-major: dispatch then combine; a shared expert's chunk is not dispatched (its
+    # tile's GEMM0 reads the tokens where they are), only its rows' return to the combine is listed
+    routed = tile_expert[c_tile] < cfg.experts
+    x_chunk = np.repeat(np.arange(n_chunks, dtype=np.int32), 1 + routed)
+    x_kind = np.where(_within(1 + routed.astype(np.int64)) < routed[x_chunk], DISPATCH, RETURN).astype(np.int8)
     owner = tile_owner[c_tile[x_chunk]]
     x_src = np.where(x_kind == DISPATCH, c_src[x_chunk], owner).astype(np.int32)
     x_dst = np.where(x_kind == DISPATCH, owner, c_src[x_chunk]).astype(np.int32)
