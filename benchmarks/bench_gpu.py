@@ -46,7 +46,6 @@ from gpu.baseline import padded_bytes  # noqa: E402
 from gpu.cases import (  # noqa: E402
     MATRIX_TOKENS,
     PRECISIONS,
-    ZOO_TWINS,
     baseline_precision,
     bench_cases,
     bf16_check_cases,
@@ -390,10 +389,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1])
     ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout", "matrix"])
-    ap.add_argument("--layers", nargs="+", default=[*ZOO_TWINS, "flashmoe"], choices=[*ZOO_TWINS, "flashmoe"],
-                    help="the matrix's layers: zoo twins (gpu.cases.ZOO_TWINS) and FlashMoE's token and expert sweeps")
+    ap.add_argument("--layers", nargs="+", default=[*presets.ZOO, "flashmoe"], choices=[*presets.ZOO, "flashmoe"],
+                    help="the matrix's layers: zoo models (reference.presets.ZOO; their kernel twins, "
+                         "gpu.cases.kernel_twin, where the kernel lacks what they need) and FlashMoE's token and "
+                         "expert sweeps")
     ap.add_argument("--tokens", nargs="+", type=int, default=list(MATRIX_TOKENS),
-                    help="the matrix's tokens per GPU of the zoo twins")
+                    help="the matrix's tokens per GPU of the zoo models")
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU: the matrix skips points that "
                     f"would take more than {MEMORY_SHARE:.0%} of it")
     ap.add_argument("--estimate", action="store_true", help="print the matrix's points, what it skips and the "

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu import build, cases, layout, microbench  # noqa: E402
-from reference import Config  # noqa: E402
+from reference import Config, presets  # noqa: E402
 
 
 def wanted() -> list[tuple[dict, str]]:
@@ -35,7 +35,7 @@ def wanted() -> list[tuple[dict, str]]:
             for points in ("sweep", "tiles"):
                 todo += cases.bench_cases(p, points, dtype=dtype)
         for dtype in cases.MATRIX_DTYPES:
-            todo += cases.matrix_cases(p, dtype, cases.ZOO_TWINS, cases.MATRIX_TOKENS)
+            todo += cases.matrix_cases(p, dtype, presets.ZOO, cases.MATRIX_TOKENS)
     opts = {tuple(sorted(layout.compile_options(Config(**c["config"])).items())) for c in todo}
     units = [(dict(o), "moe.cu") for o in sorted(opts)]
     return units + [(microbench.tile_options(dtype, 2), "microbench.cu") for dtype in microbench.DTYPES]

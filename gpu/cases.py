@@ -267,25 +267,32 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
     return cases
 
 
-# the zoo's layers as the benchmark matrix runs them until the zoo's presets land: non-gated twins
-# of real models' MoE layers (their routers, SiLU experts without bias, nothing dropped)
-ZOO_TWINS = {
-    "qwen3-30b-a3b": dict(hidden=2048, ffn=768, experts=128, top_k=8, gate="softmax_topk_renorm"),
-    "mixtral-8x7b": dict(hidden=4096, ffn=14336, experts=8, top_k=2, gate="topk_softmax"),
-    "deepseek-v3": dict(hidden=7168, ffn=2048, experts=256, top_k=8, shared_experts=1, gate="sigmoid_bias"),
-    "gpt-oss-120b": dict(hidden=2880, ffn=2880, experts=128, top_k=4, gate="topk_softmax"),
-}
-MATRIX_TOKENS = (1024, 4096, 16384)  # tokens per GPU
+MATRIX_TOKENS = (1024, 4096, 16384)  # tokens per GPU of the zoo's layers
 MATRIX_DTYPES = ("bfloat16", "tf32x3")
 
 
-def matrix_layer(layer: str, tokens: int, p: int, dtype: str) -> Config:
-    """A zoo twin (ZOO_TWINS) at `tokens` per GPU on `p` GPUs, as the bench runs precision `dtype`."""
-    if layer not in ZOO_TWINS:
-        raise ValueError(f"matrix layer {layer!r} is not known: one of {', '.join(ZOO_TWINS)}")
-    cfg = Config(name=f"{layer}-{tokens // 1024}k" if tokens % 1024 == 0 else f"{layer}-{tokens}", tokens=tokens,
-                 activation="silu", bias=False, capacity_factor=None, ranks=p, **ZOO_TWINS[layer])
+def kernel_twin(cfg: Config) -> Config:
+    """The layer with what the kernel does not compute yet taken out, named NAME-twin: a non-gated
+    SiLU for a gated activation, no shared experts, the gate's plain top-k (no logit bias, groups,
+    routed scaling or scaling before the expert; Llama 4's sigmoid_topk as topk_softmax)."""
+    gate = cfg.gate if cfg.gate in layout.GATES else "topk_softmax"
+    return cfg.replace(name=f"{cfg.name}-twin", activation="silu" if cfg.gated else cfg.activation, shared_experts=0,
+                       router_bias=False, n_group=1, topk_group=1, routed_scaling=1.0, scale_before_expert=False,
+                       gate=gate)
+
+
+def matrix_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
+    """A zoo model's layer (reference.presets.ZOO) at `tokens` per GPU on `p` GPUs, as the bench runs
+    precision `dtype`; its kernel_twin where the kernel does not support the layer itself."""
+    if model not in presets.ZOO:
+        raise ValueError(f"matrix layer {model!r} is not known: one of {', '.join(presets.ZOO)}")
+    name = f"{model}-{tokens // 1024}k" if tokens % 1024 == 0 else f"{model}-{tokens}"
+    cfg = presets.ZOO[model].replace(name=name, tokens=tokens, ranks=p, dtype="float32", tf32=False, tf32x3=False)
     cfg = in_dtype(cfg, dtype)
+    try:
+        layout.check_supported(cfg)
+    except layout.UnsupportedConfig:
+        cfg = kernel_twin(cfg)
     # gpt-oss' 2880 columns: the widest bf16 tile whose column blocks divide H and I (64)
     if dtype == "bfloat16" and (cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n):
         n = max((n for n in layout.BF16_TILE_N if cfg.hidden % n == 0 and cfg.ffn % n == 0), default=cfg.tile_n)
@@ -294,12 +301,12 @@ def matrix_layer(layer: str, tokens: int, p: int, dtype: str) -> Config:
 
 
 def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True) -> list[dict]:
-    """The benchmark matrix's cases on `p` GPUs in precision `dtype`: each zoo twin of `layers` at
-    each of `tokens` per GPU, then (with `flashmoe`) FlashMoE's token and expert sweeps; each timed
-    beside the torch layers of its precision (padded, dropless, dropless per-expert loop), untraced.
-    Names: matrix-LAYER-Tk[-bf16|-tf32x3]-pP."""
+    """The benchmark matrix's cases on `p` GPUs in precision `dtype`: each zoo model of `layers` at
+    each of `tokens` per GPU (matrix_layer), then (with `flashmoe`) FlashMoE's token and expert
+    sweeps; each timed beside the torch layers of its precision (padded, dropless, dropless
+    per-expert loop), untraced. Names: matrix-MODEL-Tk[-twin][-bf16|-tf32x3]-pP."""
     tag = PRECISIONS[dtype][1]
-    configs = [matrix_layer(layer, t, p, dtype) for layer in layers for t in tokens]
+    configs = [matrix_layer(model, t, p, dtype) for model in layers for t in tokens]
     if flashmoe:
         configs += [in_dtype(c.replace(ranks=p), dtype) for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]
                     if c.experts % p == 0]
