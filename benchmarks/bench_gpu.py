@@ -214,62 +214,68 @@ POINT_SECONDS, SPAWN_SECONDS, SPAWN_SECONDS_PER_GPU, CEILINGS_SECONDS = 1.0, 8.0
 MEMORY_SHARE = 0.85  # of a GPU's memory a point may plan to take
 
 
-def matrix_bytes(cfg: Config) -> int:
+def matrix_bytes(cfg: Config, kernel: bool = True) -> int:
     """Device memory one GPU takes for a matrix point, at least: the kernel's NVSHMEM buffers
-    (gpu.layout.Sizes), its local experts' weights and the dropless torch layer's rows (k T rows of
-    H six times, of I' twice). The padded layer is measured against the free memory by the worker."""
+    (gpu.layout.Sizes; not for a torch-only point), its local and shared experts' weights (float32
+    too for a torch-only point, as drawn) and the dropless torch layer's rows (k T rows of H six
+    times, of I' twice). The padded layer is measured against the free memory by the worker."""
     eb = Sizes.of(cfg).elem_bytes
-    weights = cfg.local_experts * cfg.hidden * (ffn_in_width(cfg) + cfg.ffn) * eb
+    per_expert = cfg.hidden * (ffn_in_width(cfg) + cfg.ffn)
+    weights = (cfg.local_experts + cfg.shared_experts) * per_expert * (eb if kernel else eb + 4)
     rows = cfg.tokens * cfg.top_k * (6 * cfg.hidden + 2 * ffn_in_width(cfg)) * eb
-    return Sizes.of(cfg).symmetric_bytes + weights + rows
+    return (Sizes.of(cfg).symmetric_bytes if kernel else 0) + weights + rows
 
 
-def matrix_skip(cfg: Config, gpu_gb: float) -> str | None:
+def matrix_skip(cfg: Config, gpu_gb: float, kernel: bool = True) -> str | None:
     """Why the matrix does not run a point (None: it runs): the kernel does not support it, its
-    column blocks would be ragged, or it does not fit a GPU of `gpu_gb` GB."""
-    try:
-        check_supported(cfg)
-    except UnsupportedConfig as e:
-        return f"not in the kernel: {e}"
-    if cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n:
-        return f"H {cfg.hidden} and I {cfg.ffn} are not multiples of tile_n {cfg.tile_n} (ragged column blocks)"
-    need = matrix_bytes(cfg)
+    column blocks would be ragged, or it does not fit a GPU of `gpu_gb` GB (a torch-only point
+    (kernel false): only the last)."""
+    if kernel:
+        try:
+            check_supported(cfg)
+        except UnsupportedConfig as e:
+            return f"not in the kernel: {e}"
+        if cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n:
+            return f"H {cfg.hidden} and I {cfg.ffn} are not multiples of tile_n {cfg.tile_n} (ragged column blocks)"
+    need = matrix_bytes(cfg, kernel)
     if need > MEMORY_SHARE * gpu_gb * 1e9:
         return f"needs {need / 1e9:.0f} GB a GPU, more than {MEMORY_SHARE:.0%} of {gpu_gb:g} GB"
     return None
 
 
-def matrix_point_seconds(cfg: Config, gpu_gb: float, hw_name: str = "h100-sxm") -> float:
+def matrix_point_seconds(cfg: Config, gpu_gb: float, kernel: bool = True, hw_name: str = "h100-sxm") -> float:
     """The guess of one matrix point's time (see KERNEL_OVER_ROOFLINE): 13 timed and warm-up
-    launches with and without telemetry and four more, 14 calls of each torch layer."""
+    launches with and without telemetry and four more (none for a torch-only point), 14 calls of
+    each torch layer."""
     hw = hardware.get(hw_name)
     even = [[cfg.tokens * cfg.top_k // cfg.experts] * cfg.experts] * cfg.ranks
     roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.gemm_precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
     torch_ms = TORCH_OVER_ROOFLINE * roof + TORCH_FIXED_MS
     dt = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
     padded = 0.0
-    if padded_bytes(cfg, dt) < MEMORY_SHARE * gpu_gb * 1e9 - matrix_bytes(cfg):
+    if padded_bytes(cfg, dt) < MEMORY_SHARE * gpu_gb * 1e9 - matrix_bytes(cfg, kernel):
         padded = TORCH_OVER_ROOFLINE * roof * cfg.experts * cfg.slots / max(1, cfg.tokens * cfg.top_k)
-    ms = 30 * KERNEL_OVER_ROOFLINE * roof + 14 * (2 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT + padded)
+    ms = 30 * KERNEL_OVER_ROOFLINE * roof * kernel + 14 * (2 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT
+                                                         + padded)
     return POINT_SECONDS + ms / 1e3
 
 
 def matrix_plan(gpus: list[int], dtypes: list[str], layers: list[str], tokens: list[int], flashmoe: bool,
-                gpu_gb: float) -> tuple[dict[int, list[dict]], list[dict], float]:
-    """The matrix's cases per GPU count, the points it skips (results with `skipped`) and the guess
-    of the whole run's seconds."""
+                gpu_gb: float, torch_models: bool = True) -> tuple[dict[int, list[dict]], list[dict], float]:
+    """The matrix's cases per GPU count (gpu.cases.matrix_cases), the points it skips (results with
+    `skipped`) and the guess of the whole run's seconds."""
     cases, skipped, seconds = {}, [], CEILINGS_SECONDS
     for p in gpus:
         cases[p] = []
         for dt in dtypes:
-            for c in matrix_cases(p, dt, layers, tokens, flashmoe):
-                cfg = Config.from_dict(c["config"])
-                why = matrix_skip(cfg, gpu_gb)
+            for c in matrix_cases(p, dt, layers, tokens, flashmoe, torch_models):
+                cfg, kernel = Config.from_dict(c["config"]), not c.get("torch_only")
+                why = matrix_skip(cfg, gpu_gb, kernel)
                 if why:
                     skipped.append({"name": c["name"], "config": c["config"], "skipped": why})
                 else:
                     cases[p].append(c)
-                    seconds += matrix_point_seconds(cfg, gpu_gb)
+                    seconds += matrix_point_seconds(cfg, gpu_gb, kernel)
         seconds += SPAWN_SECONDS + SPAWN_SECONDS_PER_GPU * p if cases[p] else 0.0
     return cases, skipped, seconds
 
@@ -356,6 +362,13 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
             rows.append((r["name"], precision(r), c["ranks"], c["tokens"], c["experts"], c["top_k"],
                          f"skipped: {r['skipped']}", *[""] * (len(TABLE_HEAD) - 7)))
             continue
+        if "kernel_skipped" in r:  # a layer the kernel does not run: the torch layers and the roofline
+            roof = roofline(r, ceilings, gbps, nvlink)
+            rows.append((r["name"], precision(r), c["ranks"], c["tokens"], c["experts"], c["top_k"],
+                         r["kernel_skipped"], torch_ms(r, "dropless"), torch_ms(r, "padded"), torch_ms(r, "loop"), "",
+                         "" if roof is None else roof["ms"], "" if roof is None else roof["bound"],
+                         *[""] * (len(TABLE_HEAD) - 13)))
+            continue
         if "kernel_ms" not in r:
             continue
         dt = precision(r)
@@ -397,6 +410,8 @@ def main() -> int:
                     help="the matrix's tokens per GPU of the zoo models")
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU: the matrix skips points that "
                     f"would take more than {MEMORY_SHARE:.0%} of it")
+    ap.add_argument("--no-torch-models", action="store_true", help="leave out the matrix's torch-only points: "
+                    "the zoo models the kernel runs as twins, timed in torch as they are")
     ap.add_argument("--estimate", action="store_true", help="print the matrix's points, what it skips and the "
                     "guess of its time, and stop (no GPU needed)")
     ap.add_argument("--compact", type=Path, metavar="FILE.json", help="also write the run as one compact JSON "
@@ -436,12 +451,13 @@ def main() -> int:
     if "matrix" in args.suite:
         layers = [x for x in args.layers if x != "flashmoe"]
         mplan, mskipped, guess = matrix_plan(args.gpus, args.dtypes, layers, args.tokens, "flashmoe" in args.layers,
-                                             args.gpu_gb)
+                                             args.gpu_gb, not args.no_torch_models)
         print(f"matrix: {sum(map(len, mplan.values()))} points on {args.gpus} GPU(s), {len(mskipped)} skipped; "
               f"about {guess:.0f} s (a guess from the roofline at H100 datasheet rates)", flush=True)
         if args.estimate:
-            rows = [(c["name"], f"{matrix_point_seconds(Config.from_dict(c['config']), args.gpu_gb):.1f}")
-                    for p in args.gpus for c in mplan[p]]
+            guesses = [(c["name"], matrix_point_seconds(Config.from_dict(c["config"]), args.gpu_gb,
+                                                        not c.get("torch_only"))) for p in args.gpus for c in mplan[p]]
+            rows = [(name, f"{seconds:.1f}") for name, seconds in guesses]
             print(format_table(("point", "guess s"), rows + [(r["name"], r["skipped"]) for r in mskipped]))
             return 0
     why = spawn.unmet(max(args.gpus))

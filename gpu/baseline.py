@@ -78,6 +78,38 @@ def reference_inputs(cfg: Config, rank: int, device="cpu"):
                            **{n: t(np.stack([ex[i] for ex in mine])) for i, n in enumerate(("w1", "b1", "w2", "b2"))})
 
 
+def random_inputs(cfg: Config, rank: int, seed: int, device):
+    """Inputs of any layer drawn on `device` at the reference's scales (for sizes the CPU draws
+    slowly; the kernel's own are gpu.runtime.Inputs.random): reference_inputs' fields and the shared
+    experts (S, ...) as `shared`, float32."""
+    from types import SimpleNamespace
+
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(seed * 1_000_003 + rank)
+    gate = torch.Generator(device=device)
+    gate.manual_seed(seed)  # the gate is the same on every rank
+    h, i, n_in, e = cfg.hidden, cfg.ffn, weights.ffn_in_width(cfg), cfg.experts
+
+    def normal(shape, scale, gen=g):
+        return torch.randn(shape, generator=gen, device=device) * scale
+
+    def bias(shape):
+        return normal(shape, 0.1) if cfg.bias else torch.zeros(shape, device=device)
+
+    def experts(n):
+        return normal((n, h, n_in), h ** -0.5), bias((n, n_in)), normal((n, i, h), i ** -0.5), bias((n, h))
+
+    w1, b1, w2, b2 = experts(cfg.local_experts)
+    offset = cfg.skew * np.log1p(np.arange(e, dtype=np.float64)) if cfg.skew else np.zeros(e)
+    return SimpleNamespace(x=normal((cfg.tokens, h), 1.0), wg=normal((h, e), h ** -0.5, gate),
+                           logit_offset=torch.from_numpy(offset).to(device), gate_bias=normal((e,), 0.1, gate).double(),
+                           router_bias=normal((e,), 0.1, gate) if cfg.router_bias else torch.zeros(e, device=device),
+                           w1=w1, b1=b1, w2=w2, b2=b2,
+                           shared=experts(cfg.shared_experts) if cfg.shared_experts else None)
+
+
 class Experts:
     """Expert FFNs act(a W1 + b1) W2 + b2 of stacked weights (G, H, I'), (G, I'), (G, I, H), (G, H)."""
 
@@ -146,6 +178,8 @@ class TorchMoE:
             bias = torch.from_numpy(weights.router_bias(cfg)).to(self.x.device)
         self.router_bias = bias.to(self.dt).double() if cfg.router_bias else None
         self.experts = Experts(cfg, *(t.to(self.dt) for t in (inputs.w1, inputs.b1, inputs.w2, inputs.b2)))
+        # the shared experts: given, the inputs' (random_inputs), else the reference's
+        shared = shared if shared is not None else getattr(inputs, "shared", None)
         if shared is None and cfg.shared_experts:
             shared = shared_experts(cfg, self.x.device)
         self.shared = Experts(cfg, *(t.to(self.dt) for t in shared)) if shared is not None else None

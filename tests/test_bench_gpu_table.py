@@ -103,7 +103,7 @@ def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
     assert "ragged" in why["matrix-gpt-oss-120b-4k-twin-tf32x3-p1"]  # 2880 columns, tf32x3 tiles of 128 or 256
     assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-twin-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
     assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-16k-twin-bf16-p4"]
-    assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 3
+    assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 3 * 2  # twins and the models in torch
     assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + 5 * bench_gpu.SPAWN_SECONDS_PER_GPU \
         + len(names) * bench_gpu.POINT_SECONDS
     # the skipped points keep their reason in the table
@@ -126,3 +126,23 @@ def test_speedup_is_over_the_faster_dropless_layer_and_tf32x3_roofline_over_a_th
     assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 388.0}) == pytest.approx(388.0 / 3)
     assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 120.0}) == 51.0
     assert bench_gpu.roofline_tflops("bfloat16", {"bfloat16": 737.0}) == 737.0
+
+
+def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are():
+    cases, skipped, _ = bench_gpu.matrix_plan([4], ["bfloat16"], ["qwen3-30b-a3b"], [4096], flashmoe=False, gpu_gb=80.0)
+    by_name = {c["name"]: c for c in cases[4]}
+    assert set(by_name) == {"matrix-qwen3-30b-a3b-4k-twin-bf16-p4", "matrix-qwen3-30b-a3b-4k-bf16-p4"}
+    real = by_name["matrix-qwen3-30b-a3b-4k-bf16-p4"]
+    assert "activation" in real["torch_only"] and real["config"]["activation"] == "swiglu"
+    assert by_name["matrix-qwen3-30b-a3b-4k-twin-bf16-p4"]["config"]["activation"] == "silu"
+    none, _, _ = bench_gpu.matrix_plan([4], ["bfloat16"], ["qwen3-30b-a3b"], [4096], False, 80.0, torch_models=False)
+    assert [c["name"] for c in none[4]] == ["matrix-qwen3-30b-a3b-4k-twin-bf16-p4"]
+    # its row: the reason in the kernel's column, the torch layers and the roofline beside it
+    res = {"name": real["name"], "config": real["config"], "kernel_skipped": real["torch_only"],
+           "torch_dropless_bfloat16_ms": 3.0, "torch_bfloat16_skipped": "no room",
+           "send_counts": [[256] * 128] * 4, "kept_rows": 4 * 4096 * 8}
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    (row,) = bench_gpu.table_rows([res], {"bfloat16": 800.0}, gbps=3000.0, nvlink=400.0)
+    assert row[col["kernel ms"]].startswith("not in the kernel") and row[col["dropless torch ms"]] == 3.0
+    assert row[col["padded torch ms"]] == "no room" and row[col["bound"]] == "nvlink"
+    assert len(row) == len(bench_gpu.TABLE_HEAD)

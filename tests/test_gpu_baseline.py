@@ -154,3 +154,18 @@ def test_nccl_ranks_match_golden(p, tmp_path):
     jobs = multi_rank_jobs(p, int.from_bytes(os.urandom(4), "little"), ("float32", "bfloat16"))
     for (cfg, _), outs in zip(jobs, run_ranks(p, "nccl", jobs, tmp_path)):
         check(cfg, outs)
+
+
+def test_random_inputs_feed_every_layer_alike():
+    # inputs drawn on the device for the bench's torch-only points: gated W1, shared experts, the
+    # gate's logit bias; the three layers compute the same output from them
+    cfg = small(1, 0, "float32", activation="swiglu_oai", shared_experts=1, router_bias=True, capacity_factor=None,
+                experts=16, top_k=4, gate="topk_softmax")
+    from gpu.baseline import random_inputs
+
+    inputs = random_inputs(cfg, 0, int.from_bytes(os.urandom(4), "little"), "cpu")
+    assert inputs.w1.shape == (cfg.experts, cfg.hidden, 2 * cfg.ffn)
+    assert inputs.shared[0].shape == (1, cfg.hidden, 2 * cfg.ffn) and inputs.router_bias.abs().max() > 0
+    ys = [cls(cfg, inputs, 0, **kw).forward()[0] for cls, kw in LAYERS.values()]
+    assert all(torch.allclose(y, ys[0], rtol=1e-5, atol=1e-5) for y in ys[1:])
+    assert ys[0].abs().max() > 0.1
