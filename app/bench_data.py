@@ -57,6 +57,15 @@ def rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
     return [{**dict(zip(TABLE_HEAD, row)), "rows an expert": per_expert[row[0]]} for row in table]
 
 
+def torch_only_rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
+    """The table's records of the layers the kernel does not run yet, timed in torch alone."""
+    alone = [r for r in results if "kernel_skipped" in r]
+    keep = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+            "loop torch ms", "roofline ms", "bound")
+    table = table_rows(alone, ceilings_of(meta), gbps, meta.get("nvlink_gbps"))
+    return [{k: v for k, v in zip(TABLE_HEAD, row) if k in keep} for row in table]
+
+
 def skipped(results: list[dict]) -> list[str]:
     """The points the run did not time, each with its reason."""
     return [f"{r['name']}: {r['skipped']}" for r in results if "skipped" in r]

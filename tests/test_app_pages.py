@@ -253,6 +253,25 @@ def test_bench_page_sets_each_gemm_phase_against_the_weights_roofline(tmp_path, 
         pytest.approx(32.0)
 
 
+def test_bench_page_lists_torch_only_layers_and_skipped_points(tmp_path, monkeypatch):
+    bench_summary(tmp_path, memory_gbps=3000.0)
+    path = tmp_path / "gpu" / "x-bench-bf16.json"
+    d = json.loads(path.read_text())
+    cfg = presets.ZOO["qwen3-30b-a3b"].to_dict()
+    d["results"] += [{"name": "matrix-qwen3-30b-a3b-bf16-p4", "config": cfg, "kernel_skipped": "not in the kernel: x",
+                      "torch_dropless_bfloat16_ms": 3.5, "send_counts": [[256] * 128] * 4, "kept_rows": 4 * 32768},
+                     {"name": "matrix-big-p4", "config": cfg, "skipped": "needs 99 GB a GPU"}]
+    path.write_text(json.dumps(d))
+    monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))
+    at = page("bench")
+    assert not at.exception
+    assert any("matrix-big-p4: needs 99 GB a GPU" in c.value for c in at.caption)
+    alone = at.dataframe[1].value.to_dict("records")
+    assert [(r["point"], r["dropless torch ms"], r["kernel ms"]) for r in alone] == [
+        ("matrix-qwen3-30b-a3b-bf16-p4", 3.5, "not in the kernel: x")]
+    assert alone[0]["bound"] == "nvlink" and alone[0]["roofline ms"] > 0
+
+
 def test_bench_page_takes_the_runs_own_memory_rate(tmp_path, monkeypatch):
     bench_summary(tmp_path, memory_gbps=3000.0, stream_gbps=4000.0)
     monkeypatch.setenv("MOELAB_MEASUREMENTS", str(tmp_path))

@@ -54,6 +54,12 @@ cols[5].metric("kernel / roofline, median", f"{sorted(roofs)[len(roofs) // 2]:.2
                     "(runs from before the send counts were kept have none)")
 st.dataframe(rows, hide_index=True)
 
+alone = bench_data.torch_only_rows(meta, results, gbps)
+if alone:
+    st.subheader("Layers the kernel does not run yet, in torch alone")
+    st.caption("Each beside its roofline; the kernel ran the layer's twin (its name ends in -twin above).")
+    st.dataframe(alone, hide_index=True)
+
 st.subheader("GEMM phase against the weights' roofline")
 st.caption("A GEMM task reads its expert's weight slice however few rows the tile holds: with R kept rows an "
            "expert a bf16 weight byte carries R FLOPs (float32: R / 2), so the GEMM phase can at best run at R "
