@@ -157,6 +157,9 @@ class Config:
             raise ConfigError("ranks", self.ranks,
                               f"at most gpus_per_node = {self.gpus_per_node}, or a multiple of it "
                               "(whole nodes)")
+        if self.gated and self.tile_n % 2:
+            raise ConfigError("tile_n", self.tile_n, f"even with activation {self.activation!r} (a GEMM0 task's "
+                              "tile_n weight columns are half its columns' gate, half their up)")
         # tile_n need not divide H or I: the last column block of a GEMM is ragged
         for f in ("hidden", "ffn"):
             if getattr(self, f) % self.tile_k:

@@ -39,6 +39,7 @@ def test_bad_field_names_field_value_and_rule(field, value):
     (dict(experts=8, n_group=4, topk_group=5), "topk_group"),
     (dict(experts=8, top_k=4, n_group=4, topk_group=1), "topk_group"),
     (dict(top_k=2, scale_before_expert=True), "scale_before_expert"),
+    (dict(activation="swiglu_oai", tile_n=24 + 1, hidden=50, ffn=50, tile_k=1), "tile_n"),
 ])
 def test_cross_field_rules(changes, field):
     # a tile_n that does not divide H or I is allowed: the last column block is ragged
