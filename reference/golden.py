@@ -5,9 +5,8 @@ Two computations of one layer call, which must agree:
   for each shared expert s with weight 1 (DeepSeek's S shared experts of width I, Llama 4's one),
   FFN(x) = act(x W1 + b1) W2 + b2, grouped by expert; the routing weights already carry
   routed_scaling (routing.py). With scale_before_expert (Llama 4) a routed term is instead
-  FFN_{e_j}(weight[t, j] * x[t]) with weight 1, computed as act(weight[t, j] (x[t] W1) + b1) ..:
-  GEMM0's product row scaled by the weight (in the path's compute dtype) before its bias, which
-  equals scaling the token and keeps the bf16 and tf32 paths from rounding the scaled token;
+  FFN_{e_j}(weight[t, j] * x[t]) with weight 1: the token row is scaled, in the path's compute
+  dtype, and stored as the path stores a GEMM operand (bf16-rounded on the bf16 path), before GEMM0;
 - `tile_walk`: the same output reached by executing the tile plan rank by rank: dispatch each
   tile's chunks (the routed rows of one source rank each) to the expert's owner, run the tile's
   GEMM0 tasks (column blocks of W1, bias, activation; a gated activation's task its block's gate
@@ -43,21 +42,23 @@ def _columns(cols: np.ndarray, width: int):
     return slice(None) if cols.size == width and np.array_equal(cols, np.arange(width)) else cols
 
 
-def _gemm0(cfg: Config, rows, w1, b1, cols: np.ndarray, path: str, scale=None):
-    """act(rows W1[:, cols] (x scale) + b1[cols]); for a gated activation the gate and up columns
-    of `cols` together; `scale` (n, 1): each row's routing weight (scale_before_expert)."""
+def _gemm0(cfg: Config, rows, w1, b1, cols: np.ndarray, path: str):
+    """act(rows W1[:, cols] + b1[cols]); for a gated activation the gate and up columns of `cols` together."""
     if cfg.gated:
         cols = np.concatenate([cols, cfg.ffn + cols])
     cols = _columns(cols, w1.shape[1])
-    pre = rows @ w1[:, cols]
-    if scale is not None:
-        pre *= scale
-    h = activate(cfg.activation, pre + b1[cols], cfg.swiglu_limit)
+    h = activate(cfg.activation, rows @ w1[:, cols] + b1[cols], cfg.swiglu_limit)
     return round_bf16(h) if path == "bfloat16" else h
 
 
-def _expert_ffn(cfg: Config, rows, w1, b1, w2, b2, path: str, scale=None):
-    h = _gemm0(cfg, rows, w1, b1, np.arange(cfg.ffn), path, scale)
+def _scaled(rows, weight, path: str):
+    """Token rows (n, H) as stored on the path times their routing weights (n, 1), in the path's
+    compute dtype, stored again as the path's GEMM operand (scale_before_expert)."""
+    return gemm_operand(to_path(rows * weight, path), path)
+
+
+def _expert_ffn(cfg: Config, rows, w1, b1, w2, b2, path: str):
+    h = _gemm0(cfg, rows, w1, b1, np.arange(cfg.ffn), path)
     return gemm_operand(h, path) @ w2 + b2
 
 
@@ -79,7 +80,8 @@ def dense(cfg: Config, w: Weights, routing: Routing, path: str = "float64") -> n
     """(P, T, H) output by the dense formula, grouped by expert."""
     dt = compute_dtype(path)
     p, t, k = routing.expert.shape
-    x = gemm_operand(to_path(w.x, path), path)  # the tokens are only ever a GEMM0 operand here
+    stored = to_path(w.x, path)
+    x = gemm_operand(stored, path)  # the tokens as GEMM0 reads them
     contrib = np.zeros((p, t, k + cfg.shared_experts, cfg.hidden), dt)
     for e in range(cfg.experts + cfg.shared_experts):
         if e < cfg.experts:
@@ -93,7 +95,7 @@ def dense(cfg: Config, w: Weights, routing: Routing, path: str = "float64") -> n
             continue
         operands = _expert_operands(cfg, w, e, path)
         if cfg.scale_before_expert and e < cfg.experts:
-            contrib[rr, tt, jj] = _expert_ffn(cfg, x[rr, tt], *operands, path, scale=weight)
+            contrib[rr, tt, jj] = _expert_ffn(cfg, _scaled(stored[rr, tt], weight, path), *operands, path)
         else:
             contrib[rr, tt, jj] = weight * _expert_ffn(cfg, x[rr, tt], *operands, path)
     return _ordered_sum(contrib)
@@ -109,7 +111,8 @@ def _task_columns(plan, lo: int, hi: int, kind: int) -> np.ndarray:
 def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarray:
     """(P, T, H) output by executing the tile plan rank by rank."""
     dt = compute_dtype(path)
-    x = gemm_operand(to_path(w.x, path), path)
+    stored = to_path(w.x, path)
+    x = gemm_operand(stored, path)
     k_all = cfg.top_k + cfg.shared_experts
     # each home rank keeps one float32/64 row per (token, choice): the combine target
     combine_buf = np.zeros((cfg.ranks, cfg.tokens, k_all, cfg.hidden), dt)
@@ -120,18 +123,20 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             e = int(plan.tile_expert[tile])
             chunks = [(int(plan.chunk_src[c]), plan.chunk_row_slice(c)) for c in plan.tile_chunks(tile)]
             # dispatch: each chunk's token rows come from its source rank into the tile's rows
-            # (scale_before_expert: a routed expert's rows with their weights, which scale GEMM0's rows)
-            a = np.concatenate([x[src, plan.row_token[rows]] for src, rows in chunks])
+            # (scale_before_expert: a routed expert's rows scaled by their weights on the way)
             prescale = cfg.scale_before_expert and e < cfg.experts
-            scale = np.concatenate([plan.row_weight[rows] for _, rows in chunks]).astype(dt)[:, None] \
-                if prescale else None
+            if prescale:
+                a = np.concatenate([_scaled(stored[src, plan.row_token[rows]],
+                                            plan.row_weight[rows].astype(dt)[:, None], path) for src, rows in chunks])
+            else:
+                a = np.concatenate([x[src, plan.row_token[rows]] for src, rows in chunks])
             if e not in cache:
                 cache[e] = _expert_operands(cfg, w, e, path)
             w1, b1, w2, b2 = cache[e]
             lo, hi = int(task_lo[tile]), int(task_lo[tile + 1])
             h = np.empty((a.shape[0], cfg.ffn), dt)
             cols0 = _task_columns(plan, lo, hi, tile_plan.GEMM0)
-            h[:, _columns(cols0, cfg.ffn)] = _gemm0(cfg, a, w1, b1, cols0, path, scale)
+            h[:, _columns(cols0, cfg.ffn)] = _gemm0(cfg, a, w1, b1, cols0, path)
             out = np.empty((a.shape[0], cfg.hidden), dt)
             cols1 = _columns(_task_columns(plan, lo, hi, tile_plan.GEMM1), cfg.hidden)
             out[:, cols1] = gemm_operand(h, path) @ w2[:, cols1] + b2[cols1]
