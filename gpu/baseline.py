@@ -24,6 +24,8 @@ import numpy as np
 from reference import Config, weights
 from reference.numerics import OAI_ALPHA
 
+from .runtime import logit_offset
+
 PRECISIONS = ("float32", "tf32", "bfloat16")
 GEMMS = ("grouped", "loop")
 
@@ -72,8 +74,7 @@ def reference_inputs(cfg: Config, rank: int, device="cpu"):
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
-    offset = cfg.skew * np.log1p(np.arange(cfg.experts, dtype=np.float64)) if cfg.skew else np.zeros(cfg.experts)
-    return SimpleNamespace(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(offset),
+    return SimpleNamespace(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
                            gate_bias=t(gate_bias.astype(np.float64)), router_bias=t(weights.router_bias(cfg)),
                            **{n: t(np.stack([ex[i] for ex in mine])) for i, n in enumerate(("w1", "b1", "w2", "b2"))})
 
@@ -102,9 +103,9 @@ def random_inputs(cfg: Config, rank: int, seed: int, device):
         return normal((n, h, n_in), h ** -0.5), bias((n, n_in)), normal((n, i, h), i ** -0.5), bias((n, h))
 
     w1, b1, w2, b2 = experts(cfg.local_experts)
-    offset = cfg.skew * np.log1p(np.arange(e, dtype=np.float64)) if cfg.skew else np.zeros(e)
     return SimpleNamespace(x=normal((cfg.tokens, h), 1.0), wg=normal((h, e), h ** -0.5, gate),
-                           logit_offset=torch.from_numpy(offset).to(device), gate_bias=normal((e,), 0.1, gate).double(),
+                           logit_offset=torch.from_numpy(logit_offset(cfg)).to(device),
+                           gate_bias=normal((e,), 0.1, gate).double(),
                            router_bias=normal((e,), 0.1, gate) if cfg.router_bias else torch.zeros(e, device=device),
                            w1=w1, b1=b1, w2=w2, b2=b2,
                            shared=experts(cfg.shared_experts) if cfg.shared_experts else None)
@@ -247,6 +248,7 @@ class TorchMoE:
         return torch.zeros(n, dtype=keys.dtype, device=keys.device).index_add_(0, keys, torch.ones_like(keys))
 
     def all_to_all(self, out, inp, out_splits=None, in_splits=None):
+        """all_to_all_single into `out` (a copy on one rank without a process group)."""
         import torch.distributed as dist
 
         if self.cfg.ranks == 1 and not dist.is_initialized():
