@@ -264,9 +264,10 @@ class TorchMoE:
 
         cfg = self.cfg
         y = torch.zeros(cfg.tokens, cfg.hidden, dtype=torch.float32, device=self.x.device)
-        w = weight.float() if not cfg.scale_before_expert else torch.ones_like(weight, dtype=torch.float32)
-        for j in range(cfg.top_k):  # fixed combine order: choice 0, 1, .., k-1
-            y += torch.where(kept[:, j, None], w[:, j, None] * rows[:, j].float(), 0.0)
+        w = weight if not cfg.scale_before_expert else torch.ones_like(weight)
+        w = torch.where(kept, w, 0.0).float()  # a dropped assignment's row (junk or zeros) weighs nothing
+        for j in range(cfg.top_k):  # fixed combine order: choice 0, 1, .., k-1; one pass each
+            y.addcmul_(rows[:, j], w[:, j, None])
         if self.shared is not None:
             out = self.shared.batched(self.x[None].expand(cfg.shared_experts, -1, -1))
             for s in range(cfg.shared_experts):
