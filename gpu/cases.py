@@ -325,9 +325,12 @@ def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torc
     if flashmoe:
         configs += [in_dtype(c.replace(ranks=p), dtype) for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]
                     if c.experts % p == 0]
+    # one point keeps torch profiler tables of its torch layers (in the run's summary.json): where
+    # their time goes on the fine-grained top-8 layer
+    profiled = "qwen3-30b-a3b-4k"
     cases = [{"name": f"matrix-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
-              "bench": True, "baselines": [baseline_precision(c)], "warmup": 3, "iters": 10, "trace": None}
-             for c in dict.fromkeys(configs)]
+              "bench": True, "baselines": [baseline_precision(c)], "warmup": 3, "iters": 10, "trace": None,
+              "profile": c.name.removesuffix("-twin") == profiled} for c in dict.fromkeys(configs)]
     if torch_models:  # the models the kernel runs as twins, in torch as they are
         for model in layers:
             for t in tokens:
