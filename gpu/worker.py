@@ -6,7 +6,8 @@ A case is a dict: name, config (Config fields), inputs ("reference": the referen
 inputs, or "random": drawn on the GPU), and what to do: "golden" (compare routing and output
 with reference.golden, small configs), "baseline" (compare with the torch layer), "telemetry"
 (run with telemetry on and off, compare, decode the trace), "bench" (time the kernel and the
-torch baselines), "profile" (a torch profiler table of one baseline call per dtype), "sit_out"
+torch baselines), "profile" (a torch profiler table of one baseline call per dtype), "ties" (the
+inputs' experts tied in pairs, cases.tie_experts, the golden's too), "sit_out"
 (this rank does not launch: the others must time out and raise), timeout_ms, "dispatch" (how
 the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), "staged_blocks"
 (its senders, layout.STAGED_BLOCKS by default), and "meta" (the
@@ -30,7 +31,7 @@ from reference import Config, golden, routing, weights
 
 from . import errors, telemetry
 from .baseline import TorchLayer
-from .cases import baseline_precision
+from .cases import baseline_precision, tie_experts
 from .layout import STAGED_BLOCKS
 from .runtime import Inputs, Layer, Session
 
@@ -57,12 +58,15 @@ def golden_path(cfg: Config) -> str:
     return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
 
 
-def check_golden(cfg: Config, ys: list, routes: list) -> dict:
+def check_golden(cfg: Config, ys: list, routes: list, ties: bool = False) -> dict:
     """Kernel routing and output of every rank against the reference's golden of its precision
     (the routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights);
-    where that golden is not float64, the output against float64 too (rel_err_float64)."""
+    where that golden is not float64, the output against float64 too (rel_err_float64). With
+    `ties`, of the inputs with tied experts (cases.tie_experts), as the kernel ran them."""
     w = weights.draw(cfg)
-    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    if ties:
+        tie_experts(cfg, w.wg, w.gate_bias, w.wg_bias)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     y_gold = golden.dense(cfg, w, r, golden_path(cfg))
     expert = np.stack([x["expert"] for x in routes])
     slot = np.stack([x["slot"] for x in routes])
@@ -192,6 +196,8 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     t0 = time.perf_counter()
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
+    if case.get("ties"):
+        tie_experts(cfg, inputs.wg, inputs.gate_bias, inputs.wg_bias)
     layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
                   dispatch=dispatch, staged_blocks=res["staged_blocks"])
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
@@ -212,7 +218,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         rt = layer.routing()
         ys, routes = zip(*_gather(session, (y, rt)))
         if case.get("golden") and session.rank == 0:
-            res.update(check_golden(cfg, list(ys), list(routes)))
+            res.update(check_golden(cfg, list(ys), list(routes), case.get("ties", False)))
         # determinism and telemetry: the same output bit for bit with telemetry on (ranks lined up
         # first, so that the trace shows the layer, not the host's skew between the ranks)
         layer.poison()
