@@ -212,6 +212,18 @@ def router_check_cases(p: int, seed: int) -> list[dict]:
              "ties": ties} for n, config, ties in todo if config["experts"] % p == 0]
 
 
+def moe_layer_cases(p: int, seed: int) -> list[dict]:
+    """gpu.MoELayer called three times with new tokens, each call against the golden: a Mixtral-style
+    router in float32 and in bf16, gpt-oss' router with its bias (moe-layer-NAME-pP)."""
+    base = dict(tokens=160, hidden=128, ffn=64, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed,
+                gate="softmax_topk_renorm")
+    todo = {"float32": {}, "bf16": dict(dtype="bfloat16", tile_k=64),
+            "gpt_oss_router": dict(ROUTERS["gpt_oss"], experts=8 * p, bias=False)}
+    return [{"name": f"moe-layer-{n}-p{p}", "config": {**base, **ch}, "calls": 3, "seed": seed}
+            for n, ch in todo.items()]
+
+
 def sit_out_case(p: int) -> dict:
     cfg = dict(tokens=256, hidden=128, ffn=256, experts=4 * p, top_k=2, ranks=p, tile_m=64, tile_n=32, tile_k=8)
     return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}
