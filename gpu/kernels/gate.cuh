@@ -210,8 +210,8 @@ __device__ __forceinline__ void combine_best(int& best, double& score) {
 
 // Group-limited top-k: the mask of the topk_group best of n_group groups of E / n_group experts, a
 // group scored by its best score (the sum of its best two for sigmoid_bias where groups have two,
-// DeepSeek-V3), a tie to the lower group. Every lane of the token ends with the same mask: the max and the best two of the
-// lanes' shares combine to the same values on each.
+// DeepSeek-V3), a tie to the lower group. Every lane of the token ends with the same mask: the max
+// and the best two of the lanes' shares combine to the same values on each.
 __device__ unsigned gate_groups(const Params& p, const double* z, int part) {
   const int G = (int)p.n_group, per = (int)(p.E / p.n_group);
   const bool two = p.gate_kind == GATE_SIGMOID_BIAS && per > 1;
@@ -241,7 +241,7 @@ __device__ unsigned gate_groups(const Params& p, const double* z, int part) {
     double best_score = 0.0;
     for (int g = 0; g < G; ++g)
       if (!(mask >> g & 1u)) keep_better(best, best_score, g, group_score[g]);
-    mask |= 1u << best;
+    if (best >= 0) mask |= 1u << best;  // none only for a lane past T, whose logits are not a token's
   }
   return mask;
 }
