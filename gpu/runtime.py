@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import Config, weights
-from reference.config import is_positive_int
+from reference.config import GATES, is_positive_int  # GATES: params.cuh GATE_* order
 from sim.trace import DISPATCH_PATHS
 
 from . import build, errors, layout, telemetry, tma
@@ -280,7 +280,7 @@ class Layer:
                 at += n
         self.buffers = b
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride,
-                     rank=session.rank, gate_kind=layout.GATES.index(cfg.gate),
+                     rank=session.rank, gate_kind=GATES.index(cfg.gate),
                      act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),

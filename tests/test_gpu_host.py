@@ -40,6 +40,15 @@ def test_every_router_runs_and_the_gate_limits_are_named():
     layout.check_supported(base.replace(gate="softmax_topk", n_group=32, topk_group=2))  # groups of two
 
 
+def test_gate_kinds_are_the_configs_routers_in_order():
+    """params.cuh's GATE_* values number reference.config.GATES in order (runtime passes the index)."""
+    from reference.config import GATES
+
+    text = (layout.KERNEL_DIR / "params.cuh").read_text()
+    kinds = {int(v): name for name, v in re.findall(r"GATE_([A-Z_]+) = (\d+)", text)}
+    assert [kinds[i].lower() for i in range(len(kinds))] == list(GATES)
+
+
 def test_tied_experts_score_alike():
     """cases.tie_experts gives expert E-1-e expert e's gate column and biases (e < E / 4), in place,
     so their logits tie for every token and the mirrored groups' scores do too."""
