@@ -43,7 +43,7 @@ class Estimate:
 
 
 def format_bytes(n: float) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
 
 
 def format_seconds(s: float) -> str:
