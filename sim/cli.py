@@ -141,8 +141,8 @@ def register(sub) -> None:
                    help="how the fused kernel moves dispatched rows where a block can reach the owner's memory: "
                         f"staged (the kernel's default: the peers' chunks stored by {STAGED_BLOCKS} blocks one after "
                         "another, local expert by local expert, this GPU's own by the rest), store (every chunk "
-                        "shared by up to 4 blocks at once), or put (each chunk packed and put by one block, the kernel's "
-                        "path where a peer is not reachable)")
+                        "shared by up to 4 blocks at once), or put (each chunk packed and put by one block, the "
+                        "kernel's path where a peer is not reachable)")
     p.add_argument("--staged-blocks", type=positive_int, default=STAGED_BLOCKS, metavar="N",
                    help=f"the processors that send the peers' chunks on the staged dispatch, 1 to the hardware's "
                         f"processor blocks but one (default: the kernel's {STAGED_BLOCKS})")
