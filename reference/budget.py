@@ -105,14 +105,16 @@ def available_bytes() -> float | None:
         return None
 
 
-def check(cfg: Config, job: str, go_on: bool = False, flag: str = "--long") -> Estimate:
-    """Refuse `job` on `cfg` past the free memory, or past LONG_S seconds unless `go_on`."""
+def check(cfg: Config, job: str, go_on: bool = False, flag: str | None = "--long") -> Estimate:
+    """Refuse `job` on `cfg` past the free memory, or past LONG_S seconds unless `go_on` (`flag`
+    names the option that sets it; None where there is none, as in the app)."""
     est = estimate(cfg, job)
     free = available_bytes()
     if free is not None and est.bytes > free:
         raise BudgetError(f"config {cfg.name!r} is too large for this machine: {job} needs {est.text()}, "
                           f"{format_bytes(free)} is free; reduce tokens, ranks, experts, hidden or ffn")
     if est.seconds > LONG_S and not go_on:
+        go = f"pass {flag} to go on, or " if flag else ""
         raise BudgetError(f"config {cfg.name!r}: {job} would take {est.text()} on a 2-core machine; "
-                          f"pass {flag} to go on, or reduce tokens, ranks, experts, hidden or ffn")
+                          f"{go}reduce tokens, ranks, experts, hidden or ffn")
     return est
