@@ -19,7 +19,7 @@ def add_config_args(p: argparse.ArgumentParser, default: str = presets.DEFAULT) 
     """--config NAME|FILE, --gpus N and --set FIELD=VALUE, shared by every subcommand."""
     p.add_argument("--config", default=default,
                    help=f"a preset name (see `moelab configs`) or a .toml/.json file (default: {default})")
-    p.add_argument("--gpus", type=int, metavar="N", help="override the number of ranks (GPUs)")
+    p.add_argument("--gpus", type=positive_int, metavar="N", help="override the number of ranks (GPUs)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set tokens=1024 (repeatable); fields: "
                         + ", ".join(field_names()))
@@ -59,6 +59,28 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a whole number of at least 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a whole number of at least 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not finite_number(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a finite number > 0")
     return value
 
 
