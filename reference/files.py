@@ -87,9 +87,10 @@ def load_npz(path, expected: str, required: tuple[str, ...] = ()) -> dict[str, n
     if path.stat().st_size == 0:
         raise FileError(path, "is empty", expected)
     try:
-        with np.load(path, allow_pickle=False) as f:
-            if not hasattr(f, "files"):
-                raise FileError(path, "is a single .npy array, not an .npz archive", expected)
+        f = np.load(path, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise FileError(path, "is a single .npy array, not an .npz archive", expected)
+        with f:
             data = {k: f[k] for k in f.files}
     except FileError:
         raise

@@ -347,7 +347,7 @@ def from_dict(d: dict, origin: str = "calibration") -> Hardware:
             raise HardwareError(missing[0], None, f"present in {origin} (or give \"base\": a preset to "
                                                   "start from: " + ", ".join(PRESETS) + ")")
         return Hardware(**d, sources={f: sources.get(f, origin) for f in field_names()}, dtypes=dtypes)
-    if base_name not in PRESETS:
+    if not isinstance(base_name, str) or base_name not in PRESETS:
         raise HardwareError("base", base_name, "one of " + ", ".join(PRESETS))
     base = PRESETS[base_name]
     merged = {**base.sources, **{f: sources.get(f, origin) for f in d}}
