@@ -23,8 +23,14 @@ NORMALS_PER_S = 3e7  # seeded float32 draws (reference.weights)
 GATE_FLOPS_PER_S = 3e9  # the float64 gate projection (a skinny GEMM: E columns)
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
 ROUTE_NS_PER_SCORE = 40.0  # softmax, top-k and slot assignment, per (token, expert) score
-SIM_US_PER_TASK = 25.0  # the SimPy model, per GEMM or combine task (events, trace rows)
-SIM_BYTES_PER_TASK = 3000  # trace rows as Python tuples, SimPy events and the kernel's tables
+ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
+# SimPy events of a fused run: per task, and per pair of GPUs (chunks, signals and links between
+# every two; fitted on tiny at 4, 16 and 64 GPUs: 5.4k, 6.3k and 107k events)
+SIM_EVENTS_PER_TASK = 0.16
+SIM_EVENTS_PER_GPU_PAIR = 27.0
+SIM_US_PER_EVENT = 100.0  # 75-130 us an event (the model's Python, trace rows)
+SIM_BYTES_PER_EVENT = 1000  # SimPy events and processes, trace rows as Python tuples
+SIM_BYTES_PER_TASK = 200  # the kernel model's tables
 PATHS_DENSE = 4  # golden's dense paths: float64, float32, bfloat16, tf32 (reference.numerics.PATHS)
 
 
@@ -70,7 +76,8 @@ def estimate(cfg: Config, job: str) -> Estimate:
     scores = n_tok * e
     # routing: float32 tokens and their float64 copy, a few float64 (token, expert) tables, the plan
     route_bytes = n_tok * h * 12 + scores * 8 * 4 + n_tok * cfg.top_k * 48
-    route_s = n_tok * h / NORMALS_PER_S + 2 * n_tok * h * e / GATE_FLOPS_PER_S + scores * ROUTE_NS_PER_SCORE * 1e-9
+    route_s = (n_tok * h / NORMALS_PER_S + 2 * n_tok * h * e / GATE_FLOPS_PER_S + scores * ROUTE_NS_PER_SCORE * 1e-9
+               + cfg.ranks * ROUTE_S_PER_RANK)
     tasks = _tasks(cfg)
     if job == "route":
         return Estimate(job, route_bytes + tasks * 64, route_s)
@@ -82,8 +89,10 @@ def estimate(cfg: Config, job: str) -> Estimate:
         flops = 2 * rows * (h * w_in + cfg.ffn * h) * (PATHS_DENSE + 1)
         held = weights + route_bytes + n_tok * h * (8 + 8 * (cfg.top_k + cfg.shared_experts) + 8 + 4 * 3)
         return Estimate(job, held, route_s + n_exp * h * (w_in + cfg.ffn) / NORMALS_PER_S + flops / GEMM_FLOPS_PER_S)
-    # a second pass where stores meet at a port: twice the tasks' time at most
-    one = Estimate(job, route_bytes + tasks * SIM_BYTES_PER_TASK, route_s + 2 * tasks * SIM_US_PER_TASK * 1e-6)
+    events = SIM_EVENTS_PER_TASK * tasks + SIM_EVENTS_PER_GPU_PAIR * cfg.ranks ** 2
+    # a second pass where stores meet at a port: twice the events at most
+    one = Estimate(job, route_bytes + tasks * SIM_BYTES_PER_TASK + events * SIM_BYTES_PER_EVENT,
+                   route_s + 2 * events * SIM_US_PER_EVENT * 1e-6)
     if cfg.ranks > 2 and cfg.experts % 2 == 0:  # `moelab sim` adds the 2-GPU run of the layer
         two = estimate(cfg.replace(ranks=2, gpus_per_node=2), job)
         return Estimate(job, max(one.bytes, two.bytes), one.seconds + two.seconds)
