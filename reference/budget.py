@@ -24,11 +24,12 @@ GATE_FLOPS_PER_S = 3e9  # the float64 gate projection (a skinny GEMM: E columns)
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
 ROUTE_NS_PER_SCORE = 40.0  # softmax, top-k and slot assignment, per (token, expert) score
 ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
-# SimPy events of a fused run: per task, and per pair of GPUs (chunks, signals and links between
-# every two; fitted on tiny at 4, 16 and 64 GPUs: 5.4k, 6.3k and 107k events)
-SIM_EVENTS_PER_TASK = 0.16
-SIM_EVENTS_PER_GPU_PAIR = 27.0
-SIM_US_PER_EVENT = 100.0  # 75-130 us an event (the model's Python, trace rows)
+# SimPy events of a fused run, per chunk moved: 8-10 on one node, 20-29 across nodes (proxies,
+# fences), measured on tiny at 2, 16 and 64 GPUs, flashmoe, and the node sweep at 4 and 16 nodes
+SIM_EVENTS_PER_CHUNK = 10.0
+SIM_EVENTS_PER_NETWORK_CHUNK = 30.0
+SIM_US_PER_EVENT = 120.0  # 75-185 us an event on a busy 2-core VM (the model's Python, trace rows)
+SIM_PASSES = 1.25  # a second pass where stores meet at a port, in some runs
 SIM_BYTES_PER_EVENT = 1000  # SimPy events and processes, trace rows as Python tuples
 SIM_BYTES_PER_TASK = 200  # the kernel model's tables
 PATHS_DENSE = 4  # golden's dense paths: float64, float32, bfloat16, tf32 (reference.numerics.PATHS)
@@ -56,8 +57,9 @@ def format_seconds(s: float) -> str:
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{max(s, 0.1):.1f} s"
 
 
-def _tasks(cfg: Config) -> float:
-    """An upper bound on the tile plan's tasks: every kept row's tiles and their column blocks."""
+def _work(cfg: Config) -> tuple[float, float]:
+    """Upper bounds on the tile plan's tasks (every kept row's tiles, their column blocks and
+    combines) and chunks."""
     n_tok = cfg.ranks * cfg.tokens
     rows = min(n_tok * cfg.top_k, cfg.experts * cfg.ranks * cfg.slots)
     blocks = cfg.ranks if not cfg.merge_sources else 1
@@ -65,7 +67,7 @@ def _tasks(cfg: Config) -> float:
         math.ceil(cfg.tokens / cfg.tile_m)
     # a combine per chunk: a tile's rows of one source; at most one more per (source, expert) block
     chunks = min(tiles + cfg.ranks * cfg.experts, rows + tiles)
-    return tiles * (math.ceil(cfg.ffn / cfg.tile_n) + math.ceil(cfg.hidden / cfg.tile_n)) + chunks
+    return tiles * (math.ceil(cfg.ffn / cfg.tile_n) + math.ceil(cfg.hidden / cfg.tile_n)) + chunks, chunks
 
 
 def estimate(cfg: Config, job: str) -> Estimate:
@@ -78,7 +80,7 @@ def estimate(cfg: Config, job: str) -> Estimate:
     route_bytes = n_tok * h * 12 + scores * 8 * 4 + n_tok * cfg.top_k * 48
     route_s = (n_tok * h / NORMALS_PER_S + 2 * n_tok * h * e / GATE_FLOPS_PER_S + scores * ROUTE_NS_PER_SCORE * 1e-9
                + cfg.ranks * ROUTE_S_PER_RANK)
-    tasks = _tasks(cfg)
+    tasks, _ = _work(cfg)
     if job == "route":
         return Estimate(job, route_bytes + tasks * 64, route_s)
     n_exp = e + cfg.shared_experts
@@ -89,14 +91,19 @@ def estimate(cfg: Config, job: str) -> Estimate:
         flops = 2 * rows * (h * w_in + cfg.ffn * h) * (PATHS_DENSE + 1)
         held = weights + route_bytes + n_tok * h * (8 + 8 * (cfg.top_k + cfg.shared_experts) + 8 + 4 * 3)
         return Estimate(job, held, route_s + n_exp * h * (w_in + cfg.ffn) / NORMALS_PER_S + flops / GEMM_FLOPS_PER_S)
-    events = SIM_EVENTS_PER_TASK * tasks + SIM_EVENTS_PER_GPU_PAIR * cfg.ranks ** 2
-    # a second pass where stores meet at a port: twice the events at most
-    one = Estimate(job, route_bytes + tasks * SIM_BYTES_PER_TASK + events * SIM_BYTES_PER_EVENT,
-                   route_s + 2 * events * SIM_US_PER_EVENT * 1e-6)
+    one = simulation(cfg)
     if cfg.ranks > 2 and cfg.experts % 2 == 0:  # `moelab sim` adds the 2-GPU run of the layer
-        two = estimate(cfg.replace(ranks=2, gpus_per_node=2), job)
+        two = simulation(cfg.replace(ranks=2, gpus_per_node=2))
         return Estimate(job, max(one.bytes, two.bytes), one.seconds + two.seconds)
     return one
+
+
+def simulation(cfg: Config) -> Estimate:
+    """One simulated layer call of `cfg`, its routing and tile plan included."""
+    route, (tasks, chunks) = estimate(cfg, "route"), _work(cfg)
+    events = chunks * (SIM_EVENTS_PER_NETWORK_CHUNK if cfg.nodes > 1 else SIM_EVENTS_PER_CHUNK)
+    return Estimate("sim", route.bytes + tasks * SIM_BYTES_PER_TASK + events * SIM_BYTES_PER_EVENT,
+                    route.seconds + SIM_PASSES * events * SIM_US_PER_EVENT * 1e-6)
 
 
 def available_bytes() -> float | None:

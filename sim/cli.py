@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from reference import budget
+from reference import budget, presets
 from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending, positive_int
 from reference.files import check_output
 
@@ -97,6 +97,15 @@ def _sweep(args) -> int:
     from . import sweeps
 
     progress = Progress(not args.quiet)
+    runs = []  # (config, simulations of it) of the sweeps asked for
+    if args.sweep in ("fused", "all"):
+        runs += [(c, 2) for points in presets.SWEEPS.values() for c in points]  # fused and baseline
+    if args.sweep in ("nodes", "all"):
+        runs += [(sweeps.with_nodes(sweeps.COMM_BOUND.replace(ranks=n * sweeps.GPUS_PER_NODE,
+                                                              gpus_per_node=sweeps.GPUS_PER_NODE), n),
+                  len(TRANSPORTS)) for n in sweeps.NODES]
+    seconds = sum(budget.simulation(c).seconds * k for c, k in runs)
+    progress(f"sweep {args.sweep}: {sum(k for _, k in runs)} simulations, about {budget.format_seconds(seconds)}")
     out = {}
     if args.sweep in ("fused", "all"):
         out["fused_vs_baseline"] = sweeps.fused_vs_baseline(hardware=args.hardware, progress=progress)
