@@ -321,14 +321,26 @@ MATRIX_TOKENS = (1024, 4096, 16384)  # tokens per GPU of the zoo's layers
 MATRIX_DTYPES = ("bfloat16", "tf32x3")
 
 
+# what a kernel twin changes for each field the kernel refuses (gpu.layout.check_supported)
+TWIN_CHANGES = {"activation": dict(activation="silu"), "shared_experts": dict(shared_experts=0),
+                "scale_before_expert": dict(scale_before_expert=False), "n_group": dict(n_group=1, topk_group=1)}
+
+
 def kernel_twin(cfg: Config) -> Config:
-    """The layer with what the kernel does not compute yet taken out, named NAME-twin: a non-gated
-    SiLU for a gated activation, no shared experts, the gate's plain top-k (no logit bias, groups,
-    routed scaling or scaling before the expert; Llama 4's sigmoid_topk as topk_softmax)."""
-    gate = cfg.gate if cfg.gate in layout.GATES else "topk_softmax"
-    return cfg.replace(name=f"{cfg.name}-twin", activation="silu" if cfg.gated else cfg.activation, shared_experts=0,
-                       router_bias=False, n_group=1, topk_group=1, routed_scaling=1.0, scale_before_expert=False,
-                       gate=gate)
+    """The layer with what the kernel does not compute yet taken out, field by field as
+    gpu.layout.check_supported names them (TWIN_CHANGES: a non-gated SiLU for a gated activation,
+    no shared experts, ...), named NAME-twin; a refusal it has no change for is left for the
+    caller to report."""
+    twin = cfg
+    for _ in range(len(TWIN_CHANGES)):
+        try:
+            layout.check_supported(twin)
+            break
+        except layout.UnsupportedConfig as e:
+            if e.field not in TWIN_CHANGES:
+                break
+            twin = twin.replace(**TWIN_CHANGES[e.field])
+    return twin.replace(name=f"{cfg.name}-twin")
 
 
 def zoo_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
