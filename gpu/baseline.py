@@ -63,7 +63,7 @@ def shared_experts(cfg: Config, device) -> tuple | None:
 
 def reference_inputs(cfg: Config, rank: int, device="cpu"):
     """The reference's seeded inputs of `rank` on any device, as gpu.runtime.Inputs names them, and
-    the gate's logit bias as router_bias (float32; the layers cast them to their precision)."""
+    the gate's logit bias as wg_bias (float32; the layers cast them to their precision)."""
     from types import SimpleNamespace
 
     import torch
@@ -75,7 +75,7 @@ def reference_inputs(cfg: Config, rank: int, device="cpu"):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
     return SimpleNamespace(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
-                           gate_bias=t(gate_bias.astype(np.float64)), router_bias=t(weights.router_bias(cfg)),
+                           gate_bias=t(gate_bias.astype(np.float64)), wg_bias=t(weights.router_bias(cfg)),
                            **{n: t(np.stack([ex[i] for ex in mine])) for i, n in enumerate(("w1", "b1", "w2", "b2"))})
 
 
@@ -106,7 +106,7 @@ def random_inputs(cfg: Config, rank: int, seed: int, device):
     return SimpleNamespace(x=normal((cfg.tokens, h), 1.0), wg=normal((h, e), h ** -0.5, gate),
                            logit_offset=torch.from_numpy(logit_offset(cfg)).to(device),
                            gate_bias=normal((e,), 0.1, gate).double(),
-                           router_bias=normal((e,), 0.1, gate) if cfg.router_bias else torch.zeros(e, device=device),
+                           wg_bias=normal((e,), 0.1, gate) if cfg.router_bias else torch.zeros(e, device=device),
                            w1=w1, b1=b1, w2=w2, b2=b2,
                            shared=experts(cfg.shared_experts) if cfg.shared_experts else None)
 
@@ -173,8 +173,8 @@ class TorchMoE:
         self.x64 = self.x.double()
         self.wg64 = inputs.wg.to(self.dt).double()
         self.offset, self.gate_bias = inputs.logit_offset, inputs.gate_bias
-        # the gate's logit bias (router_bias): the inputs' where they carry one, else the reference's
-        bias = getattr(inputs, "router_bias", None)
+        # the gate's logit bias (with router_bias): the inputs' where they carry one, else the reference's
+        bias = getattr(inputs, "wg_bias", None)
         if cfg.router_bias and bias is None:
             bias = torch.from_numpy(weights.router_bias(cfg)).to(self.x.device)
         self.router_bias = bias.to(self.dt).double() if cfg.router_bias else None
