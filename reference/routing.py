@@ -18,6 +18,7 @@ The rules, fixed so that the simulator and the kernel can reproduce them exactly
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,11 +101,11 @@ def assign_slots(cfg: Config, top: np.ndarray) -> np.ndarray:
     return position.reshape(k, t).T.astype(np.int32)
 
 
-def route(cfg: Config, x: np.ndarray, wg: np.ndarray, gate_bias: np.ndarray) -> Routing:
-    """Route the (P, T, H) tokens of every rank."""
+def route(cfg: Config, x: Iterable[np.ndarray], wg: np.ndarray, gate_bias: np.ndarray) -> Routing:
+    """Route the (P, T, H) tokens of every rank: an array, or the ranks' (T, H) one after another."""
     experts, weights, slots = [], [], []
-    for r in range(cfg.ranks):
-        top, w = select(cfg, logits(cfg, x[r], wg), gate_bias)
+    for xr in x:
+        top, w = select(cfg, logits(cfg, xr, wg), gate_bias)
         experts.append(top)
         weights.append(w)
         slots.append(assign_slots(cfg, top))
