@@ -53,12 +53,13 @@ class Nic:
         self.env, self.hw, self.rank, self.node, self.rec = env, hw, rank, node, rec
         # the NIC reads GPU memory over PCIe (GPUDirect RDMA): the slower of the two bounds it
         self.link = SharedLink(env, min(hw.nic_gbps, hw.pcie_gbps))
-        self.inflight: dict[int, list[simpy.Event]] = {}  # per peer: completions not yet seen
+        # per peer, in posting order: the completions not yet seen (a write leaves as it completes)
+        self.inflight: dict[int, dict[simpy.Event, None]] = {}
 
     def write(self, peer: int, tile: int, nbytes: int, expert: int) -> simpy.Event:
         """Post an RDMA write; the event is its completion (the sender's view)."""
         done = self.env.event()
-        self.inflight.setdefault(peer, []).append(done)
+        self.inflight.setdefault(peer, {})[done] = None
         self.env.process(self._write(peer, tile, nbytes, expert, done))
         return done
 
@@ -68,12 +69,11 @@ class Nic:
         yield self.env.timeout(self.hw.nic_latency_ns)
         self.rec.add(self.rank, self.node, 0, "nic", "put", posted, self.env.now, expert, tile, peer, nbytes)
         yield self.env.timeout(self.hw.nic_latency_ns)
+        del self.inflight[peer][done]
         done.succeed()
 
     def pending(self, peer: int | None = None) -> list[simpy.Event]:
         """Writes (to `peer`, or to anyone) posted so far that have not completed."""
-        for p in list(self.inflight):
-            self.inflight[p] = [e for e in self.inflight[p] if not e.triggered]
         if peer is not None:
             return list(self.inflight.get(peer, ()))
         return [e for p in sorted(self.inflight) for e in self.inflight[p]]
