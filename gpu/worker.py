@@ -62,7 +62,7 @@ def check_golden(cfg: Config, ys: list, routes: list) -> dict:
     (the routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights);
     where that golden is not float64, the output against float64 too (rel_err_float64)."""
     w = weights.draw(cfg)
-    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     y_gold = golden.dense(cfg, w, r, golden_path(cfg))
     expert = np.stack([x["expert"] for x in routes])
     slot = np.stack([x["slot"] for x in routes])

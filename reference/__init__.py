@@ -16,7 +16,8 @@ def route_config(cfg: Config) -> Routing:
     rank's tokens are drawn, routed and dropped in turn (all of them at once outgrow the memory at
     cluster scale: 512 GPUs of 4096 x 2048 float32 tokens are 17 GB)."""
     wg, gate_bias = weights.gate(cfg)
-    return routing.route(cfg, (weights.tokens(cfg, r) for r in range(cfg.ranks)), wg, gate_bias)
+    return routing.route(cfg, (weights.tokens(cfg, r) for r in range(cfg.ranks)), wg, gate_bias,
+                         weights.router_bias(cfg))
 
 
 def plan_of(cfg: Config) -> TilePlan:

@@ -1,7 +1,7 @@
 """The two papers' stories as tables (lists of dicts), for `moelab sim --sweep`, the app and docs.
 
 - `fused_vs_baseline`: FlashMoE's comparison, the fused kernel against the bulk-synchronous
-  baseline over the paper's expert, token and GPU sweeps (`reference.presets.SWEEPS`), with
+  baseline over the paper's expert, token and GPU sweeps (`reference.presets.PAPER_SWEEPS`), with
   overlap efficiency T(2) / T(N) on the GPU sweep.
 - `multinode`: Perseus' story, latency vs nodes for every transport on a communication-bound
   config (many small experts, k = 8), with fences, signals and proxy stalls per layer;
@@ -65,10 +65,11 @@ def fused_vs_baseline(sweeps: dict[str, list[Config]] | None = None, hardware: s
     """One row per sweep point: fused and baseline latency, speedup, SM utilization; the points run
     in parallel (in_parallel)."""
     rows = []
-    points = [(sweep, cfg) for sweep, cfgs in (sweeps or presets.SWEEPS).items() for cfg in cfgs]
+    sweeps = sweeps or {k: presets.SWEEPS[k] for k in presets.PAPER_SWEEPS}
+    points = [(sweep, cfg) for sweep, cfgs in sweeps.items() for cfg in cfgs]
     runs = dict(zip(points, in_parallel(_fused_and_baseline, [(cfg, hardware) for _, cfg in points], workers,
                                         progress, [f"{sweep}: {cfg.name}" for sweep, cfg in points])))
-    for sweep, cfgs in (sweeps or presets.SWEEPS).items():
+    for sweep, cfgs in sweeps.items():
         two = {}
         for cfg in cfgs:
             fused, base = runs[sweep, cfg]
