@@ -28,6 +28,11 @@ from .network import TRANSPORTS
 COMM_BOUND = presets.get("perseus-comm").replace(name="perseus-comm-256-bf16", tokens=256, dtype="bfloat16")
 NODES = (1, 2, 4, 8, 16)
 GPUS_PER_NODE = 8
+# Perseus' models (its evaluation: Qwen3-30B, GPT-OSS-120B and DeepSeek-V3 on 8 to 64 GPUs): the zoo's
+# layers (reference.presets.ZOO, bf16, nothing dropped) at PERSEUS_TOKENS tokens per GPU on nodes of 8
+PERSEUS_MODELS = ("qwen3-30b-a3b", "gpt-oss-120b", "deepseek-v3")
+PERSEUS_GPUS = (8, 16, 32, 64)
+PERSEUS_TOKENS = 256
 
 
 def _quiet(_: str) -> None:
@@ -116,6 +121,13 @@ def multinode(cfg: Config = COMM_BOUND, nodes: Iterable[int] = NODES, gpus_per_n
     for i, row in zip(order, done):
         rows[i] = row
     return rows
+
+
+def perseus_layer(model: str, gpus: int, tokens: int = PERSEUS_TOKENS) -> Config:
+    """`model`'s zoo layer on `gpus` GPUs in nodes of GPUS_PER_NODE, `tokens` a GPU (PERSEUS_MODELS)."""
+    cfg = presets.ZOO[model].replace(name=f"{model}-{gpus}gpu-{tokens}", tokens=tokens, ranks=gpus,
+                                     gpus_per_node=GPUS_PER_NODE)
+    return with_nodes(cfg, max(1, gpus // GPUS_PER_NODE))
 
 
 def latency_table(rows: list[dict]) -> list[dict]:
