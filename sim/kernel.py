@@ -96,7 +96,7 @@ class TilePhases:
         tile, kind = plan.task_tile[order], plan.task_kind[order]
         cut = np.flatnonzero((np.diff(tile) != 0) | (np.diff(kind) != 0)) + 1
         n_tiles, n_chunks = plan.tile_expert.size, plan.chunk_tile.size
-        self.tasks: list[dict[int, np.ndarray]] = [{} for _ in range(n_tiles)]
+        self.tasks: list[dict[int, list[int]]] = [{} for _ in range(n_tiles)]
         for group in np.split(order, cut):
             if group.size:
                 self.tasks[int(plan.task_tile[group[0]])][int(plan.task_kind[group[0]])] = group.tolist()
