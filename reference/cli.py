@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -12,6 +13,7 @@ import numpy as np
 from . import golden, hf, plan, presets, routing, weights
 from .config import Config, ConfigError, field_names, to_toml
 from .numerics import PATHS
+from .weights import ffn_in_width
 
 
 def add_config_args(p: argparse.ArgumentParser, default: str = presets.DEFAULT) -> None:
@@ -128,8 +130,27 @@ def format_table(head, rows) -> str:
     return "\n".join(lines)
 
 
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, where the OS says."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def compute(cfg: Config, progress: Progress, paths=PATHS) -> dict:
     """Inputs, weights, routing, plan and outputs of `cfg` on each precision path."""
+    # the drawn arrays, then on a float64 path the tokens, one row per (token, choice) and an expert's operands
+    expert = cfg.hidden * 2 * ffn_in_width(cfg) + cfg.ffn * cfg.hidden
+    need = weights.draw_bytes(cfg) + 8 * (cfg.ranks * cfg.tokens * cfg.hidden * (2 + cfg.top_k + cfg.shared_experts)
+                                          + expert)
+    have = _memory_bytes()
+    if have is not None and need > have:
+        raise ConfigError("experts", cfg.experts,
+                          f"few enough that the golden's inputs and weights fit this machine: {cfg.experts} + "
+                          f"{cfg.shared_experts} experts of {cfg.hidden} x {cfg.ffn} and {cfg.ranks} x {cfg.tokens} "
+                          f"tokens need {need / 2**30:.1f} GiB of its {have / 2**30:.0f} GiB "
+                          "(try --set experts=.., hidden=.., ffn=.. or fewer tokens)")
     progress(f"drawing inputs and weights ({cfg.experts + cfg.shared_experts} experts, "
              f"{cfg.ranks} x {cfg.tokens} tokens)")
     w = weights.draw(cfg)
