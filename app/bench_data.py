@@ -4,12 +4,13 @@ weights' roofline and each point's layer roofline are sim.metrics'."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from benchmarks.bench_gpu import TABLE_HEAD, ceilings_of, table_rows
 from reference import Config
+from reference.files import FileError, read_json
 from sim import metrics
+from sim.compare import read_summary
 
 from .compare_data import measurements_dir
 
@@ -20,17 +21,16 @@ def summaries(folder: Path | None = None) -> list[Path]:
     out = []
     for path in sorted(((folder or measurements_dir()) / "gpu").glob("*.json")):
         try:
-            d = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(d, dict) and "meta" in d and any("kernel_ms" in r for r in d.get("results", [])
-                                                       if isinstance(r, dict)):
+            d = read_summary(path)
+        except FileError:
+            continue  # another kind of JSON (experiments, microbenchmarks): not a summary
+        if any("kernel_ms" in r for r in d["results"]):
             out.append(path)
     return out
 
 
 def load(path: Path) -> tuple[dict, list[dict]]:
-    d = json.loads(Path(path).read_text())
+    d = read_summary(path)
     return d["meta"], d["results"]
 
 
@@ -39,7 +39,7 @@ def stream_gbps(gpu: str, folder: Path | None = None) -> float | None:
     the rate for runs from before the benchmark measured its GPU's memory; None where none was."""
     rates = []
     for path in ((folder or measurements_dir()) / "gpu").glob("*weight-stream.json"):
-        d = json.loads(path.read_text())
+        d = read_json(path, "benchmarks/weight_stream.py's result: an object with \"gpu\" and \"variants\"")
         if d.get("gpu") == gpu:
             rates += [v["weight_gbps"] for v in d.get("variants", [])]
     return max(rates) if rates else None

@@ -4,6 +4,7 @@
     python benchmarks/bench_gpu.py --gpus 1 2 --suite bench --dtypes bfloat16 float32 --untraced float32
     python benchmarks/bench_gpu.py --gpus 1 2 --suite checks bench --dtypes tf32
     python benchmarks/bench_gpu.py --gpus 1 --suite bench --dtypes bfloat16 --tile 128x256x64
+    python benchmarks/bench_gpu.py --gpus 4 2 1 --suite matrix --dtypes bfloat16 tf32x3 --estimate
 
 `checks`: small configs against the float64 golden (fresh seeds, skewed routing, all tokens to one
 expert, capacity dropping, T not a multiple of tile_m, E = P and E = 8P, every gate and
@@ -20,7 +21,13 @@ tf32x3's is float32's, the ceiling of its dtype at its accuracy. The memory's ra
 too (torch copy and sum), and each point gets the GEMM phase's best share of the ceiling where
 every expert weight has to come from memory once (weights_bound): the roofline the GEMM phase's
 bar meets on layers of few rows per expert; `GEMM phase % roofline` is the phase's share of the
-lesser of that bound and the ceiling (roofline_share).
+lesser of that bound and the ceiling (roofline_share). Every point is timed beside the torch
+layers of gpu/baseline.py (dropless with a grouped GEMM and with one matmul per expert, padded) and
+set against its roofline (sim.metrics.layer_roofline, at the measured ceiling, memory rate and
+NVLink rate of GPU 0 to its peers). `matrix`: the zoo's models (their kernel twins where the kernel
+lacks what they need, and the models in torch alone) at --tokens per GPU and FlashMoE's sweeps;
+--estimate lists its points, the skipped ones with the reason, and a guess of its time, without a
+GPU; --compact writes the run as one small JSON and its table.
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -202,7 +209,7 @@ def run_meta(args_line: str) -> dict:
             "nvcc": (out(["nvcc", "--version"]).splitlines() or ["unknown"])[-1]}
 
 
-# the matrix's guess of a run's time (matrix_seconds), from each point's roofline at the H100's
+# the matrix's guess of a run's time (matrix_point_seconds, matrix_plan), from each point's roofline at the H100's
 # datasheet rates: the kernel at KERNEL_OVER_ROOFLINE times it, the torch layers at TORCH_OVER_ROOFLINE
 # times it plus TORCH_FIXED_MS (the host's read of the counts, the launches), the per-expert loop
 # LOOP_MS_PER_EXPERT more an expert; POINT_SECONDS to set a point up, SPAWN_SECONDS (and
@@ -342,7 +349,7 @@ def roofline(r: dict, ceilings: dict[str, float], gbps: float | None, nvlink: fl
 def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None,
                nvlink: float | None = None) -> list[tuple]:
     """One row (TABLE_HEAD) per bench point: the kernel against the torch layers of its own dtype
-    (dropless, padded, dropless with one matmul per expert; `speedup` over the dropless one), its
+    (dropless, padded, dropless with one matmul per expert; `speedup` over the faster dropless one), its
     roofline (roofline(), at the memory rate `gbps` and NVLink rate `nvlink`; blank without) and the
     kernel's time over it, its rate as a share of that dtype's ceiling, the GEMM phase's rate (GEMM
     FLOPs over the GEMM task time per processor block, from telemetry) as a share of it, the most

@@ -24,6 +24,8 @@ import numpy as np
 from reference import Config, weights
 from reference.numerics import OAI_ALPHA
 
+from .runtime import logit_offset
+
 PRECISIONS = ("float32", "tf32", "bfloat16")
 GEMMS = ("grouped", "loop")
 
@@ -61,7 +63,7 @@ def shared_experts(cfg: Config, device) -> tuple | None:
 
 def reference_inputs(cfg: Config, rank: int, device="cpu"):
     """The reference's seeded inputs of `rank` on any device, as gpu.runtime.Inputs names them, and
-    the gate's logit bias as router_bias (float32; the layers cast them to their precision)."""
+    the gate's logit bias as wg_bias (float32; the layers cast them to their precision)."""
     from types import SimpleNamespace
 
     import torch
@@ -72,9 +74,8 @@ def reference_inputs(cfg: Config, rank: int, device="cpu"):
     def t(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
-    offset = cfg.skew * np.log1p(np.arange(cfg.experts, dtype=np.float64)) if cfg.skew else np.zeros(cfg.experts)
-    return SimpleNamespace(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(offset),
-                           gate_bias=t(gate_bias.astype(np.float64)), router_bias=t(weights.router_bias(cfg)),
+    return SimpleNamespace(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
+                           gate_bias=t(gate_bias.astype(np.float64)), wg_bias=t(weights.router_bias(cfg)),
                            **{n: t(np.stack([ex[i] for ex in mine])) for i, n in enumerate(("w1", "b1", "w2", "b2"))})
 
 
@@ -102,10 +103,10 @@ def random_inputs(cfg: Config, rank: int, seed: int, device):
         return normal((n, h, n_in), h ** -0.5), bias((n, n_in)), normal((n, i, h), i ** -0.5), bias((n, h))
 
     w1, b1, w2, b2 = experts(cfg.local_experts)
-    offset = cfg.skew * np.log1p(np.arange(e, dtype=np.float64)) if cfg.skew else np.zeros(e)
     return SimpleNamespace(x=normal((cfg.tokens, h), 1.0), wg=normal((h, e), h ** -0.5, gate),
-                           logit_offset=torch.from_numpy(offset).to(device), gate_bias=normal((e,), 0.1, gate).double(),
-                           router_bias=normal((e,), 0.1, gate) if cfg.router_bias else torch.zeros(e, device=device),
+                           logit_offset=torch.from_numpy(logit_offset(cfg)).to(device),
+                           gate_bias=normal((e,), 0.1, gate).double(),
+                           wg_bias=normal((e,), 0.1, gate) if cfg.router_bias else torch.zeros(e, device=device),
                            w1=w1, b1=b1, w2=w2, b2=b2,
                            shared=experts(cfg.shared_experts) if cfg.shared_experts else None)
 
@@ -172,8 +173,8 @@ class TorchMoE:
         self.x64 = self.x.double()
         self.wg64 = inputs.wg.to(self.dt).double()
         self.offset, self.gate_bias = inputs.logit_offset, inputs.gate_bias
-        # the gate's logit bias (router_bias): the inputs' where they carry one, else the reference's
-        bias = getattr(inputs, "router_bias", None)
+        # the gate's logit bias (with router_bias): the inputs' where they carry one, else the reference's
+        bias = getattr(inputs, "wg_bias", None)
         if cfg.router_bias and bias is None:
             bias = torch.from_numpy(weights.router_bias(cfg)).to(self.x.device)
         self.router_bias = bias.to(self.dt).double() if cfg.router_bias else None
@@ -247,6 +248,7 @@ class TorchMoE:
         return torch.zeros(n, dtype=keys.dtype, device=keys.device).index_add_(0, keys, torch.ones_like(keys))
 
     def all_to_all(self, out, inp, out_splits=None, in_splits=None):
+        """all_to_all_single into `out` (a copy on one rank without a process group)."""
         import torch.distributed as dist
 
         if self.cfg.ranks == 1 and not dist.is_initialized():
@@ -262,9 +264,10 @@ class TorchMoE:
 
         cfg = self.cfg
         y = torch.zeros(cfg.tokens, cfg.hidden, dtype=torch.float32, device=self.x.device)
-        w = weight.float() if not cfg.scale_before_expert else torch.ones_like(weight, dtype=torch.float32)
-        for j in range(cfg.top_k):  # fixed combine order: choice 0, 1, .., k-1
-            y += torch.where(kept[:, j, None], w[:, j, None] * rows[:, j].float(), 0.0)
+        w = weight if not cfg.scale_before_expert else torch.ones_like(weight)
+        w = torch.where(kept, w, 0.0).float()  # a dropped assignment's row (junk or zeros) weighs nothing
+        for j in range(cfg.top_k):  # fixed combine order: choice 0, 1, .., k-1; one pass each
+            y.addcmul_(rows[:, j], w[:, j, None])
         if self.shared is not None:
             out = self.shared.batched(self.x[None].expand(cfg.shared_experts, -1, -1))
             for s in range(cfg.shared_experts):

@@ -176,6 +176,56 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
         [put_return_case(f"check-tf32x3-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 
+def tie_experts(cfg: Config, wg, gate_bias, wg_bias) -> None:
+    """Tie experts in pairs, in place (NumPy arrays or torch tensors alike): expert E-1-e gets expert
+    e's gate column and biases, for e < E / 4, so every token scores each pair equally (with skew 0),
+    and mirrored whole groups score equally where a quarter of E is whole groups."""
+    e = cfg.experts
+    for src in range(e // 4):
+        wg[:, e - 1 - src] = wg[:, src]
+        gate_bias[e - 1 - src] = gate_bias[src]
+        wg_bias[e - 1 - src] = wg_bias[src]
+
+
+# every router of the real models' layers (reference/routing.py), each on random inputs and on
+# inputs with tied experts and groups (tie_experts): E up to 256, k up to 8
+ROUTERS = {
+    "mixtral": dict(experts=8, top_k=2, gate="softmax_topk_renorm"),
+    "qwen3": dict(experts=128, top_k=8, gate="softmax_topk"),
+    "deepseek_v2": dict(experts=64, top_k=6, gate="softmax_topk", n_group=8, topk_group=3, routed_scaling=16.0),
+    "deepseek_v3": dict(experts=256, top_k=8, gate="sigmoid_bias", n_group=8, topk_group=4, routed_scaling=2.5),
+    "deepseek_v3_small_groups": dict(experts=16, top_k=4, gate="sigmoid_bias", n_group=4, topk_group=2),
+    "llama4": dict(experts=16, top_k=1, gate="sigmoid_topk"),
+    "sigmoid_topk_k4": dict(experts=32, top_k=4, gate="sigmoid_topk", routed_scaling=1.5),
+    "gpt_oss": dict(experts=32, top_k=4, gate="topk_softmax", router_bias=True),
+}
+
+
+def router_check_cases(p: int, seed: int) -> list[dict]:
+    """The gate phase against the golden's routing for every router of ROUTERS, random and tied
+    (check-router-NAME[-ties]-pP), in float32 and, for two of them, bf16 (check-router-bf16-...)."""
+    base = dict(tokens=200, hidden=128, ffn=64, capacity_factor=1.0, activation="relu", bias=True, ranks=p,
+                gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed)
+    bf16 = dict(dtype="bfloat16", tile_k=64)
+    todo = [(f"{n}{'-ties' if ties else ''}", {**base, **router}, ties)
+            for n, router in ROUTERS.items() for ties in (False, True)]
+    todo += [(f"bf16-{n}-ties", {**base, **ROUTERS[n], **bf16}, True) for n in ("deepseek_v3", "gpt_oss")]
+    return [{"name": f"check-router-{n}-p{p}", "config": config, "inputs": "reference", "golden": True,
+             "ties": ties} for n, config, ties in todo if config["experts"] % p == 0]
+
+
+def moe_layer_cases(p: int, seed: int) -> list[dict]:
+    """gpu.MoELayer called three times with new tokens, each call against the golden: a Mixtral-style
+    router in float32 and in bf16, gpt-oss' router with its bias (moe-layer-NAME-pP)."""
+    base = dict(tokens=160, hidden=128, ffn=64, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed,
+                gate="softmax_topk_renorm")
+    todo = {"float32": {}, "bf16": dict(dtype="bfloat16", tile_k=64),
+            "gpt_oss_router": dict(ROUTERS["gpt_oss"], experts=8 * p, bias=False)}
+    return [{"name": f"moe-layer-{n}-p{p}", "config": {**base, **ch}, "calls": 3, "seed": seed}
+            for n, ch in todo.items()]
+
+
 def sit_out_case(p: int) -> dict:
     cfg = dict(tokens=256, hidden=128, ffn=256, experts=4 * p, top_k=2, ranks=p, tile_m=64, tile_n=32, tile_k=8)
     return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}
@@ -271,14 +321,26 @@ MATRIX_TOKENS = (1024, 4096, 16384)  # tokens per GPU of the zoo's layers
 MATRIX_DTYPES = ("bfloat16", "tf32x3")
 
 
+# what a kernel twin changes for each field the kernel refuses (gpu.layout.check_supported)
+TWIN_CHANGES = {"activation": dict(activation="silu"), "shared_experts": dict(shared_experts=0),
+                "scale_before_expert": dict(scale_before_expert=False), "n_group": dict(n_group=1, topk_group=1)}
+
+
 def kernel_twin(cfg: Config) -> Config:
-    """The layer with what the kernel does not compute yet taken out, named NAME-twin: a non-gated
-    SiLU for a gated activation, no shared experts, the gate's plain top-k (no logit bias, groups,
-    routed scaling or scaling before the expert; Llama 4's sigmoid_topk as topk_softmax)."""
-    gate = cfg.gate if cfg.gate in layout.GATES else "topk_softmax"
-    return cfg.replace(name=f"{cfg.name}-twin", activation="silu" if cfg.gated else cfg.activation, shared_experts=0,
-                       router_bias=False, n_group=1, topk_group=1, routed_scaling=1.0, scale_before_expert=False,
-                       gate=gate)
+    """The layer with what the kernel does not compute yet taken out, field by field as
+    gpu.layout.check_supported names them (TWIN_CHANGES: a non-gated SiLU for a gated activation,
+    no shared experts, ...), named NAME-twin; a refusal it has no change for is left for the
+    caller to report."""
+    twin = cfg
+    for _ in range(len(TWIN_CHANGES)):
+        try:
+            layout.check_supported(twin)
+            break
+        except layout.UnsupportedConfig as e:
+            if e.field not in TWIN_CHANGES:
+                break
+            twin = twin.replace(**TWIN_CHANGES[e.field])
+    return twin.replace(name=f"{cfg.name}-twin")
 
 
 def zoo_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
@@ -325,9 +387,12 @@ def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torc
     if flashmoe:
         configs += [in_dtype(c.replace(ranks=p), dtype) for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]
                     if c.experts % p == 0]
+    # one point keeps torch profiler tables of its torch layers (in the run's summary.json): where
+    # their time goes on the fine-grained top-8 layer
+    profiled = "qwen3-30b-a3b-4k"
     cases = [{"name": f"matrix-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
-              "bench": True, "baselines": [baseline_precision(c)], "warmup": 3, "iters": 10, "trace": None}
-             for c in dict.fromkeys(configs)]
+              "bench": True, "baselines": [baseline_precision(c)], "warmup": 3, "iters": 10, "trace": None,
+              "profile": c.name.removesuffix("-twin") == profiled} for c in dict.fromkeys(configs)]
     if torch_models:  # the models the kernel runs as twins, in torch as they are
         for model in layers:
             for t in tokens:

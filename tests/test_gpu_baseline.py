@@ -165,7 +165,7 @@ def test_random_inputs_feed_every_layer_alike():
 
     inputs = random_inputs(cfg, 0, int.from_bytes(os.urandom(4), "little"), "cpu")
     assert inputs.w1.shape == (cfg.experts, cfg.hidden, 2 * cfg.ffn)
-    assert inputs.shared[0].shape == (1, cfg.hidden, 2 * cfg.ffn) and inputs.router_bias.abs().max() > 0
+    assert inputs.shared[0].shape == (1, cfg.hidden, 2 * cfg.ffn) and inputs.wg_bias.abs().max() > 0
     ys = [cls(cfg, inputs, 0, **kw).forward()[0] for cls, kw in LAYERS.values()]
     assert all(torch.allclose(y, ys[0], rtol=1e-5, atol=1e-5) for y in ys[1:])
     assert ys[0].abs().max() > 0.1
