@@ -1,6 +1,6 @@
 """Which GPU benchmark runs the Benchmarks page offers, and their rows. The rows are
 benchmarks/bench_gpu.py's table (one definition for the device run's printout and the page); the
-weights' roofline is sim.metrics'."""
+weights' roofline and each point's layer roofline are sim.metrics'."""
 
 from __future__ import annotations
 
@@ -51,10 +51,24 @@ def config_of(result: dict) -> Config:
 
 def rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
     """One record per benchmark point: the table's columns, and the kept rows an expert."""
-    table = table_rows(results, ceilings_of(meta), gbps)
-    per_expert = {r["name"]: r["kept_rows"] / config_of(r).experts
-                  for r in results if "kernel_ms" in r}
+    measured = [r for r in results if "kernel_ms" in r]
+    table = table_rows(measured, ceilings_of(meta), gbps, meta.get("nvlink_gbps"))
+    per_expert = {r["name"]: r["kept_rows"] / config_of(r).experts for r in measured}
     return [{**dict(zip(TABLE_HEAD, row)), "rows an expert": per_expert[row[0]]} for row in table]
+
+
+def torch_only_rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
+    """The table's records of the layers the kernel does not run yet, timed in torch alone."""
+    alone = [r for r in results if "kernel_skipped" in r]
+    keep = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+            "loop torch ms", "roofline ms", "bound")
+    table = table_rows(alone, ceilings_of(meta), gbps, meta.get("nvlink_gbps"))
+    return [{k: v for k, v in zip(TABLE_HEAD, row) if k in keep} for row in table]
+
+
+def skipped(results: list[dict]) -> list[str]:
+    """The points the run did not time, each with its reason."""
+    return [f"{r['name']}: {r['skipped']}" for r in results if "skipped" in r]
 
 
 def roofline_curves(meta: dict, results: list[dict], gbps: float, per_expert: list[float]) -> dict[str, tuple]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from reference import Config, plan, presets
 
+from . import layout
+
 # the kernel's max rel. error against the golden of its precision (gpu.worker.golden_path), by
 # Config.gemm_precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
 # rounds the rows it returns once more); tf32 against the tf32 path at TF32's half-ulp, 2**-11: a
@@ -262,4 +264,77 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
                       "iters": 10, "trace": f"{prefix}trace-{c.name}{tag}-p{p}.npz" if trace else None,
                       "profile": c.name == "flashmoe" and dispatch == "staged" and staged_blocks is None,
                       "dispatch": dispatch, **({"staged_blocks": staged_blocks} if staged_blocks else {})})
+    return cases
+
+
+MATRIX_TOKENS = (1024, 4096, 16384)  # tokens per GPU of the zoo's layers
+MATRIX_DTYPES = ("bfloat16", "tf32x3")
+
+
+def kernel_twin(cfg: Config) -> Config:
+    """The layer with what the kernel does not compute yet taken out, named NAME-twin: a non-gated
+    SiLU for a gated activation, no shared experts, the gate's plain top-k (no logit bias, groups,
+    routed scaling or scaling before the expert; Llama 4's sigmoid_topk as topk_softmax)."""
+    gate = cfg.gate if cfg.gate in layout.GATES else "topk_softmax"
+    return cfg.replace(name=f"{cfg.name}-twin", activation="silu" if cfg.gated else cfg.activation, shared_experts=0,
+                       router_bias=False, n_group=1, topk_group=1, routed_scaling=1.0, scale_before_expert=False,
+                       gate=gate)
+
+
+def zoo_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
+    """A zoo model's layer (reference.presets.ZOO) at `tokens` per GPU on `p` GPUs, as the bench runs
+    precision `dtype`."""
+    if model not in presets.ZOO:
+        raise ValueError(f"matrix layer {model!r} is not known: one of {', '.join(presets.ZOO)}")
+    name = f"{model}-{tokens // 1024}k" if tokens % 1024 == 0 else f"{model}-{tokens}"
+    cfg = presets.ZOO[model].replace(name=name, tokens=tokens, ranks=p, dtype="float32", tf32=False, tf32x3=False)
+    return in_dtype(cfg, dtype)
+
+
+def kernel_refuses(cfg: Config) -> str | None:
+    """Why the kernel does not run `cfg` (gpu.layout.check_supported), None where it does."""
+    try:
+        layout.check_supported(cfg)
+    except layout.UnsupportedConfig as e:
+        return str(e)
+    return None
+
+
+def matrix_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
+    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself, at a tile
+    the kernel runs it at."""
+    cfg = zoo_layer(model, tokens, p, dtype)
+    if kernel_refuses(cfg):
+        cfg = kernel_twin(cfg)
+    # gpt-oss' 2880 columns: the widest bf16 tile whose column blocks divide H and I (64)
+    if dtype == "bfloat16" and (cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n):
+        n = max((n for n in layout.BF16_TILE_N if cfg.hidden % n == 0 and cfg.ffn % n == 0), default=cfg.tile_n)
+        cfg = cfg.replace(tile_n=n)
+    return cfg
+
+
+def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torch_models: bool = True) -> list[dict]:
+    """The benchmark matrix's cases on `p` GPUs in precision `dtype`: each zoo model of `layers` at
+    each of `tokens` per GPU (matrix_layer), then (with `flashmoe`) FlashMoE's token and expert
+    sweeps; each timed beside the torch layers of its precision (padded, dropless, dropless
+    per-expert loop), untraced. With `torch_models`, each zoo model the kernel runs as its twin
+    also as it is, in the torch layers alone (case "torch_only"). Names:
+    matrix-MODEL-Tk[-twin][-bf16|-tf32x3]-pP."""
+    tag = PRECISIONS[dtype][1]
+    configs = [matrix_layer(model, t, p, dtype) for model in layers for t in tokens]
+    if flashmoe:
+        configs += [in_dtype(c.replace(ranks=p), dtype) for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]
+                    if c.experts % p == 0]
+    cases = [{"name": f"matrix-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
+              "bench": True, "baselines": [baseline_precision(c)], "warmup": 3, "iters": 10, "trace": None}
+             for c in dict.fromkeys(configs)]
+    if torch_models:  # the models the kernel runs as twins, in torch as they are
+        for model in layers:
+            for t in tokens:
+                c = zoo_layer(model, t, p, dtype)
+                why = kernel_refuses(c)
+                if why:
+                    cases.append({"name": f"matrix-{c.name}{tag}-p{p}", "config": c.to_dict(), "seed": 1,
+                                  "torch_only": f"not in the kernel: {why}", "baselines": [baseline_precision(c)],
+                                  "warmup": 3, "iters": 10})
     return cases

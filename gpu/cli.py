@@ -55,7 +55,8 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     else:
         keys = ("failed", "routing_equal", "counts_equal", "golden_path", "rel_err", "rel_err_float64",
                 "vs_baseline_rel_err", "dropped", "telemetry_same_output", "sm_utilization", "kernel_ms",
-                "kernel_telemetry_ms", "torch_float32_ms", "torch_tf32_ms", "torch_bfloat16_ms", "grid")
+                "kernel_telemetry_ms", *(f"torch_{kind}{dt}_ms" for kind in ("dropless_", "loop_", "")
+                                           for dt in ("float32", "tf32", "bfloat16")), "grid")
         print(format_table(("quantity", "value"), [(k, res[k]) for k in keys if k in res]))
     tolerance = cases.GOLDEN_TOLERANCE[cfg.gemm_precision]
     bad = "failed" in res or (args.check and (res.get("rel_err", 0.0) > tolerance or res.get("routing_equal") is False))

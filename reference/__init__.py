@@ -17,7 +17,7 @@ def route_config(cfg: Config) -> Routing:
     """The routing of `cfg`'s seeded inputs (draws the tokens and the gate, not the experts)."""
     wg, gate_bias = weights.gate(cfg)
     x = np.stack([weights.tokens(cfg, r) for r in range(cfg.ranks)])
-    return routing.route(cfg, x, wg, gate_bias)
+    return routing.route(cfg, x, wg, gate_bias, weights.router_bias(cfg))
 
 
 def plan_of(cfg: Config) -> TilePlan:

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 from .config import Config
+from .weights import draw_bytes, ffn_in_width
 
 JOBS = ("route", "golden", "sim")
 LONG_S = 120.0  # past this, a job asks to be let go on (a few minutes with a factor-2 estimate)
@@ -84,12 +85,14 @@ def estimate(cfg: Config, job: str) -> Estimate:
     if job == "route":
         return Estimate(job, route_bytes + tasks * 64, route_s)
     n_exp = e + cfg.shared_experts
-    w_in = 2 * cfg.ffn if cfg.gated else cfg.ffn
-    weights = n_exp * (h * w_in + cfg.ffn * h) * 4
+    w_in = ffn_in_width(cfg)
     if job == "golden":
         rows = n_tok * (cfg.top_k + cfg.shared_experts)
         flops = 2 * rows * (h * w_in + cfg.ffn * h) * (PATHS_DENSE + 1)
-        held = weights + route_bytes + n_tok * h * (8 + 8 * (cfg.top_k + cfg.shared_experts) + 8 + 4 * 3)
+        # the drawn arrays; on a float64 path the tokens, a row per (token, choice) and an expert's
+        # operands; the outputs of every path; the gate's tables
+        held = (draw_bytes(cfg) + 8 * (n_tok * h * (2 + cfg.top_k + cfg.shared_experts) + h * (2 * w_in + cfg.ffn))
+                + n_tok * h * 4 * (PATHS_DENSE + 1) + scores * 8 * 4)
         return Estimate(job, held, route_s + n_exp * h * (w_in + cfg.ffn) / NORMALS_PER_S + flops / GEMM_FLOPS_PER_S)
     one = simulation(cfg)
     if cfg.ranks > 2 and cfg.experts % 2 == 0:  # `moelab sim` adds the 2-GPU run of the layer

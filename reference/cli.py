@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from . import budget, golden, golden_file, plan, presets, routing, weights
-from .config import Config, ConfigError, field_names
+from . import budget, golden, golden_file, hf, plan, presets, routing, weights
+from .config import Config, ConfigError, field_names, to_toml
 from .files import check_output, finite_number
 from .numerics import PATHS
 
@@ -121,15 +121,33 @@ class Progress:
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
-    rows = [(c.name, c.tokens, c.hidden, c.ffn, c.experts, c.top_k,
+    if args.from_hf:
+        return _from_hf(args)
+    if args.out or args.tokens or args.ranks:
+        raise ConfigError("--out/--tokens/--ranks", "given", "only with --from-hf")
+    rows = [(c.name, c.tokens, c.hidden, c.ffn, c.experts, c.top_k, c.shared_experts,
              "none" if c.capacity_factor is None else f"{c.capacity_factor:g}", c.ranks, c.nodes,
-             c.gate, c.activation, c.dtype) for c in presets.PRESETS.values()]
-    head = ("name", "T/rank", "H", "I", "E", "k", "cf", "GPUs", "nodes", "gate", "act", "dtype")
+             c.gate, c.activation, c.dtype, presets.SOURCES[c.name]) for c in presets.PRESETS.values()]
+    head = ("name", "T/rank", "H", "I", "E", "k", "shared", "cf", "GPUs", "nodes", "gate", "act", "dtype", "source")
     if args.json:
         print(json.dumps([dict(zip(head, r)) for r in rows], indent=2))
         return 0
     print(format_table(head, rows))
     print("\nsweeps: " + "; ".join(f"{k}: {', '.join(c.name for c in v)}" for k, v in presets.SWEEPS.items()))
+    return 0
+
+
+def _from_hf(args: argparse.Namespace) -> int:
+    """`configs --from-hf`: a Config from a Hugging Face config.json, printed (TOML, or JSON) or saved."""
+    run = {k: v for k, v in (("tokens", args.tokens), ("ranks", args.ranks)) if v is not None}
+    cfg = hf.from_hf(args.from_hf, **run)
+    if args.out:
+        cfg.save(args.out)
+        print(f"wrote {args.out} ({cfg.name}); run it with --config {args.out}", file=sys.stderr)
+    elif args.json:
+        print(json.dumps(cfg.to_dict(), indent=2))
+    else:
+        print(to_toml(cfg.to_dict()), end="")
     return 0
 
 
@@ -150,7 +168,7 @@ def compute(cfg: Config, progress: Progress, paths=PATHS) -> dict:
              f"{cfg.ranks} x {cfg.tokens} tokens)")
     w = weights.draw(cfg)
     progress("routing and tile plan")
-    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     tp = plan.build(cfg, r)
     out = {"weights": w, "routing": r, "plan": tp}
     for path in paths:
@@ -232,9 +250,19 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("configs", help="list the preset configurations",
-                       description="List the named presets with their key numbers, and the sweeps.")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = sub.add_parser("configs", help="list the preset configurations, or build one from a Hugging Face config",
+                       description="List the named presets with their key numbers and sources, and the sweeps; "
+                                   "with --from-hf, build a config from a Hugging Face model's config.json (on disk, "
+                                   "no network) and print it as TOML or save it as a file the other commands take "
+                                   "(--config FILE).")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table (or TOML)")
+    p.add_argument("--from-hf", metavar="PATH/config.json", help="a Hugging Face config.json, " + hf.FAMILIES_HELP)
+    p.add_argument("--out", metavar="FILE.toml", type=path_ending(".toml", ".json"),
+                   help="with --from-hf: save the config to this .toml (or .json) file")
+    p.add_argument("--tokens", type=positive_int, metavar="T",
+                   help=f"with --from-hf: tokens per GPU (default {hf.DEFAULTS['tokens']})")
+    p.add_argument("--ranks", type=positive_int, metavar="P",
+                   help=f"with --from-hf: GPUs (default {hf.DEFAULTS['ranks']})")
     p.set_defaults(func=cmd_configs)
 
     p = sub.add_parser("golden", help="run the golden MoE forward (NumPy) on a config",

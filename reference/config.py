@@ -227,7 +227,7 @@ class Config:
         if path.suffix == ".json":
             path.write_text(json.dumps(d, indent=2) + "\n")
         elif path.suffix == ".toml":
-            path.write_text(_to_toml(d))
+            path.write_text(to_toml(d))
         else:
             raise ConfigError("path", str(path), "a file ending in .toml or .json")
 
@@ -273,7 +273,8 @@ def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Config)]
 
 
-def _to_toml(d: dict) -> str:
+def to_toml(d: dict) -> str:
+    """A flat table of config fields as TOML text (None as "none", as Config.load reads it)."""
     lines = []
     for k, v in d.items():
         if v is None:

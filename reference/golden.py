@@ -1,15 +1,20 @@
 """The golden forward: the numbers every other part of moelab must reproduce.
 
 Two computations of one layer call, which must agree:
-- `dense`: y[t] = sum_j weight[t, j] * FFN_{e_j}(x[t]) over kept assignments (plus shared
-  experts with weight 1), FFN(x) = act(x W1 + b1) W2 + b2, grouped by expert;
+- `dense`: y[t] = sum_j weight[t, j] * FFN_{e_j}(x[t]) over kept assignments, then + FFN_s(x[t])
+  for each shared expert s with weight 1 (DeepSeek's S shared experts of width I, Llama 4's one),
+  FFN(x) = act(x W1 + b1) W2 + b2, grouped by expert; the routing weights already carry
+  routed_scaling (routing.py). With scale_before_expert (Llama 4) a routed term is instead
+  FFN_{e_j}(weight[t, j] * x[t]) with weight 1: the token row is scaled, in the path's compute
+  dtype, and stored as the path stores a GEMM operand (bf16-rounded on the bf16 path), before GEMM0;
 - `tile_walk`: the same output reached by executing the tile plan rank by rank: dispatch each
   tile's chunks (the routed rows of one source rank each) to the expert's owner, run the tile's
-  GEMM0 tasks (column blocks of W1, bias, activation) and GEMM1 tasks (column blocks of W2) on
-  their rows together, send each chunk's rows back and combine them at its home rank.
+  GEMM0 tasks (column blocks of W1, bias, activation; a gated activation's task its block's gate
+  and up columns) and GEMM1 tasks (column blocks of W2) on their rows together, send each chunk's
+  rows back and combine them at its home rank.
 Both accumulate a token's contributions in one fixed order (choice 0, 1, .., k-1, then shared
-experts), as the kernel must, so results are deterministic. Precision paths: float64 (the
-truth), float32, bfloat16 (operands and the GEMM0 output rounded to bf16, float32
+experts 0, .., S-1), as the kernel must, so results are deterministic. Precision paths: float64
+(the truth), float32, bfloat16 (operands and the GEMM0 output rounded to bf16, float32
 accumulation, float32 output), and tf32 (float32 throughout, the expert GEMMs' operands -- tokens,
 W1, the activation, W2 -- rounded to TF32 as they are multiplied; biases stay float32).
 """
@@ -38,12 +43,18 @@ def _columns(cols: np.ndarray, width: int):
 
 
 def _gemm0(cfg: Config, rows, w1, b1, cols: np.ndarray, path: str):
-    """act(rows W1[:, cols] + b1[cols]); for swiglu the gate and up columns of `cols` together."""
-    if cfg.activation == "swiglu":
+    """act(rows W1[:, cols] + b1[cols]); for a gated activation the gate and up columns of `cols` together."""
+    if cfg.gated:
         cols = np.concatenate([cols, cfg.ffn + cols])
     cols = _columns(cols, w1.shape[1])
-    h = activate(cfg.activation, rows @ w1[:, cols] + b1[cols])
+    h = activate(cfg.activation, rows @ w1[:, cols] + b1[cols], cfg.swiglu_limit)
     return round_bf16(h) if path == "bfloat16" else h
+
+
+def _scaled(rows, weight, path: str):
+    """Token rows (n, H) as stored on the path times their routing weights (n, 1), in the path's
+    compute dtype, stored again as the path's GEMM operand (scale_before_expert)."""
+    return gemm_operand(to_path(rows * weight, path), path)
 
 
 def _expert_ffn(cfg: Config, rows, w1, b1, w2, b2, path: str):
@@ -69,7 +80,8 @@ def dense(cfg: Config, w: Weights, routing: Routing, path: str = "float64") -> n
     """(P, T, H) output by the dense formula, grouped by expert."""
     dt = compute_dtype(path)
     p, t, k = routing.expert.shape
-    x = gemm_operand(to_path(w.x, path), path)  # the tokens are only ever a GEMM0 operand here
+    stored = to_path(w.x, path)
+    x = gemm_operand(stored, path)  # the tokens as GEMM0 reads them
     contrib = np.zeros((p, t, k + cfg.shared_experts, cfg.hidden), dt)
     for e in range(cfg.experts + cfg.shared_experts):
         if e < cfg.experts:
@@ -79,9 +91,13 @@ def dense(cfg: Config, w: Weights, routing: Routing, path: str = "float64") -> n
             rr, tt = (a.ravel() for a in np.indices((p, t)))
             jj = np.full(rr.size, k + e - cfg.experts)
             weight = dt(1)
-        if rr.size:
-            out = _expert_ffn(cfg, x[rr, tt], *_expert_operands(cfg, w, e, path), path)
-            contrib[rr, tt, jj] = weight * out
+        if not rr.size:
+            continue
+        operands = _expert_operands(cfg, w, e, path)
+        if cfg.scale_before_expert and e < cfg.experts:
+            contrib[rr, tt, jj] = _expert_ffn(cfg, _scaled(stored[rr, tt], weight, path), *operands, path)
+        else:
+            contrib[rr, tt, jj] = weight * _expert_ffn(cfg, x[rr, tt], *operands, path)
     return _ordered_sum(contrib)
 
 
@@ -95,7 +111,8 @@ def _task_columns(plan, lo: int, hi: int, kind: int) -> np.ndarray:
 def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarray:
     """(P, T, H) output by executing the tile plan rank by rank."""
     dt = compute_dtype(path)
-    x = gemm_operand(to_path(w.x, path), path)
+    stored = to_path(w.x, path)
+    x = gemm_operand(stored, path)
     k_all = cfg.top_k + cfg.shared_experts
     # each home rank keeps one float32/64 row per (token, choice): the combine target
     combine_buf = np.zeros((cfg.ranks, cfg.tokens, k_all, cfg.hidden), dt)
@@ -106,7 +123,13 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             e = int(plan.tile_expert[tile])
             chunks = [(int(plan.chunk_src[c]), plan.chunk_row_slice(c)) for c in plan.tile_chunks(tile)]
             # dispatch: each chunk's token rows come from its source rank into the tile's rows
-            a = np.concatenate([x[src, plan.row_token[rows]] for src, rows in chunks])
+            # (scale_before_expert: a routed expert's rows scaled by their weights on the way)
+            prescale = cfg.scale_before_expert and e < cfg.experts
+            if prescale:
+                a = np.concatenate([_scaled(stored[src, plan.row_token[rows]],
+                                            plan.row_weight[rows].astype(dt)[:, None], path) for src, rows in chunks])
+            else:
+                a = np.concatenate([x[src, plan.row_token[rows]] for src, rows in chunks])
             if e not in cache:
                 cache[e] = _expert_operands(cfg, w, e, path)
             w1, b1, w2, b2 = cache[e]
@@ -121,7 +144,10 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             at = 0
             for src, rows in chunks:
                 n = rows.stop - rows.start
-                weight = plan.row_weight[rows].astype(dt)[:, None]
-                combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = weight * out[at: at + n]
+                if prescale:
+                    combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = out[at: at + n]
+                else:
+                    weight = plan.row_weight[rows].astype(dt)[:, None]
+                    combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = weight * out[at: at + n]
                 at += n
     return _ordered_sum(combine_buf)

@@ -1,5 +1,13 @@
 """Elementwise numerics shared by the golden paths: bfloat16 and TF32 rounding, activations, softmax.
 
+The gated activations read h = [gate | up], the first half of the last axis the gate's columns
+and the second the up's (W1's layout here; Hugging Face's Mixtral, Qwen3-MoE, DeepSeek and Llama 4
+blocks concatenate them the same way, gpt-oss interleaves them, gate at even columns and up at odd
+ones, so a loader of gpt-oss weights must de-interleave W1 and b1 into the two halves):
+    swiglu      silu(gate) * up = gate * sigmoid(gate) * up
+    swiglu_oai  gpt-oss: gate = min(gate, limit), up = clip(up, -limit, limit),
+                (up + 1) * gate * sigmoid(1.702 * gate)   (limit: Config.swiglu_limit)
+
 bfloat16 is emulated in NumPy: values are rounded to the nearest bfloat16 (ties to even) and held
 in float32, which is what a tensor-core kernel with bf16 operands and fp32 accumulation sees.
 TF32 is a way to multiply float32 data, not a storage type: on the "tf32" path everything is
@@ -14,6 +22,7 @@ import numpy as np
 PATHS = ("float64", "float32", "bfloat16", "tf32")
 _COMPUTE = {"float64": np.float64, "float32": np.float32, "bfloat16": np.float32, "tf32": np.float32}
 _TF32_DROPPED = 13  # float32 has 23 mantissa bits, TF32 keeps 10
+OAI_ALPHA = 1.702  # swiglu_oai's sigmoid slope (gpt-oss' GptOssExperts.alpha)
 
 
 def compute_dtype(path: str) -> type:
@@ -58,8 +67,9 @@ def _erf(x: np.ndarray) -> np.ndarray:
     return np.vectorize(erf, otypes=[np.float64])(x)
 
 
-def activate(name: str, h: np.ndarray) -> np.ndarray:
-    """Apply the activation. For `swiglu` the last axis holds [gate | up] halves."""
+def activate(name: str, h: np.ndarray, limit: float | None = None) -> np.ndarray:
+    """Apply the activation. For the gated ones the last axis holds [gate | up] halves;
+    swiglu_oai clamps at `limit`."""
     if name == "relu":
         return np.maximum(h, 0)
     if name == "gelu_tanh":
@@ -72,6 +82,13 @@ def activate(name: str, h: np.ndarray) -> np.ndarray:
     if name == "swiglu":
         g, u = np.split(h, 2, axis=-1)
         return g / (1 + np.exp(-g)) * u
+    if name == "swiglu_oai":
+        if limit is None:
+            raise ValueError("activation 'swiglu_oai' needs its clamp limit")
+        one, lim = h.dtype.type(1), h.dtype.type(limit)
+        g, u = np.split(h, 2, axis=-1)
+        g, u = np.minimum(g, lim), np.clip(u, -lim, lim)
+        return (u + one) * (g / (one + np.exp(-h.dtype.type(OAI_ALPHA) * g)))
     raise ValueError(f"activation {name!r} unknown")
 
 

@@ -17,11 +17,20 @@ neither derives routing on its own. Everything is a plain NumPy array:
   its source's own (owner = source), windows over that block alone.
 - chunks: the rows of one block inside one tile; a chunk moves from its source to the owner
   (dispatch), and back (combine transfer) once its tile's GEMM1 tasks are done.
-- tasks: per tile, ffn / tile_n GEMM0 tasks (a tile_n-column block of I: x W1 + b1, activation)
-  and hidden / tile_n GEMM1 tasks (a tile_n-column block of H: h W2 + b2); per chunk one combine
-  task at its source (weighted accumulation of the returned rows). FLOPs and HBM bytes per task.
+- rows: each row's token, choice and weight. The weight is the combine weight, or with
+  cfg.scale_before_expert (a routed row) the factor its token row is multiplied by before GEMM0,
+  its output then combined with weight 1 (golden.py).
+- tasks: per tile, ceil(ffn / tile_n) GEMM0 tasks (a column block of I: x W1 + b1, activation)
+  and ceil(hidden / tile_n) GEMM1 tasks (a column block of H: h W2 + b2), every block tile_n
+  columns wide but the last, which holds the rest (task_col0, task_cols); a gated activation's
+  GEMM0 task computes both its block's gate columns and the matching up columns (W1's columns c
+  and I + c) and writes act(gate, up): twice the weight columns and FLOPs of its output columns
+  (weight_columns), GEMM1 reading I. Per chunk one combine task at its source (weighted
+  accumulation of the returned rows). FLOPs and HBM bytes per task.
 - transfers: per chunk one dispatch (source -> owner) and one combine (owner -> source) transfer,
-  with the bytes moved and the link class (local copy, NVLink inside a node, network).
+  with the bytes moved and the link class (local copy, NVLink inside a node, network). A shared
+  expert's chunk has no dispatch: its tile is at its tokens' own rank and reads them in place (its
+  tile w holds tokens w * tile_m ..), ready once the gate is done; its return is a local one.
 """
 
 from __future__ import annotations
@@ -112,6 +121,18 @@ class TilePlan:
             "flops": int(self.task_flops.sum()),
             **{f"bytes_{name}": int(b) for name, b in zip(LINKS, bytes_by_link)},
         }
+
+
+def column_blocks(width: int, tile_n: int) -> int:
+    """GEMM tasks over `width` output columns: tile_n wide each, the last the rest."""
+    return -(-width // tile_n)
+
+
+def weight_columns(cfg: Config, kind: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Columns of its weight matrix a task of `kind` with `cols` output columns reads: a gated
+    GEMM0 task both its gate and its up columns (2 x cols), any other GEMM task cols."""
+    widen = ffn_in_width(cfg) // cfg.ffn
+    return np.where(np.asarray(kind) == GEMM0, widen, 1) * np.asarray(cols)
 
 
 def link_class(cfg: Config, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -219,33 +240,36 @@ def build(cfg: Config, routing: Routing) -> TilePlan:
     n_tiles, n_chunks = tile_expert.size, c_tile.size
 
     # tasks, tile-major: GEMM0 column blocks, GEMM1 column blocks, then a combine per chunk
-    n0, n1 = cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n
+    n0, n1 = column_blocks(cfg.ffn, cfg.tile_n), column_blocks(cfg.hidden, cfg.tile_n)
     chunks_of = np.bincount(c_tile, minlength=n_tiles)
     per_tile = n0 + n1 + chunks_of
     task_tile = np.repeat(np.arange(n_tiles, dtype=np.int32), per_tile)
     at = _within(per_tile)
     kind = np.select([at < n0, at < n0 + n1], [GEMM0, GEMM1], COMBINE).astype(np.int8)
     col0 = (np.where(at < n0, at, at - n0) * cfg.tile_n * (kind != COMBINE)).astype(np.int32)
-    cols = np.where(kind == COMBINE, cfg.hidden, cfg.tile_n).astype(np.int32)
+    width = np.select([kind == GEMM0, kind == GEMM1], [cfg.ffn, cfg.hidden], cfg.hidden)
+    # the last column block of a GEMM holds what is left of its width
+    cols = np.where(kind == COMBINE, cfg.hidden, np.minimum(cfg.tile_n, width - col0)).astype(np.int32)
     # combine tasks take the tile's chunks in order (chunks are tile-major)
     chunk_base = np.cumsum(chunks_of) - chunks_of
     task_chunk = np.where(kind == COMBINE, chunk_base[task_tile] + at - n0 - n1, -1).astype(np.int32)
     combine = task_chunk >= 0
     rows = np.where(combine, c_rows[np.maximum(task_chunk, 0)], tile_rows[task_tile]).astype(np.int64)
     task_rank = np.where(combine, c_src[np.maximum(task_chunk, 0)], tile_owner[task_tile]).astype(np.int32)
-    widen = ffn_in_width(cfg) // cfg.ffn  # swiglu computes gate and up columns in one task
     depth = np.select([kind == GEMM0, kind == GEMM1], [cfg.hidden, cfg.ffn], 1)
-    flops = np.where(kind == COMBINE, 2 * rows * cfg.hidden,
-                     2 * rows * depth * cols * np.where(kind == GEMM0, widen, 1))
+    wcols = weight_columns(cfg, kind, cols)  # a gated GEMM0 task computes gate and up columns
+    flops = np.where(kind == COMBINE, 2 * rows * cfg.hidden, 2 * rows * depth * wcols)
     nb = cfg.dtype_bytes
     # operand A + weight block B (+ bias) read, output written; combine reads the rows and
     # reads/writes the float32 accumulator of its choice
-    gemm_bytes = nb * (rows * depth + depth * cols * np.where(kind == GEMM0, widen, 1) + rows * cols)
+    gemm_bytes = nb * (rows * depth + depth * wcols + rows * cols)
     task_bytes = np.where(kind == COMBINE, rows * cfg.hidden * (nb + 4), gemm_bytes)
 
-    # transfers, chunk-major: dispatch then combine
-    x_chunk = np.repeat(np.arange(n_chunks, dtype=np.int32), 2)
-    x_kind = np.tile(np.array([DISPATCH, RETURN], np.int8), n_chunks)
+    # transfers, chunk-major: dispatch then combine; a shared expert's chunk is not dispatched (its
+    # tile's GEMM0 reads the tokens where they are), only its rows' return to the combine is listed
+    routed = tile_expert[c_tile] < cfg.experts
+    x_chunk = np.repeat(np.arange(n_chunks, dtype=np.int32), 1 + routed)
+    x_kind = np.where(_within(1 + routed.astype(np.int64)) < routed[x_chunk], DISPATCH, RETURN).astype(np.int8)
     owner = tile_owner[c_tile[x_chunk]]
     x_src = np.where(x_kind == DISPATCH, c_src[x_chunk], owner).astype(np.int32)
     x_dst = np.where(x_kind == DISPATCH, owner, c_src[x_chunk]).astype(np.int32)

@@ -1,14 +1,33 @@
 """Routing: which experts each token goes to, with which weight, and which assignments are dropped.
 
 The rules, fixed so that the simulator and the kernel can reproduce them exactly:
-- Gate logits are computed in float64 from the path's operands (x and Wg rounded to bf16 on the
-  bf16 path), so float32 accumulation order never changes a routing decision. A config with
-  skew > 0 adds -skew * ln(1 + e) to expert e's logit (a Zipf-like prior: load imbalance).
-- Selection: the k largest scores, best first; a tie goes to the lower expert index. For the
-  softmax gates the scores are the logits (softmax keeps their order).
-  softmax_topk: weight = softmax(logits)[e];  softmax_topk_renorm: those k weights renormalized
-  to sum 1;  topk_softmax: softmax over the k selected logits;  sigmoid_bias (DeepSeek-V3): select
-  by sigmoid(logit) + bias[e], weight = sigmoid(logit) over the sum of the k selected sigmoids.
+- Gate logits are computed in float64 from the path's operands (x, Wg and the router bias rounded
+  to bf16 on the bf16 path), so float32 accumulation order never changes a routing decision. With
+  router_bias the gate projection's bias b (E,) is added (z = x Wg + b, gpt-oss). A config with skew > 0 adds
+  -skew * ln(1 + e) to expert e's logit (a Zipf-like prior: load imbalance).
+- Selection score per expert: the logit z, except sigmoid_bias: sigmoid(z) + bias[e] (bias: the
+  gate's selection-only bias, DeepSeek-V3's e_score_correction_bias). Softmax keeps the logits'
+  order, so the softmax gates select by logit.
+- Group limit (n_group > 1): experts e are in n_group equal groups of consecutive indices
+  (group e // (E / n_group)); a group's score is its best selection score, or for sigmoid_bias
+  the sum of its two best (one where a group has one expert); only the topk_group best groups
+  stay selectable (the others are excluded: Hugging Face masks them with a score of 0.0, the same
+  choice while the kept groups hold k experts of positive score, as softmax and sigmoid scores do).
+- Top-k: the k best selection scores, best first (choice 0 the best). Every tie, between experts
+  or between groups, goes to the lower index (a stable sort).
+- Weights, then multiplied by routed_scaling (1: unchanged), per gate:
+    softmax_topk         softmax(z)[e], over all E logits, not renormalized
+                         (Qwen3-MoE with norm_topk_prob false; DeepSeek-V2 / V2-Lite, "greedy" and
+                         "group_limited_greedy": HF scales these by routed_scaling_factor)
+    softmax_topk_renorm  softmax(z)[e] / sum of the k selected softmax(z)  (Mixtral; Qwen3-MoE
+                         with norm_topk_prob true, Qwen3-30B-A3B and Qwen3-235B-A22B)
+    topk_softmax         softmax over the k selected logits only (gpt-oss, with router_bias)
+    sigmoid_bias         sigmoid(z)[e] / (sum of the k selected sigmoid(z) + 1e-20): the unbiased
+                         sigmoids, renormalized as HF's norm_topk_prob (DeepSeek-V3 "noaux_tc",
+                         with n_group 8, topk_group 4, routed_scaling 2.5)
+    sigmoid_topk         sigmoid(z)[e] of each selected logit (Llama 4: top-1; with
+                         scale_before_expert the token row is multiplied by it before the expert,
+                         whose output then enters the sum with weight 1, see golden.py)
 - Capacity: each source rank may send C = ceil(capacity_factor * T * k / E) rows to each expert.
   Assignments claim slots in priority order: every token's 1st choice before any 2nd choice
   (choice index j first), then lower token index first. An assignment whose position is >= C is
@@ -52,37 +71,62 @@ class Routing:
         return out
 
 
-def logits(cfg: Config, x: np.ndarray, wg: np.ndarray) -> np.ndarray:
-    """Gate logits in float64 of the path's operands; x is (..., H)."""
+def logits(cfg: Config, x: np.ndarray, wg: np.ndarray, wg_bias: np.ndarray | None = None) -> np.ndarray:
+    """Gate logits in float64 of the path's operands; x is (..., H); `wg_bias` (E,) is added with
+    router_bias (and must then be given)."""
     path = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
     z = to_path(x, path).astype(np.float64) @ to_path(wg, path).astype(np.float64)
+    if cfg.router_bias:
+        if wg_bias is None:
+            raise ValueError(f"config {cfg.name!r} has router_bias = true: the gate's bias vector is needed")
+        z += to_path(wg_bias, path).astype(np.float64)
     if cfg.skew:
         z -= cfg.skew * np.log1p(np.arange(cfg.experts, dtype=np.float64))
     return z
 
 
+def _top(score: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries of each row, best first, ties to the lower index."""
+    # stable sort of -score: equal scores keep ascending index order
+    return np.argsort(-score, axis=-1, kind="stable")[..., :k]
+
+
+def group_limit(cfg: Config, score: np.ndarray) -> np.ndarray:
+    """Selection scores (T, E) with every expert outside each token's topk_group best groups set
+    to -inf (n_group 1: unchanged). A group's score is its best expert's, for sigmoid_bias the sum
+    of its two best (DeepSeek-V3)."""
+    if cfg.n_group == 1:
+        return score
+    t, size = score.shape[0], cfg.experts // cfg.n_group
+    grouped = score.reshape(t, cfg.n_group, size)
+    if cfg.gate == "sigmoid_bias":
+        best = -np.sort(-grouped, axis=-1)[..., :2]
+        group_score = best[..., 0] + best[..., 1] if size > 1 else best[..., 0]
+    else:
+        group_score = grouped.max(axis=-1)
+    keep = np.zeros((t, cfg.n_group), bool)
+    np.put_along_axis(keep, _top(group_score, cfg.topk_group), True, axis=-1)
+    return np.where(np.repeat(keep, size, axis=-1), score, -np.inf)
+
+
 def select(cfg: Config, z: np.ndarray, gate_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Top-k experts (T, k) and their weights (T, k) from float64 logits z (T, E)."""
-    k = cfg.top_k
-    if cfg.gate == "sigmoid_bias":
-        s = sigmoid(z)
-        score = s + gate_bias.astype(np.float64)
-    else:
-        score = z
-    # stable sort of -score: equal scores keep ascending expert order, so ties go to the lower index
-    top = np.argsort(-score, axis=-1, kind="stable")[:, :k].astype(np.int32)
-    picked = np.take_along_axis(z, top, axis=-1)
+    s = sigmoid(z) if cfg.gate in ("sigmoid_bias", "sigmoid_topk") else None
+    score = s + gate_bias.astype(np.float64) if cfg.gate == "sigmoid_bias" else z
+    top = _top(group_limit(cfg, score), cfg.top_k).astype(np.int32)
     if cfg.gate == "softmax_topk":
         w = np.take_along_axis(softmax(z), top, axis=-1)
     elif cfg.gate == "softmax_topk_renorm":
         w = np.take_along_axis(softmax(z), top, axis=-1)
         w = w / w.sum(-1, keepdims=True)
     elif cfg.gate == "topk_softmax":
-        w = softmax(picked)
-    else:
-        sp = sigmoid(picked)
-        w = sp / sp.sum(-1, keepdims=True)
-    return top, w
+        w = softmax(np.take_along_axis(z, top, axis=-1))
+    elif cfg.gate == "sigmoid_bias":
+        w = np.take_along_axis(s, top, axis=-1)
+        w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    else:  # sigmoid_topk
+        w = np.take_along_axis(s, top, axis=-1)
+    return top, w * cfg.routed_scaling
 
 
 def assign_slots(cfg: Config, top: np.ndarray) -> np.ndarray:
@@ -100,11 +144,12 @@ def assign_slots(cfg: Config, top: np.ndarray) -> np.ndarray:
     return position.reshape(k, t).T.astype(np.int32)
 
 
-def route(cfg: Config, x: np.ndarray, wg: np.ndarray, gate_bias: np.ndarray) -> Routing:
-    """Route the (P, T, H) tokens of every rank."""
+def route(cfg: Config, x: np.ndarray, wg: np.ndarray, gate_bias: np.ndarray,
+          wg_bias: np.ndarray | None = None) -> Routing:
+    """Route the (P, T, H) tokens of every rank (`wg_bias`: the gate's bias, needed with router_bias)."""
     experts, weights, slots = [], [], []
     for r in range(cfg.ranks):
-        top, w = select(cfg, logits(cfg, x[r], wg), gate_bias)
+        top, w = select(cfg, logits(cfg, x[r], wg, wg_bias), gate_bias)
         experts.append(top)
         weights.append(w)
         slots.append(assign_slots(cfg, top))

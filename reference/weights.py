@@ -4,7 +4,8 @@ Every array has its own random stream keyed by (seed, array, index), so one rank
 tokens, or the experts it owns, without drawing anything else; the values are float32 (exact in
 float64, so the float64 truth and the float32 path see the same numbers). Scales keep activations
 O(1): x ~ N(0, 1), W1 ~ N(0, 1/H), W2 ~ N(0, 1/I), Wg ~ N(0, 1/H), biases ~ N(0, 0.1^2).
-Shared experts are experts E .. E+S-1 of the weight arrays.
+Shared experts are experts E .. E+S-1 of the weight arrays. A gated activation's W1 holds the
+gate's I columns, then the up's I ([gate | up]); its b1 likewise.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from .config import Config
 
-_X, _WG, _GATE_BIAS, _W1, _B1, _W2, _B2 = range(7)
+_X, _WG, _GATE_BIAS, _W1, _B1, _W2, _B2, _WG_BIAS = range(8)
 
 
 def _normal(cfg: Config, stream: int, index: int, shape, scale: float) -> np.ndarray:
@@ -24,14 +25,15 @@ def _normal(cfg: Config, stream: int, index: int, shape, scale: float) -> np.nda
 
 
 def ffn_in_width(cfg: Config) -> int:
-    """Columns of W1: I, or 2I for swiglu ([gate | up])."""
-    return 2 * cfg.ffn if cfg.activation == "swiglu" else cfg.ffn
+    """Columns of W1: I, or 2I for a gated activation ([gate | up])."""
+    return 2 * cfg.ffn if cfg.gated else cfg.ffn
 
 
 @dataclass(frozen=True)
 class Weights:
     """x: (P, T, H); wg: (H, E); gate_bias: (E,); w1: (E+S, H, I'); b1: (E+S, I'); w2: (E+S, I, H);
-    b2: (E+S, H). Biases are zeros when the config has bias = false."""
+    b2: (E+S, H); wg_bias: (E,). Expert biases are zeros when the config has bias = false, wg_bias
+    (added to the gate's logits) when it has router_bias = false."""
 
     x: np.ndarray
     wg: np.ndarray
@@ -40,6 +42,7 @@ class Weights:
     b1: np.ndarray
     w2: np.ndarray
     b2: np.ndarray
+    wg_bias: np.ndarray
 
 
 def tokens(cfg: Config, rank: int) -> np.ndarray:
@@ -52,6 +55,13 @@ def gate(cfg: Config) -> tuple[np.ndarray, np.ndarray]:
     wg = _normal(cfg, _WG, 0, (cfg.hidden, cfg.experts), cfg.hidden ** -0.5)
     bias = _normal(cfg, _GATE_BIAS, 0, (cfg.experts,), 0.1)
     return wg, bias
+
+
+def router_bias(cfg: Config) -> np.ndarray:
+    """The gate projection's bias (E,), added to the logits with router_bias (gpt-oss); zeros without."""
+    if not cfg.router_bias:
+        return np.zeros(cfg.experts, np.float32)
+    return _normal(cfg, _WG_BIAS, 0, (cfg.experts,), 0.1)
 
 
 def expert(cfg: Config, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -68,6 +78,14 @@ def expert(cfg: Config, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return w1, b1, w2, b2
 
 
+def draw_bytes(cfg: Config) -> int:
+    """Bytes `draw` allocates: every rank's tokens and every expert's weights, float32."""
+    n, n_in = cfg.experts + cfg.shared_experts, ffn_in_width(cfg)
+    values = (cfg.ranks * cfg.tokens * cfg.hidden + cfg.hidden * cfg.experts + 2 * cfg.experts
+              + n * (cfg.hidden * n_in + n_in + cfg.ffn * cfg.hidden + cfg.hidden))
+    return 4 * values
+
+
 def draw(cfg: Config) -> Weights:
     """All inputs and weights of the layer."""
     x = np.stack([tokens(cfg, r) for r in range(cfg.ranks)])
@@ -80,4 +98,4 @@ def draw(cfg: Config) -> Weights:
     b2 = np.empty((n, cfg.hidden), np.float32)
     for e in range(n):
         w1[e], b1[e], w2[e], b2[e] = expert(cfg, e)
-    return Weights(x, wg, gate_bias, w1, b1, w2, b2)
+    return Weights(x, wg, gate_bias, w1, b1, w2, b2, router_bias(cfg))

@@ -126,8 +126,10 @@ class FusedKernel:
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
         # of each chunk of its tokens; at zero the final combine starts
         self.phases_left = sum(len(phases.tasks[t]) for t in mine) + int(np.count_nonzero(plan.chunk_src == rank))
-        # chunks of each tile here not landed yet: the tile lands with its last
-        self.chunks_left = {int(t): len(plan.tile_chunks(t)) for t in mine}
+        # dispatched chunks of each tile here not landed yet: the tile lands with its last (a shared
+        # expert's tile has none: it reads its tokens in place and is ready after the gate)
+        self.chunks_left = {int(t): sum(int(phases.transfer[c, DISPATCH]) >= 0 for c in plan.tile_chunks(t))
+                            for t in mine}
         # each local expert's landed tiles: its GEMM0 tasks wait for all
         self.expert_waiting: dict[int, list[int]] = {}
         # each local expert's tiles whose GEMM0 tasks are done: with "expert-both", their GEMM1 tasks wait for all
@@ -169,6 +171,8 @@ class FusedKernel:
             stored = costs.stores_dispatch(self.dispatch, int(self.plan.transfer_link[x]))
             self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
         self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns)
+        for t in [t for t, n in self.chunks_left.items() if not n]:
+            self.land(t, gate + self.hw.wake_ns)
         if not self.phases_left:
             self.final_combine(max(free_at))
 
@@ -238,8 +242,12 @@ class FusedKernel:
             self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_combine(c))
             return
         self.chunks_left[t] -= 1
-        if self.chunks_left[t]:
-            return
+        if not self.chunks_left[t]:
+            self.land(t, wake)
+
+    def land(self, t: int, wake: float) -> None:
+        """Tile `t` has all its rows here: its GEMM0 tasks are queued `wake` from now (with the
+        rest of its expert's tiles where the queue policy gathers them)."""
         if self.queue in costs.BY_EXPERT:
             # the expert's tiles wait for its last, then go into the queue together
             tiles = self.expert_complete(self.expert_waiting, t)

@@ -1,7 +1,7 @@
 """The two papers' stories as tables (lists of dicts), for `moelab sim --sweep`, the app and docs.
 
 - `fused_vs_baseline`: FlashMoE's comparison, the fused kernel against the bulk-synchronous
-  baseline over the paper's expert, token and GPU sweeps (`reference.presets.SWEEPS`), with
+  baseline over the paper's expert, token and GPU sweeps (`reference.presets.PAPER_SWEEPS`), with
   overlap efficiency T(2) / T(N) on the GPU sweep.
 - `multinode`: Perseus' story, latency vs nodes for every transport on a communication-bound
   config (many small experts, k = 8), with fences, signals and proxy stalls per layer;
@@ -34,7 +34,7 @@ def fused_vs_baseline(sweeps: dict[str, list[Config]] | None = None, hardware: s
                       progress: Callable[[str], None] = _quiet) -> list[dict]:
     """One row per sweep point: fused and baseline latency, speedup, SM utilization."""
     rows = []
-    for sweep, points in (sweeps or presets.SWEEPS).items():
+    for sweep, points in (sweeps or {k: presets.SWEEPS[k] for k in presets.PAPER_SWEEPS}).items():
         two = {}
         for cfg in points:
             progress(f"{sweep}: {cfg.name}")

@@ -14,7 +14,7 @@ from reference.config import ACTIVATIONS, GATES
 
 def forward_all(cfg, w=None):
     w = w or weights.draw(cfg)
-    r = routing.route(cfg, w.x, w.wg, w.gate_bias)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     return w, r, plan.build(cfg, r)
 
 
@@ -22,17 +22,24 @@ def forward_all(cfg, w=None):
 def configs(draw):
     ranks = draw(st.sampled_from([1, 2, 4]))
     experts = ranks * draw(st.integers(1, 4))
-    tile_n = draw(st.sampled_from([8, 16]))
+    top_k = draw(st.integers(1, experts))
+    n_group = draw(st.sampled_from([g for g in range(1, experts + 1) if experts % g == 0]))
+    size = experts // n_group
     cf = draw(st.sampled_from([None, 0.25, 0.5, 1.0, 1.5]))
+    # tile_n need not divide H or I: ragged last column blocks
     return Config(
-        tokens=draw(st.integers(1, 40)), hidden=tile_n * draw(st.integers(1, 3)),
-        ffn=tile_n * draw(st.integers(1, 3)), experts=experts,
-        top_k=draw(st.integers(1, experts)), gate=draw(st.sampled_from(GATES)),
+        tokens=draw(st.integers(1, 40)), hidden=8 * draw(st.integers(1, 6)), ffn=8 * draw(st.integers(1, 6)),
+        experts=experts, top_k=top_k, gate=draw(st.sampled_from(GATES)),
+        n_group=n_group, topk_group=draw(st.integers(-(-top_k // size), n_group)),
+        routed_scaling=draw(st.sampled_from([1.0, 2.5])), router_bias=draw(st.booleans()),
+        scale_before_expert=top_k == 1 and draw(st.booleans()),
         capacity_factor=cf, activation=draw(st.sampled_from([a for a in ACTIVATIONS if a != "gelu"])),
-        bias=draw(st.booleans()), shared_experts=draw(st.integers(0, 1)),
+        swiglu_limit=draw(st.sampled_from([0.5, 7.0])),
+        bias=draw(st.booleans()), shared_experts=draw(st.integers(0, 2)),
         skew=draw(st.sampled_from([0.0, 0.0, 3.0])), seed=draw(st.integers(0, 2**32)),
         ranks=ranks, gpus_per_node=draw(st.sampled_from([1, 2, 8])) if ranks > 1 else 8,
-        tile_m=draw(st.sampled_from([4, 8, 32])), tile_n=tile_n, tile_k=tile_n, merge_sources=draw(st.booleans()))
+        tile_m=draw(st.sampled_from([4, 8, 32])), tile_n=draw(st.sampled_from([8, 16, 24])), tile_k=8,
+        merge_sources=draw(st.booleans()))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -65,6 +72,9 @@ def skewed(cfg):
     dict(top_k=1), dict(top_k=8), dict(capacity_factor=0.1), dict(capacity_factor=None),
     dict(tokens=5, tile_m=32), dict(tokens=33, tile_m=32), dict(activation="gelu"),
     dict(activation="swiglu", shared_experts=2), dict(gate="sigmoid_bias", skew=2.0),
+    dict(activation="swiglu_oai", swiglu_limit=0.5, tile_n=48), dict(gate="topk_softmax", router_bias=True),
+    dict(gate="sigmoid_topk", top_k=1, scale_before_expert=True, shared_experts=1, activation="swiglu"),
+    dict(gate="sigmoid_bias", n_group=4, topk_group=2, routed_scaling=2.5, shared_experts=2, tile_n=24),
 ])
 def test_edge_configs_all_paths(changes):
     cfg = presets.get("tiny").replace(**changes)
