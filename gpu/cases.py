@@ -176,6 +176,56 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
         [put_return_case(f"check-tf32x3-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 
+def tie_experts(cfg: Config, wg, gate_bias, wg_bias) -> None:
+    """Tie experts in pairs, in place (NumPy arrays or torch tensors alike): expert E-1-e gets expert
+    e's gate column and biases, for e < E / 4, so every token scores each pair equally (with skew 0),
+    and mirrored whole groups score equally where a quarter of E is whole groups."""
+    e = cfg.experts
+    for src in range(e // 4):
+        wg[:, e - 1 - src] = wg[:, src]
+        gate_bias[e - 1 - src] = gate_bias[src]
+        wg_bias[e - 1 - src] = wg_bias[src]
+
+
+# every router of the real models' layers (reference/routing.py), each on random inputs and on
+# inputs with tied experts and groups (tie_experts): E up to 256, k up to 8
+ROUTERS = {
+    "mixtral": dict(experts=8, top_k=2, gate="softmax_topk_renorm"),
+    "qwen3": dict(experts=128, top_k=8, gate="softmax_topk"),
+    "deepseek_v2": dict(experts=64, top_k=6, gate="softmax_topk", n_group=8, topk_group=3, routed_scaling=16.0),
+    "deepseek_v3": dict(experts=256, top_k=8, gate="sigmoid_bias", n_group=8, topk_group=4, routed_scaling=2.5),
+    "deepseek_v3_small_groups": dict(experts=16, top_k=4, gate="sigmoid_bias", n_group=4, topk_group=2),
+    "llama4": dict(experts=16, top_k=1, gate="sigmoid_topk"),
+    "sigmoid_topk_k4": dict(experts=32, top_k=4, gate="sigmoid_topk", routed_scaling=1.5),
+    "gpt_oss": dict(experts=32, top_k=4, gate="topk_softmax", router_bias=True),
+}
+
+
+def router_check_cases(p: int, seed: int) -> list[dict]:
+    """The gate phase against the golden's routing for every router of ROUTERS, random and tied
+    (check-router-NAME[-ties]-pP), in float32 and, for two of them, bf16 (check-router-bf16-...)."""
+    base = dict(tokens=200, hidden=128, ffn=64, capacity_factor=1.0, activation="relu", bias=True, ranks=p,
+                gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed)
+    bf16 = dict(dtype="bfloat16", tile_k=64)
+    todo = [(f"{n}{'-ties' if ties else ''}", {**base, **router}, ties)
+            for n, router in ROUTERS.items() for ties in (False, True)]
+    todo += [(f"bf16-{n}-ties", {**base, **ROUTERS[n], **bf16}, True) for n in ("deepseek_v3", "gpt_oss")]
+    return [{"name": f"check-router-{n}-p{p}", "config": config, "inputs": "reference", "golden": True,
+             "ties": ties} for n, config, ties in todo if config["experts"] % p == 0]
+
+
+def moe_layer_cases(p: int, seed: int) -> list[dict]:
+    """gpu.MoELayer called three times with new tokens, each call against the golden: a Mixtral-style
+    router in float32 and in bf16, gpt-oss' router with its bias (moe-layer-NAME-pP)."""
+    base = dict(tokens=160, hidden=128, ffn=64, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed,
+                gate="softmax_topk_renorm")
+    todo = {"float32": {}, "bf16": dict(dtype="bfloat16", tile_k=64),
+            "gpt_oss_router": dict(ROUTERS["gpt_oss"], experts=8 * p, bias=False)}
+    return [{"name": f"moe-layer-{n}-p{p}", "config": {**base, **ch}, "calls": 3, "seed": seed}
+            for n, ch in todo.items()]
+
+
 def sit_out_case(p: int) -> dict:
     cfg = dict(tokens=256, hidden=128, ffn=256, experts=4 * p, top_k=2, ranks=p, tile_m=64, tile_n=32, tile_k=8)
     return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}

@@ -34,7 +34,8 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     progress = Progress(not args.quiet)
     case = {"name": cfg.name, "config": cfg.to_dict(), "inputs": args.inputs, "seed": cfg.seed,
             "golden": args.check and args.inputs == "reference", "baseline_check": args.check,
-            "bench": args.bench, "baselines": ["float32", "bfloat16"] + (["tf32"] if cfg.tf32 or cfg.tf32x3 else []),
+            # torch layers of the kernel's GEMM precision first (a float32 layer of bf16 tokens is no baseline)
+            "bench": args.bench, "baselines": list(cases.PRECISIONS[cfg.gemm_precision][2]),
             "warmup": args.warmup, "iters": args.iters,
             "trace": "trace.npz" if args.trace else None, "timeout_ms": args.timeout_ms}
     why = spawn.unmet(args.gpus)

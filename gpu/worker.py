@@ -8,7 +8,9 @@ with reference.golden, small configs), "baseline" (compare with the dropless tor
 (run with telemetry on and off, compare, decode the trace), "bench" (time the kernel and the
 torch layers of gpu.baseline.KINDS, or those of "torch_layers"; the padded one is skipped where
 its buffers do not fit), "torch_only" (the reason the kernel does not run the layer: the torch
-layers alone), "profile" (a torch profiler table of one baseline call per dtype), "sit_out"
+layers alone), "profile" (a torch profiler table of one baseline call per dtype), "ties" (the
+inputs' experts tied in pairs, cases.tie_experts, the golden's too), "calls" (run gpu.MoELayer that many
+times on new tokens instead, each call checked against the golden), "sit_out"
 (this rank does not launch: the others must time out and raise), timeout_ms, "dispatch" (how
 the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), "staged_blocks"
 (its senders, layout.STAGED_BLOCKS by default), and "meta" (the
@@ -31,7 +33,7 @@ import numpy as np
 from reference import Config, golden, routing, weights
 
 from . import baseline, errors, telemetry
-from .cases import baseline_precision
+from .cases import baseline_precision, tie_experts
 from .layout import STAGED_BLOCKS
 from .runtime import Inputs, Layer, Session
 
@@ -58,11 +60,16 @@ def golden_path(cfg: Config) -> str:
     return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
 
 
-def check_golden(cfg: Config, ys: list, routes: list) -> dict:
+def check_golden(cfg: Config, ys: list, routes: list, ties: bool = False, w: weights.Weights | None = None) -> dict:
     """Kernel routing and output of every rank against the reference's golden of its precision
     (the routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights);
-    where that golden is not float64, the output against float64 too (rel_err_float64)."""
-    w = weights.draw(cfg)
+    where that golden is not float64, the output against float64 too (rel_err_float64). Of the
+    inputs `w` (default: the config's seeded ones; with `ties`, their experts tied as
+    cases.tie_experts ties them, as the kernel ran them)."""
+    if w is None:
+        w = weights.draw(cfg)
+        if ties:
+            tie_experts(cfg, w.wg, w.gate_bias, w.wg_bias)
     r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     y_gold = golden.dense(cfg, w, r, golden_path(cfg))
     expert = np.stack([x["expert"] for x in routes])
@@ -182,6 +189,46 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
     return trace
 
 
+def run_moe_layer_case(session: Session, case: dict) -> dict:
+    """gpu.MoELayer given the reference's weights of all E experts as torch tensors, called
+    case["calls"] times with new random tokens drawn on the GPU (bf16 ones for a bfloat16 config);
+    rank 0 checks every call's routing and output against the golden of those tokens."""
+    import dataclasses
+
+    import torch
+
+    from .moe_layer import MoELayer
+
+    cfg = Config.from_dict(case["config"])
+    w = weights.draw(cfg)
+    dev = torch.device("cuda", session.local_rank)
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+
+    given = {"wg": t(w.wg), "w1": t(w.w1[: cfg.experts]), "w2": t(w.w2[: cfg.experts])}
+    if cfg.bias:
+        given.update(b1=t(w.b1[: cfg.experts]), b2=t(w.b2[: cfg.experts]))
+    if cfg.router_bias:
+        given["wg_bias"] = t(w.wg_bias)
+    if cfg.gate == "sigmoid_bias":
+        given["gate_bias"] = t(w.gate_bias)
+    res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, "calls": []}
+    layer = MoELayer(cfg, given, timeout_ms=case.get("timeout_ms", 5000.0), on=session)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(case.get("seed", 0) * 1_000_003 + session.rank)
+    try:
+        for _ in range(case["calls"]):
+            x = torch.randn(cfg.tokens, cfg.hidden, generator=gen, device=dev)
+            y = layer.forward(x.to(torch.bfloat16) if cfg.dtype == "bfloat16" else x)
+            xs, ys, routes = zip(*_gather(session, (x.cpu().numpy(), y.cpu().numpy(), layer.routing())))
+            if session.rank == 0:
+                res["calls"].append(check_golden(cfg, list(ys), list(routes), w=dataclasses.replace(w, x=np.stack(xs))))
+    finally:
+        layer.close()
+    return res
+
+
 def max_over_ranks(session: Session, times: list[float]) -> np.ndarray:
     """Per iteration, the slowest rank's time (collective)."""
     return np.array(_gather(session, times)).max(axis=0)
@@ -260,6 +307,8 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         return res
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
+    if case.get("ties"):
+        tie_experts(cfg, inputs.wg, inputs.gate_bias, inputs.wg_bias)
     layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
                   dispatch=dispatch, staged_blocks=res["staged_blocks"])
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
@@ -280,7 +329,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         rt = layer.routing()
         ys, routes = zip(*_gather(session, (y, rt)))
         if case.get("golden") and session.rank == 0:
-            res.update(check_golden(cfg, list(ys), list(routes)))
+            res.update(check_golden(cfg, list(ys), list(routes), case.get("ties", False)))
         # determinism and telemetry: the same output bit for bit with telemetry on (ranks lined up
         # first, so that the trace shows the layer, not the host's skew between the ranks)
         layer.poison()
@@ -347,7 +396,7 @@ def main(argv: list[str]) -> int:
     results = []
     for case in job["cases"]:
         try:
-            res = run_case(session, case, out_dir)
+            res = run_moe_layer_case(session, case) if case.get("calls") else run_case(session, case, out_dir)
         except Exception as e:  # reported per case; a broken session stops the job
             res = {"name": case["name"], "failed": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"[rank {session.rank}] case {case['name']} failed: {res['failed']}", file=sys.stderr, flush=True)

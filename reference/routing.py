@@ -37,6 +37,7 @@ The rules, fixed so that the simulator and the kernel can reproduce them exactly
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,12 +145,13 @@ def assign_slots(cfg: Config, top: np.ndarray) -> np.ndarray:
     return position.reshape(k, t).T.astype(np.int32)
 
 
-def route(cfg: Config, x: np.ndarray, wg: np.ndarray, gate_bias: np.ndarray,
+def route(cfg: Config, x: Iterable[np.ndarray], wg: np.ndarray, gate_bias: np.ndarray,
           wg_bias: np.ndarray | None = None) -> Routing:
-    """Route the (P, T, H) tokens of every rank (`wg_bias`: the gate's bias, needed with router_bias)."""
+    """Route the (P, T, H) tokens of every rank, an array or the ranks' (T, H) one after another
+    (`wg_bias`: the gate's bias, needed with router_bias)."""
     experts, weights, slots = [], [], []
-    for r in range(cfg.ranks):
-        top, w = select(cfg, logits(cfg, x[r], wg, wg_bias), gate_bias)
+    for xr in x:
+        top, w = select(cfg, logits(cfg, xr, wg, wg_bias), gate_bias)
         experts.append(top)
         weights.append(w)
         slots.append(assign_slots(cfg, top))

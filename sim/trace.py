@@ -126,22 +126,33 @@ class Trace:
 
 
 class TraceBuilder:
-    """Appends rows one at a time (as a simulation or a log decoder produces them)."""
+    """Appends rows one at a time (as a simulation or a log decoder produces them), packed into
+    columns every `CHUNK` rows: a row held as a Python tuple costs about four times its columns."""
+
+    CHUNK = 1 << 16
+    _DTYPE = np.dtype(list(COLUMNS.items()))
 
     def __init__(self):
         self._rows: list[tuple] = []
+        self._packed: list[np.ndarray] = []
 
     def add(self, rank: int, node: int, lane: int, role: str, kind: str, start: float, end: float,
             expert: int = -1, tile: int = -1, peer: int = -1, nbytes: int = 0) -> None:
         self._rows.append((rank, node, lane, ROLE[role], KIND[kind], start, end, expert, tile,
                            peer, nbytes))
+        if len(self._rows) >= self.CHUNK:
+            self._pack()
+
+    def _pack(self) -> None:
+        if self._rows:
+            self._packed.append(np.array(self._rows, self._DTYPE))
+            self._rows = []
 
     def build(self, meta: dict | None = None) -> Trace:
-        if self._rows:
-            cols = dict(zip(COLUMNS, (np.array(c) for c in zip(*self._rows))))
-        else:
-            cols = {c: np.empty(0, dt) for c, dt in COLUMNS.items()}
-        return Trace(cols, meta or {})
+        self._pack()
+        rows = np.concatenate(self._packed) if self._packed else np.empty(0, self._DTYPE)
+        self._packed = [rows]
+        return Trace({c: rows[c] for c in COLUMNS}, meta or {})
 
 
 def concat(traces: list[Trace], meta: dict | None = None) -> Trace:

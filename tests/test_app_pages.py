@@ -194,6 +194,19 @@ def test_fences_page_sets_ibrc_beside_perseus_and_follows_the_form():
     assert any("'ranks' = 4" in e.value for e in at.sidebar.error)
 
 
+@needs_sim
+def test_fences_page_runs_every_transport_on_a_perseus_model():
+    at = page("fences")
+    at.selectbox(key="perseus.model").set_value("qwen3-30b-a3b")
+    at.selectbox(key="perseus.gpus").set_value(8)
+    at.button(key="perseus.run").click().run()
+    assert not at.exception
+    rows = at.dataframe[1].value.to_dict("records")
+    assert [r["transport"] for r in rows] == list(sim.TRANSPORTS)
+    # one node of 8 GPUs: nothing crosses a NIC, so every transport takes as long and fences nothing
+    assert {r["latency_ms"] for r in rows} == {rows[0]["latency_ms"]} and not any(r["fences"] for r in rows)
+
+
 def bench_summary(folder, gpu="NVIDIA H200", memory_gbps=None, stream_gbps=None):
     """A made-up bench_gpu summary of the bf16 FlashMoE layer at 1K tokens on one and two GPUs
     (and a weight-stream file for its GPU) under folder/gpu/."""
