@@ -168,6 +168,14 @@ def test_a_port_in_use_is_refused():
         refused(["app", "--port", str(s.getsockname()[1]), "--headless"], "in use")
 
 
+def test_the_app_without_streamlit_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
+    refused(["app", "--headless"], "pip install")
+
+
 def test_staged_blocks_up_to_the_processors_but_one_run():
     rc, out, err, _ = run(["sim", "--config", "tiny", "--staged-blocks", "526", "--quiet", "--json"])
     assert rc == 0 and '"staged_blocks": 526' in out, err
