@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -44,6 +45,9 @@ def port_free(number: int) -> bool:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("streamlit") is None:
+        print("moelab app: error: streamlit is not installed: pip install -e \".[app]\"", file=sys.stderr)
+        return 2
     if not port_free(args.port):
         print(f"moelab app: error: port {args.port} is in use or cannot be served on: pick another with --port N",
               file=sys.stderr)

@@ -2,11 +2,12 @@
 
 `estimate(cfg, job)` sizes the arrays the job holds at once and counts its work ("route": the
 inputs, gate and tile plan; "golden": that and the dense forward on every precision path plus the
-tile walk; "sim": the routing and a simulation per task, twice where the fused run shares ports,
-and the 2-GPU run beside it). `check` refuses a job past the memory this machine has free, and
-one past `LONG_S` seconds unless the user said to go on, so a huge size is one clear line, not a
-MemoryError after a minute. The rates are a 2-core cloud VM's (NumPy's BLAS, SimPy); a faster
-machine finishes sooner, so the figures are "about", within a factor of a few.
+tile walk; "sim": `moelab sim`'s simulation, its SimPy events counted by the chunks it moves, and
+the 2-GPU run beside it; `simulation` is one run alone). `check` refuses a job past the memory
+this machine has free, and one past `LONG_S` seconds unless the user said to go on, so a huge
+size is one clear line, not a MemoryError after a minute. The rates are a 2-core cloud VM's
+(NumPy's BLAS, SimPy); a faster machine finishes sooner, so the figures are "about", within a
+factor of a few.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import os
 from dataclasses import dataclass
 
 from .config import Config
+from .numerics import PATHS
+from .weights import draw_bytes, ffn_in_width
 
 JOBS = ("route", "golden", "sim")
 LONG_S = 120.0  # past this, a job asks to be let go on (a few minutes with a factor-2 estimate)
@@ -32,7 +35,6 @@ SIM_US_PER_EVENT = 120.0  # 75-185 us an event on a busy 2-core VM (the model's 
 SIM_PASSES = 1.25  # a second pass where stores meet at a port, in some runs
 SIM_BYTES_PER_EVENT = 1000  # SimPy events and processes, trace rows as Python tuples
 SIM_BYTES_PER_TASK = 200  # the kernel model's tables
-PATHS_DENSE = 4  # golden's dense paths: float64, float32, bfloat16, tf32 (reference.numerics.PATHS)
 
 
 class BudgetError(ValueError):
@@ -84,12 +86,14 @@ def estimate(cfg: Config, job: str) -> Estimate:
     if job == "route":
         return Estimate(job, route_bytes + tasks * 64, route_s)
     n_exp = e + cfg.shared_experts
-    w_in = 2 * cfg.ffn if cfg.gated else cfg.ffn
-    weights = n_exp * (h * w_in + cfg.ffn * h) * 4
+    w_in = ffn_in_width(cfg)
     if job == "golden":
         rows = n_tok * (cfg.top_k + cfg.shared_experts)
-        flops = 2 * rows * (h * w_in + cfg.ffn * h) * (PATHS_DENSE + 1)
-        held = weights + route_bytes + n_tok * h * (8 + 8 * (cfg.top_k + cfg.shared_experts) + 8 + 4 * 3)
+        flops = 2 * rows * (h * w_in + cfg.ffn * h) * (len(PATHS) + 1)
+        # the drawn arrays; on a float64 path the tokens, a row per (token, choice) and an expert's
+        # operands; the outputs of every path; the gate's tables
+        held = (draw_bytes(cfg) + 8 * (n_tok * h * (2 + cfg.top_k + cfg.shared_experts) + h * (2 * w_in + cfg.ffn))
+                + n_tok * h * 4 * (len(PATHS) + 1) + scores * 8 * 4)
         return Estimate(job, held, route_s + n_exp * h * (w_in + cfg.ffn) / NORMALS_PER_S + flops / GEMM_FLOPS_PER_S)
     one = simulation(cfg)
     if cfg.ranks > 2 and cfg.experts % 2 == 0:  # `moelab sim` adds the 2-GPU run of the layer

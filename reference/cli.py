@@ -139,6 +139,8 @@ def cmd_configs(args: argparse.Namespace) -> int:
 
 def _from_hf(args: argparse.Namespace) -> int:
     """`configs --from-hf`: a Config from a Hugging Face config.json, printed (TOML, or JSON) or saved."""
+    if args.out:  # before reading: a bad path fails now
+        check_output(args.out, (".toml", ".json"))
     run = {k: v for k, v in (("tokens", args.tokens), ("ranks", args.ranks)) if v is not None}
     cfg = hf.from_hf(args.from_hf, **run)
     if args.out:

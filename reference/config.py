@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import FileError, parse_json, read_text
+from .files import FileError, check_output, parse_json, read_text
 
 # routers (reference/routing.py has each one's formula and the model families that use it)
 GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias", "sigmoid_topk")
@@ -225,14 +225,9 @@ class Config:
         return {f: getattr(self, f) for f in field_names()}
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
+        path = check_output(path, (".toml", ".json"))
         d = self.to_dict()
-        if path.suffix == ".json":
-            path.write_text(json.dumps(d, indent=2) + "\n")
-        elif path.suffix == ".toml":
-            path.write_text(to_toml(d))
-        else:
-            raise ConfigError("path", str(path), "a file ending in .toml or .json")
+        path.write_text(json.dumps(d, indent=2) + "\n" if path.suffix == ".json" else to_toml(d))
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:

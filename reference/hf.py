@@ -25,11 +25,11 @@ tokens and ranks may be given). Every problem is one ConfigError naming the file
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from . import presets
 from .config import Config, ConfigError
+from .files import read_json
 
 FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss")
 FAMILIES_HELP = "model_type one of " + ", ".join(FAMILIES)
@@ -146,12 +146,7 @@ def from_hf(path: str | Path, **run) -> Config:
     """The Config of the MoE layer in the Hugging Face config.json at `path`, run as DEFAULTS
     says with `run` (tokens, ranks, ...) over them; named after the file's folder."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("--from-hf", str(path), "an existing Hugging Face config.json file")
-    try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("--from-hf", str(path), f"a well-formed JSON file ({e})") from e
+    d = read_json(path, "a Hugging Face config.json: a JSON object of the model's fields")
     layer = layer_fields(str(path), d)
     name = (path.parent.name or path.stem) if path.name == "config.json" else path.stem
     try:

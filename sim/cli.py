@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from reference import budget, presets
@@ -104,8 +105,10 @@ def _sweep(args) -> int:
         runs += [(sweeps.with_nodes(sweeps.COMM_BOUND.replace(ranks=n * sweeps.GPUS_PER_NODE,
                                                               gpus_per_node=sweeps.GPUS_PER_NODE), n),
                   len(TRANSPORTS)) for n in sweeps.NODES]
-    seconds = sum(budget.simulation(c).seconds * k for c, k in runs)
-    progress(f"sweep {args.sweep}: {sum(k for _, k in runs)} simulations, about {budget.format_seconds(seconds)}")
+    count, workers = sum(k for _, k in runs), os.cpu_count() or 1  # sweeps run a process per core
+    seconds = sum(budget.simulation(c).seconds * k for c, k in runs) / min(workers, count)
+    progress(f"sweep {args.sweep}: {count} simulations on {min(workers, count)} processes, "
+             f"about {budget.format_seconds(seconds)}")
     out = {}
     if args.sweep in ("fused", "all"):
         out["fused_vs_baseline"] = sweeps.fused_vs_baseline(hardware=args.hardware, progress=progress)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from reference import ConfigError
+from reference.budget import format_seconds
 from reference.cli import path_ending
 from reference.files import FileError, check_output
 
@@ -73,9 +75,12 @@ def _all(args) -> int:
         raise cmp.CompareError("measured", str(cmp.MEASUREMENTS / "gpu"), "a folder holding measured runs")
     predict = cmp.Predictor()
     comparisons = []
+    t0 = time.perf_counter()
     for i, run in enumerate(runs, 1):
-        if not args.quiet:
-            print(f"[{i}/{len(runs)}] {run.name}", file=sys.stderr, flush=True)
+        if not args.quiet:  # the time left at the pace so far
+            left = f", about {format_seconds((time.perf_counter() - t0) / (i - 1) * (len(runs) - i + 1))} left" \
+                if i > 1 else ""
+            print(f"[{i}/{len(runs)}] {run.name}{left}", file=sys.stderr, flush=True)
         comparisons.append(cmp.compare(run, args.hardware, runs=runs, predict=predict))
     if args.markdown:
         Path(args.markdown).write_text(validation.markdown(comparisons))

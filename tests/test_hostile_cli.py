@@ -55,6 +55,13 @@ OPTIONS = [
     (["golden", "--check", "{golden}", "--tolerance", "-1"], "finite"),
     (["golden", "--check", "{golden}", "--tolerance", "abc"], "finite"),
     (["golden", "--check", "{golden}", "--out", "{d}/g.npz"], "--check"),
+    # configs --from-hf
+    (["configs", "--from-hf", "{d}/none.json"], "does not exist"),
+    (["configs", "--from-hf", "{d}/dir.json"], "is a folder"),
+    (["configs", "--from-hf", "tests/hf_configs/mixtral-8x7b.json", "--out", "{d}/none/x.toml"], "does not exist"),
+    (["configs", "--from-hf", "tests/hf_configs/mixtral-8x7b.json", "--out", "{d}/dir.json"], "is a folder"),
+    (["configs", "--from-hf", "tests/hf_configs/mixtral-8x7b.json", "--tokens", "0"], "tokens"),
+    (["configs", "--tokens", "64"], "--from-hf"),
     # sizes: estimated before the work, refused past the memory or (without --long) a few minutes
     (["golden", "--config", "tiny", "--set", "tokens=1000000000"], "too large"),
     (["sim", "--config", "tiny", "--set", "tokens=1000000000"], "too large"),
@@ -159,6 +166,14 @@ def test_a_port_in_use_is_refused():
         s.bind(("", 0))
         s.listen()
         refused(["app", "--port", str(s.getsockname()[1]), "--headless"], "in use")
+
+
+def test_the_app_without_streamlit_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "streamlit" else real(name, *a))
+    refused(["app", "--headless"], "pip install")
 
 
 def test_staged_blocks_up_to_the_processors_but_one_run():

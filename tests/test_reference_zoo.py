@@ -113,7 +113,7 @@ def test_bad_hf_files_are_one_clear_error(d, needles, tmp_path, capsys):
 
 def test_missing_hf_file_and_flags_without_from_hf(tmp_path, capsys):
     assert main(["configs", "--from-hf", str(tmp_path / "none.json")]) == 2
-    assert "an existing Hugging Face config.json" in capsys.readouterr().err
+    assert "does not exist; expected a Hugging Face config.json" in capsys.readouterr().err
     assert main(["configs", "--tokens", "64"]) == 2
     assert "only with --from-hf" in capsys.readouterr().err
 
@@ -127,3 +127,12 @@ def test_every_zoo_layer_plans_and_simulates(name, ranks):
     result = sim.simulate(cfg, plan=plan)
     assert result.metrics["latency_ms"] > 0
 
+
+def test_golden_refuses_a_layer_larger_than_the_machine(monkeypatch, capsys):
+    from reference import budget
+
+    monkeypatch.setattr(budget, "available_bytes", lambda: 2**30)
+    assert main(["golden", "--config", "deepseek-v3", "--quiet"]) == 2  # 53 GiB of weights and rows
+    err = capsys.readouterr().err
+    assert "too large" in err and "1.1 GB is free" in err and err.count("\n") == 1
+    assert main(["golden", "--config", "tiny", "--quiet", "--json"]) == 0
