@@ -127,3 +127,9 @@ def test_every_zoo_layer_plans_and_simulates(name, ranks):
     result = sim.simulate(cfg, plan=plan)
     assert result.metrics["latency_ms"] > 0
 
+
+
+def test_a_text_only_llama4_config_maps_alike(tmp_path):
+    text = json.loads((HF / "llama-4-scout.json").read_text())["text_config"]
+    path = write(tmp_path, text)  # model_type llama4_text at the top, as a text-only checkpoint ships it
+    assert hf.from_hf(path) == presets.ZOO["llama-4-scout"].replace(name=tmp_path.name)
