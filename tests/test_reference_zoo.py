@@ -136,3 +136,9 @@ def test_golden_refuses_a_layer_larger_than_the_machine(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "too large" in err and "1.1 GB is free" in err and err.count("\n") == 1
     assert main(["golden", "--config", "tiny", "--quiet", "--json"]) == 0
+
+
+def test_a_text_only_llama4_config_maps_alike(tmp_path):
+    text = json.loads((HF / "llama-4-scout.json").read_text())["text_config"]
+    path = write(tmp_path, text)  # model_type llama4_text at the top, as a text-only checkpoint ships it
+    assert hf.from_hf(path) == presets.ZOO["llama-4-scout"].replace(name=tmp_path.name)
