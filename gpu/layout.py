@@ -18,7 +18,6 @@ from pathlib import Path
 from reference import Config, ConfigError, plan, weights
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias")  # params.cuh order
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
 GATED = {"swiglu": 1, "swiglu_oai": 2}  # the gated activations: the build's MOE_GATED (params.cuh)
 COMBINE_LANES = 32  # a token's routed choices and shared experts, one warp lane each (processor.cuh combine_tokens)
@@ -29,6 +28,7 @@ MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in r
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
 GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
 MAX_TOP_K = 16
+MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a bit each in a mask)
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
 STAGED_BLOCKS = 16  # processors that send the peers' chunks on the staged dispatch (processor.cuh dispatch_chunks)
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
@@ -112,10 +112,10 @@ def check_supported(cfg: Config) -> None:
     if cfg.gated and cfg.gemm_precision == "float32" and cfg.tile_n % 16:
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"a multiple of 16 for float32 with activation = "
                                 f"{cfg.activation!r} (each thread holds a gate column beside its up column)")
-    if cfg.gate not in GATES:
-        raise UnsupportedConfig("gate", cfg.gate, "one of " + ", ".join(GATES))
     if cfg.top_k > MAX_TOP_K:
         raise UnsupportedConfig("top_k", cfg.top_k, f"at most {MAX_TOP_K}")
+    if cfg.n_group > MAX_GROUPS:
+        raise UnsupportedConfig("n_group", cfg.n_group, f"at most {MAX_GROUPS}")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
     elif cfg.gemm_precision == "tf32x3":

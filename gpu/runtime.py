@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import Config, numerics, weights
-from reference.config import is_positive_int
+from reference.config import GATES, is_positive_int  # GATES: params.cuh GATE_* order
 from sim.trace import DISPATCH_PATHS
 
 from . import build, errors, layout, telemetry, tma
@@ -144,20 +144,23 @@ def interleave_gated(a):
 
 @dataclass
 class Inputs:
-    """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset and gate_bias
-    (E,) float64, and the weights of the local experts then the S shared ones: w1 (L+S, H, I'),
-    b1 (L+S, I'), w2 (L+S, I, H), b2 (L+S, H), I' = 2I for a gated layer (W1's gate and up columns
-    interleaved: interleave_gated), else I.
-    For a bfloat16 config x, w1 and w2 are bf16 and wg, b1, b2 float32 rounded to bf16 values."""
+    """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset, gate_bias and wg_bias
+    (E,) float64 (wg_bias: the gate's bias added to its logits, zeros without router_bias), the
+    local experts' w1 (L, H, I'), b1 (L, I'), w2 (L, I, H), b2 (L, H), I' = 2I for a gated layer
+    ([gate | up], reference/weights.py), else I, and with shared experts their (w1, b1, w2, b2) as
+    `shared`, (S, ...) each. (The Layer hands the kernel these as kernel_weights lays them out.)
+    For a bfloat16 config x, w1 and w2 are bf16 and wg, wg_bias, b1, b2 hold bf16-rounded values."""
 
     x: object
     wg: object
     logit_offset: object
     gate_bias: object
+    wg_bias: object
     w1: object
     b1: object
     w2: object
     b2: object
+    shared: tuple | None = None
 
     @classmethod
     def reference(cls, cfg: Config, rank: int) -> Inputs:
@@ -165,21 +168,21 @@ class Inputs:
         import torch
 
         wg, gate_bias = weights.gate(cfg)
-        mine = range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts)
-        shared = range(cfg.experts, cfg.experts + cfg.shared_experts)
-        experts = [weights.expert(cfg, e) for e in (*mine, *shared)]
         dev = torch.device("cuda", torch.cuda.current_device())
 
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
-        def stacked(i):
-            a = np.stack([ex[i] for ex in experts])
-            return interleave_gated(a) if cfg.gated and i < 2 else a
+        def stacked(experts):
+            parts = [weights.expert(cfg, e) for e in experts]
+            return tuple(t(np.stack([ex[i] for ex in parts])) for i in range(4))
 
+        mine = stacked(range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts))
+        shared = stacked(range(cfg.experts, cfg.experts + cfg.shared_experts)) if cfg.shared_experts else None
         return cls(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
                    gate_bias=t(gate_bias.astype(np.float64)),
-                   **{name: t(stacked(i)) for i, name in enumerate(("w1", "b1", "w2", "b2"))}).as_dtype(cfg.dtype)
+                   wg_bias=t(weights.router_bias(cfg).astype(np.float64)),
+                   **dict(zip(("w1", "b1", "w2", "b2"), mine)), shared=shared).as_dtype(cfg.dtype)
 
     @classmethod
     def random(cls, cfg: Config, rank: int, seed: int) -> Inputs:
@@ -191,18 +194,23 @@ class Inputs:
         g.manual_seed(seed * 1_000_003 + rank)
         gshared = torch.Generator(device=dev)
         gshared.manual_seed(seed)  # the gate is the same on every rank
-        h, i, e, L = cfg.hidden, cfg.ffn, cfg.experts, cfg.local_experts + cfg.shared_experts
-        i1 = layout.gemm0_cols(cfg)  # W1's columns (gated: interleaved gate and up, drawn alike)
+        h, i, e, i1 = cfg.hidden, cfg.ffn, cfg.experts, layout.gemm0_cols(cfg)
 
         def n(shape, scale, gen=g):
             return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32) * scale
 
-        zeros = (lambda *s: torch.zeros(*s, device=dev)) if not cfg.bias else None
+        def bias(*shape):
+            return n(shape, 0.1) if cfg.bias else torch.zeros(*shape, device=dev)
+
+        def experts(m):
+            return n((m, h, i1), h ** -0.5), bias(m, i1), n((m, i, h), i ** -0.5), bias(m, h)
+
         return cls(x=n((cfg.tokens, h), 1.0), wg=n((h, e), h ** -0.5, gshared),
                    logit_offset=torch.from_numpy(logit_offset(cfg)).to(dev),
                    gate_bias=n((e,), 0.1, gshared).double(),
-                   w1=n((L, h, i1), h ** -0.5), b1=zeros(L, i1) if zeros else n((L, i1), 0.1),
-                   w2=n((L, i, h), i ** -0.5), b2=zeros(L, h) if zeros else n((L, h), 0.1)).as_dtype(cfg.dtype)
+                   wg_bias=(n((e,), 0.1, gshared) if cfg.router_bias else torch.zeros(e, device=dev)).double(),
+                   **dict(zip(("w1", "b1", "w2", "b2"), experts(cfg.local_experts))),
+                   shared=experts(cfg.shared_experts) if cfg.shared_experts else None).as_dtype(cfg.dtype)
 
     def as_dtype(self, dtype: str) -> Inputs:
         """These float32 inputs as the kernel of `dtype` takes them (torch rounds to bf16 to
@@ -212,9 +220,29 @@ class Inputs:
         if dtype != "bfloat16":
             return self
         bf = torch.bfloat16
+
+        def experts(w1, b1, w2, b2):
+            return w1.to(bf), b1.to(bf).float(), w2.to(bf), b2.to(bf).float()
+
         return Inputs(x=self.x.to(bf), wg=self.wg.to(bf).float(), logit_offset=self.logit_offset,
-                      gate_bias=self.gate_bias, w1=self.w1.to(bf), b1=self.b1.to(bf).float(), w2=self.w2.to(bf),
-                      b2=self.b2.to(bf).float())
+                      gate_bias=self.gate_bias, wg_bias=self.wg_bias.to(bf).double(),
+                      **dict(zip(("w1", "b1", "w2", "b2"), experts(self.w1, self.b1, self.w2, self.b2))),
+                      shared=experts(*self.shared) if self.shared is not None else None)
+
+
+def kernel_weights(cfg: Config, inputs: Inputs) -> dict:
+    """The expert weights as the kernel reads them: the local experts' then the shared ones'
+    (experts L .. L+S-1), W1 and b1 with the gate and up columns interleaved where gated
+    (interleave_gated); the inputs' own tensors for a layer with neither (no copy)."""
+    import torch
+
+    out = {}
+    for i, name in enumerate(("w1", "b1", "w2", "b2")):
+        t = getattr(inputs, name)
+        if inputs.shared is not None:
+            t = torch.cat([t, inputs.shared[i]])
+        out[name] = interleave_gated(t).contiguous() if cfg.gated and name in ("w1", "b1") else t
+    return out
 
 
 def float_bits(v: float) -> int:
@@ -298,16 +326,18 @@ class Layer:
                 at += n
         self.buffers = b
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride,
-                     rank=session.rank, gate_kind=layout.GATES.index(cfg.gate),
+                     rank=session.rank, gate_kind=GATES.index(cfg.gate),
                      act_kind=layout.ACTIVATIONS.index("silu" if cfg.gated else cfg.activation),  # gated: MOE_GATED's
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
                      staged_blocks=staged_blocks if dispatch == "staged" else 0,
-                     gate_splits=splits, S=s.S, WS=s.WS, swiglu_alpha=float_bits(numerics.OAI_ALPHA),
-                     swiglu_limit=float_bits(cfg.swiglu_limit))
-        tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
-                                                          "b2")}}
+                     gate_splits=splits, n_group=cfg.n_group, topk_group=cfg.topk_group,
+                     routed_scaling=float_bits(cfg.routed_scaling), S=s.S, WS=s.WS,
+                     swiglu_alpha=float_bits(numerics.OAI_ALPHA), swiglu_limit=float_bits(cfg.swiglu_limit))
+        tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "wg_bias",
+                                                          "w1", "b1", "w2", "b2")}}
         self._check_inputs(tensors)
+        tensors.update(kernel_weights(cfg, inputs))
         if cfg.gemm_precision in layout.WGMMA_PRECISIONS:
             # the bf16 and tf32x3 kernels read their expert weights K-major (both wgmma operands from
             # shared memory, kernels/tile_gemm_wgmma.cuh): a transposed copy, taken once, held by the layer
@@ -339,14 +369,22 @@ class Layer:
         import torch
 
         s = self.sizes
-        n, i1 = s.L + s.S, layout.gemm0_cols(self.cfg)
-        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), w1=(n, s.H, i1),
-                    b1=(n, i1), w2=(n, s.I, s.H), b2=(n, s.H))
+        i1 = layout.gemm0_cols(self.cfg)
+        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), wg_bias=(s.E,),
+                    w1=(s.L, s.H, i1), b1=(s.L, i1), w2=(s.L, s.I, s.H), b2=(s.L, s.H))
+        shared = self.inputs.shared
+        if (shared is not None) != (s.S > 0) or (shared is not None and len(shared) != 4):
+            raise ValueError(f"input shared = {'given' if shared is not None else None} is not allowed: "
+                             + (f"the {s.S} shared experts' (w1, b1, w2, b2)" if s.S else
+                                "None (the config has no shared experts)"))
+        if shared is not None:
+            t = {**t, **{f"shared_{k}": v for k, v in zip(("w1", "b1", "w2", "b2"), shared)}}
+            want.update({f"shared_{k}": (s.S, *want[k][1:]) for k in ("w1", "b1", "w2", "b2")})
         elem = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
         for name, shape in want.items():
             v = t[name]
-            dtype = torch.float64 if name in ("logit_offset", "gate_bias") else \
-                elem if name in ("x", "w1", "w2") else torch.float32
+            dtype = torch.float64 if name in ("logit_offset", "gate_bias", "wg_bias") else \
+                elem if name in ("x", "w1", "w2", "shared_w1", "shared_w2") else torch.float32
             if tuple(v.shape) != shape or v.dtype != dtype or not v.is_contiguous() or not v.is_cuda:
                 raise ValueError(f"input {name}: {tuple(v.shape)} {v.dtype} is not allowed: a contiguous CUDA "
                                  f"tensor {shape} {dtype}")
