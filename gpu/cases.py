@@ -411,16 +411,10 @@ def kernel_refuses(cfg: Config) -> str | None:
 
 
 def matrix_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
-    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself, at a tile
-    the kernel runs it at."""
+    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself (its ragged
+    column blocks, gpt-oss' 2880 columns, run at the bench tiles)."""
     cfg = zoo_layer(model, tokens, p, dtype)
-    if kernel_refuses(cfg):
-        cfg = kernel_twin(cfg)
-    # gpt-oss' 2880 columns: the widest bf16 tile whose column blocks divide H and I (64)
-    if dtype == "bfloat16" and (cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n):
-        n = max((n for n in layout.BF16_TILE_N if cfg.hidden % n == 0 and cfg.ffn % n == 0), default=cfg.tile_n)
-        cfg = cfg.replace(tile_n=n)
-    return cfg
+    return kernel_twin(cfg) if kernel_refuses(cfg) else cfg
 
 
 def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torch_models: bool = True) -> list[dict]:

@@ -337,12 +337,15 @@ class Layer:
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "wg_bias",
                                                           "w1", "b1", "w2", "b2")}}
         self._check_inputs(tensors)
-        tensors.update(kernel_weights(cfg, inputs))
+        # held by the layer: the kernel reads them by address (a copy where shared or gated)
+        self._kernel_weights = kernel_weights(cfg, inputs)
+        tensors.update(self._kernel_weights)
         if cfg.gemm_precision in layout.WGMMA_PRECISIONS:
             # the bf16 and tf32x3 kernels read their expert weights K-major (both wgmma operands from
             # shared memory, kernels/tile_gemm_wgmma.cuh): a transposed copy, taken once, held by the layer
             self._weights_k_major = {k: tensors[k].transpose(1, 2).contiguous() for k in ("w1", "w2")}
             tensors.update(self._weights_k_major)
+            self._kernel_weights = {k: self._kernel_weights[k] for k in ("b1", "b2")}  # W1, W2 read K-major
             # and reads its A and weight slices through the TMA: the operands' tensor maps (gpu/tma.py)
             self._tensor_maps = torch.from_numpy(tma.maps_block(tma.operand_specs(tensors, cfg.tile_n))).to(dev)
             tensors["tmaps"] = self._tensor_maps
