@@ -17,7 +17,7 @@ one definition:
   N GPUs; reported where the measured run on 2 GPUs of the same layer by the same kernel commit
   is committed too (on 2 GPUs it is 1 by definition).
 
-Bounds (issue 4): latency within 10%, every phase's busy time within 20%, overlap efficiency
+Bounds: latency within 10%, every phase's busy time within 20%, overlap efficiency
 within 0.1 absolute. A run that recorded no commit cannot be matched to the kernel the
 microbenchmarks measured: it is compared, but not held to the bounds.
 
@@ -81,7 +81,7 @@ class MeasuredRun:
     @property
     def staged_blocks(self) -> int:
         """The processors that sent the peers' chunks on the staged path: traces record it since
-        the kernel took it as a parameter; those before (fca7b10) ran 32."""
+        the kernel took it as a parameter; those before ran 32."""
         return int(self.trace.meta.get("staged_blocks", 32))
 
     @property

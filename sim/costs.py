@@ -52,7 +52,7 @@ STAGED_BLOCKS = 16
 # when a tile's GEMM tasks are queued (queue_policy): "expert-both", its GEMM0 tasks with the rest of
 # its expert's tiles, from every source, once the last has landed, and its GEMM1 tasks with theirs
 # once every tile's GEMM0 tasks are done (os.cuh enqueue_expert); "expert", its GEMM0 tasks so and
-# its GEMM1 tasks as its own GEMM0 tasks are done (the bf16 build up to fcd262e); "tile", each
+# its GEMM1 tasks as its own GEMM0 tasks are done (the older bf16 build); "tile", each
 # phase's tasks as the tile lands and as its GEMM0 tasks are done
 QUEUE_POLICIES = ("expert-both", "expert", "tile")
 BY_EXPERT = ("expert-both", "expert")  # the policies that queue an expert's tiles' GEMM0 tasks together
@@ -85,8 +85,8 @@ def block_bytes_per_ns(hw: Hardware) -> float:
 
 def queue_policy(cfg: Config) -> str:
     """The queue policy of cfg's kernel build (os.cuh QUEUE_BY_EXPERT): the bf16 build queues an
-    expert's tiles' tasks together, both GEMM phases (its traces up to fcd262e say "expert": GEMM0
-    only; up to 0521fe7 they carry no "queue", each tile as it landed), the float32 and tf32
+    expert's tiles' tasks together, both GEMM phases (its older traces say "expert": GEMM0
+    only; the oldest carry no "queue", each tile as it landed), the float32 and tf32
     builds each tile's."""
     return "expert-both" if cfg.dtype == "bfloat16" else "tile"
 
