@@ -276,8 +276,8 @@ class Layer:
                 at += n
         self.buffers = b
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride,
-                     rank=session.rank, gate_kind=layout.GATES.index(cfg.gate),
-                     act_kind=layout.ACTIVATIONS.index(cfg.activation),
+                     rank=session.rank, gate_kind=layout.ALL_GATES.index(cfg.gate),
+                     act_kind=layout.ALL_ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
                      staged_blocks=staged_blocks if dispatch == "staged" else 0,

@@ -43,11 +43,11 @@ from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK, chunk_slots
 
 from .hardware import Hardware
 
-GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
+GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (the kernel's too: gpu/layout.py kernel_constants)
 GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one item's H is split over
 # "staged" (sim.trace.DISPATCH_PATHS): the peers' chunks sent by STAGED_BLOCKS processors one after
 # another, local expert by local expert, the other processors storing their own GPU's chunks
-# (gpu/layout.py STAGED_BLOCKS; a test checks they agree)
+# (the host hands the kernel this count: gpu/layout.py)
 STAGED_BLOCKS = 16
 # when a tile's GEMM tasks are queued (queue_policy): "expert-both", its GEMM0 tasks with the rest of
 # its expert's tiles, from every source, once the last has landed, and its GEMM1 tasks with theirs
@@ -56,7 +56,7 @@ STAGED_BLOCKS = 16
 # phase's tasks as the tile lands and as its GEMM0 tasks are done
 QUEUE_POLICIES = ("expert-both", "expert", "tile")
 BY_EXPERT = ("expert-both", "expert")  # the policies that queue an expert's tiles' GEMM0 tasks together
-DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (processor.cuh DISPATCH_MAX_PARTS)
+DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (the kernel's too: gpu/layout.py)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
 WEIGHTED_IN_TASK = {"float32": True, "bfloat16": False}  # processor.cuh: TASK_COMBINE weights rows (fp32 only)

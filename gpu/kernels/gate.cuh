@@ -12,12 +12,12 @@
 #include "common.cuh"
 #include "tile_gemm.cuh"  // cp_async16, cp_async_commit, cp_async_wait, smem_addr
 
-constexpr int GATE_TOKENS = 32;       // tokens per gate work item
-constexpr int GATE_EXPERTS = 64;      // experts per pass over H
-constexpr int GATE_DEPTH = 64;        // slice of H per pipeline stage (gate_scores says why 64)
+constexpr int GATE_TOKENS = MOELAB_GATE_TOKENS;    // tokens per gate work item (sim.costs owns these four)
+constexpr int GATE_EXPERTS = MOELAB_GATE_EXPERTS;  // experts per pass over H
+constexpr int GATE_DEPTH = MOELAB_GATE_DEPTH;      // slice of H per pipeline stage (gate_scores says why 64)
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
 constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
-constexpr int GATE_MAX_SPLITS = 8;    // blocks that may share one item's H (few tokens: every block busy)
+constexpr int GATE_MAX_SPLITS = MOELAB_GATE_MAX_SPLITS;  // blocks that may share one item's H (few tokens)
 // Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
 // the mma fragments are read). Row strides, in elements, make a fragment read (8 rows x 4 columns
 // of A, 4 rows x 8 columns of B) hit 32 different banks, and keep rows 16-byte aligned for cp.async.

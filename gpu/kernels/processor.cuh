@@ -100,7 +100,7 @@ __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const
 // has a share when the chunk slots (E x CH) are fewer than the processors (a block alone copies a
 // 128-row bf16 tile in ~100 us: its loads' latency, not the memory, bounds it), at most
 // DISPATCH_MAX_PARTS; a packed chunk is put by one block. sim/costs.py dispatch_parts mirrors it.
-constexpr int DISPATCH_MAX_PARTS = 4;
+constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;
 __device__ __forceinline__ int dispatch_parts(const Params& p) {
   return p.direct_stores ? (int)max(1LL, min(p.n_proc / (p.E * p.CH), (long long)DISPATCH_MAX_PARTS)) : 1;
 }
