@@ -24,7 +24,7 @@ from .hardware import Hardware
 from .hardware import get as get_hardware
 from .kernel import FusedKernel, TilePhases
 from .network import TRANSPORTS, Fabric
-from .trace import DISPATCH_PATHS, Trace, TraceBuilder
+from .trace import DISPATCH_PATHS, META_VERSION, Trace, TraceBuilder
 
 
 class SimError(ValueError):
@@ -115,10 +115,9 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
     say(f"{env.events:,} events; building the trace")
-    meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
-            "transport": transport, "dispatch": dispatch, "staged_blocks": staged_blocks, "queue": queue,
-            "baseline": baseline,
-            "processors": processors}
+    meta = {"meta_version": META_VERSION, "source": "sim", "config": cfg.to_dict(), "hardware": hw.name,
+            "hardware_figures": hw.to_dict(), "transport": transport, "dispatch": dispatch,
+            "staged_blocks": staged_blocks, "queue": queue, "baseline": baseline, "processors": processors}
     trace = rec.build(meta).sorted()
     m = metrics.compute(trace, cfg)
     return Result(trace, m, env.events, time.perf_counter() - t0)
