@@ -6,7 +6,8 @@
 The device library must be the NVSHMEM version of the host library that will run it (the pip
 package `nvidia-nvshmem-cu13`, 3.4.5 on the GPU machines). Cubins are cached under
 $MOELAB_CACHE (default ~/.cache/moelab/cubins) by a key of the kernel sources, the compile-time
-options (the config's tile shape), the architecture, nvcc's version and NVSHMEM's version.
+options (the config's tile shape) and the constants Python owns (layout.kernel_constants), the
+nvcc command lines, the architecture, nvcc's version and NVSHMEM's version.
 """
 
 from __future__ import annotations
@@ -123,7 +124,10 @@ def build(options: dict[str, int], arch: str = ARCH, cache: Path | None = None, 
     root = nvshmem_dir()
     sources = [(p.name, p.read_bytes()) for p in source_files()]
     keyed = {**kernel_constants(), **options, **({unit: 1} if unit != "moe.cu" else {})}
-    key = cache_key(keyed, arch, nvcc_version(nvcc), nvshmem_version(root), sources)
+    # the commands themselves (flags, register cap) are keyed too: a changed build line rebuilds
+    commands = nvcc_commands("nvcc", arch, options, root, Path("k.o"), Path("k.cubin"), unit)
+    key = cache_key(keyed, arch, nvcc_version(nvcc), nvshmem_version(root),
+                    [*sources, ("nvcc commands", repr(commands).encode())])
     out_dir = cache or cache_dir()
     cubin = out_dir / f"{Path(unit).stem}-{arch}-{key}.cubin"
     if cubin.is_file():
