@@ -2,7 +2,8 @@
 
 `python -m pytest` runs the fast suite in parallel workers (pytest-xdist, `-n auto` in
 pyproject.toml): tests marked `slow` (every nvcc build past the first, every committed measured run
-past a sample) are deselected unless `--slow` is given; `.ci/run` gives it, so CI runs them all.
+past a sample) are deselected unless `--slow` is given or a test is named by its node id;
+`.ci/run` gives `--slow`, so CI runs them all.
 Tests marked `browser` (headless Chromium) run only when asked for: `-m browser`.
 """
 
@@ -21,7 +22,9 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     asked = config.getoption("markexpr") or ""
     left_out = {m for m in ("slow", "browser") if m not in asked} - ({"slow"} if config.getoption("--slow") else set())
-    out = [item for item in items if any(item.get_closest_marker(m) for m in left_out)]
+    named = [a.replace("\\", "/").split("tests/")[-1] for a in config.args if "::" in a]  # asked for by node id
+    out = [item for item in items if any(item.get_closest_marker(m) for m in left_out)
+           and not any(item.nodeid.split("tests/")[-1].startswith(n) for n in named)]
     if out:
         config.hook.pytest_deselected(items=out)
         items[:] = [item for item in items if item not in out]
