@@ -16,6 +16,7 @@ from sim.trace import Trace, upgrade_meta
 EVERY_RUN = compare.measured_runs(calibrated_only=False)
 RUNS = [r for r in EVERY_RUN if compare.uncovered(r) is None]  # compare.measured_runs(), loaded once
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
+pytestmark = pytest.mark.xdist_group("measured")  # one worker: each prediction made once (validation.md reuses them)
 
 
 def _group(run) -> tuple:
