@@ -16,21 +16,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reference import Config, ConfigError, plan
+from reference.config import ACTIVATIONS as ALL_ACTIVATIONS
+from reference.config import DTYPE_BYTES
+from reference.config import GATES as ALL_GATES
+from sim import costs
+from sim.trace import KINDS
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
+ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # those the kernel computes
 WARPGROUP_THREADS = 128  # a block is one warpgroup, or two for the bf16 128 x 256 tile (warpgroups())
 OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
 MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in registers (os.cuh SCHED_GROUPS)
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
-GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
+GATE_TOKENS, GATE_MAX_SPLITS = costs.GATE_TOKENS, costs.GATE_MAX_SPLITS  # tokens per gate item, most blocks on its H
 MAX_TOP_K = 16
 MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a bit each in a mask)
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
-STAGED_BLOCKS = 16  # processors that send the peers' chunks on the staged dispatch (processor.cuh dispatch_chunks)
+STAGED_BLOCKS = costs.STAGED_BLOCKS  # processors that send the peers' chunks on the staged dispatch
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
-ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
+ELEM_BYTES = {d: DTYPE_BYTES[d] for d in DTYPES}  # tokens, expert weights and the rows moved
 MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum of one-warpgroup blocks (the kernels' default): 2 per SM
 CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
@@ -312,6 +317,19 @@ def compile_options(cfg: Config) -> dict[str, int]:
     if warpgroups(cfg) > 1:
         opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
     return opts
+
+
+def kernel_constants() -> dict[str, int]:
+    """The numbers Python owns and every kernel unit reads, passed to nvcc as -D flags (gpu/build.py):
+    the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
+    in reference.config's lists), the gate's work item and the most blocks a stored chunk is shared
+    by (sim.costs, which models them)."""
+    return {**{f"MOELAB_EV_{k.upper()}": i for i, k in enumerate(KINDS)},
+            **{f"MOELAB_GATE_{g.upper()}": i for i, g in enumerate(ALL_GATES)},
+            **{f"MOELAB_ACT_{a.upper()}": i for i, a in enumerate(ALL_ACTIVATIONS)},
+            "MOELAB_GATE_TOKENS": costs.GATE_TOKENS, "MOELAB_GATE_EXPERTS": costs.GATE_EXPERTS,
+            "MOELAB_GATE_DEPTH": costs.GATE_DEPTH, "MOELAB_GATE_MAX_SPLITS": costs.GATE_MAX_SPLITS,
+            "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS}
 
 
 def kernel_name(cfg: Config) -> str:
