@@ -509,8 +509,8 @@ def main() -> int:
         everything += results
     everything += mskipped
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "summary.json").write_text(json.dumps({"meta": meta, "results": everything}, indent=1,
-                                                            default=str))
+    (Path(args.out) / "summary.json").write_text(json.dumps({"meta": meta, "results": everything},
+                                                            separators=(",", ":"), default=str))
     for r in everything:
         if "failed" in r:
             print(r["name"], "FAILED:", r["failed"], flush=True)

@@ -31,7 +31,7 @@ from . import layout
 # as GEMM1's operand (measured 1.5e-4 on H200 for one check case, so 1e-4 was too tight)
 # float32's for tf32x3, whose three TF32 products are to give float32's accuracy
 GOLDEN_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "tf32": 2.0**-11, "tf32x3": 1e-5}
-TF32_VS_FLOAT64 = 5e-3  # issue 9's bar for the TF32 kernel against the float64 truth
+TF32_VS_FLOAT64 = 5e-3  # the project's bar for the TF32 kernel against the float64 truth
 
 
 def baseline_precision(cfg: Config) -> str:
@@ -75,12 +75,8 @@ def put_return_case(name: str, config: dict) -> dict:
             "dispatch": "put"}
 
 
-# the bench's bf16 tile, 64 deep (wgmma's 128-byte swizzled rows): the fastest measured. 128 x 256
-# is two warpgroups sharing each A slice, one block per SM, four stages: 85 FLOPs per L2 byte
-# against 64 at 128 x 128 (two blocks per SM), whose GEMM the L2 bounds at 78% of its throughput
-# (Nsight Compute). Side by side on one H100 (130a53b) it was faster at all nine sweep points: -1%
-# (128 experts) to -7% (16K tokens, 16 and 32 experts), the default 1.091 -> 1.034 ms. Fewer L2
-# bytes still did not help: 192 x 256 (112 FLOPs per byte) was 8-36% slower (d27f1e2).
+# the bench's bf16 tile, 64 deep (wgmma's 128-byte swizzled rows): the fastest measured, two
+# warpgroups sharing each A slice, one block per SM (docs/notes/bench-tiles.md)
 BF16_TILE = (128, 256, 64)
 # `tiles` points: the default at these shapes (the first also a `sweep` point): the previous bench
 # tile, narrower and shorter tiles, more of them (slices are 64 deep: wgmma's 128-byte swizzled rows),
@@ -116,14 +112,11 @@ def bf16_check_cases(p: int, seed: int) -> list[dict]:
         [put_return_case(f"check-bf16-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 
-# the bench's float32 tile depth: FlashMoE's 128 x 64 tile, 16 deep rather than the preset's 8
-# (one H100, 52f62a2's GEMM: the default 8.06 -> 7.51 ms, 1K tokens 2.87 -> 2.39, 2K 3.79 -> 3.67;
-# half the slices, so half the barriers and waits a task takes)
+# the bench's float32 tile depth: FlashMoE's 128 x 64 tile, 16 deep rather than the preset's 8:
+# half the slices, so half the barriers and waits a task takes (docs/notes/bench-tiles.md)
 FP32_TILE_K = 16
-# the bench's tf32 tile: twice as wide as float32's, one mma k-step per cp.async stage. Wider tiles
-# read fewer fragment bytes per mma: side by side on one H100 (625c2d5) its layers were 28-32%
-# faster than 128 x 64 x 16's at all nine sweep points (the default 3.971 -> 2.852 ms, 1K tokens
-# 1.638 -> 1.114), now its `tiles` variant
+# the bench's tf32 tile: twice as wide as float32's, one mma k-step per cp.async stage; wider tiles
+# read fewer fragment bytes per mma (docs/notes/bench-tiles.md). 128 x 64 x 16 is its `tiles` variant
 TF32_TILE = (128, 128, 8)
 TF32_TILE_VARIANTS = ((128, 64, 16),)
 

@@ -16,24 +16,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reference import Config, ConfigError, plan, weights
+from reference.config import ACTIVATIONS as ALL_ACTIVATIONS
+from reference.config import DTYPE_BYTES
+from reference.config import GATES as ALL_GATES
+from sim import costs
+from sim.trace import KINDS
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
-GATED = {"swiglu": 1, "swiglu_oai": 2}  # the gated activations: the build's MOE_GATED (params.cuh)
+ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # those the kernel computes alone (act_kind)
+GATED = ("swiglu", "swiglu_oai")  # the gated activations: the build's MOE_GATED, their code (params.cuh)
 COMBINE_LANES = 32  # a token's routed choices and shared experts, one warp lane each (processor.cuh combine_tokens)
 RAGGED_MULTIPLE = 64  # H and I need not be multiples of tile_n where they are of this (16-byte rows, 4-column stores)
 WARPGROUP_THREADS = 128  # a block is one warpgroup, or two for the bf16 128 x 256 tile (warpgroups())
 OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
 MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in registers (os.cuh SCHED_GROUPS)
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
-GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
+GATE_TOKENS, GATE_MAX_SPLITS = costs.GATE_TOKENS, costs.GATE_MAX_SPLITS  # tokens per gate item, most blocks on its H
 MAX_TOP_K = 16
 MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a bit each in a mask)
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
-STAGED_BLOCKS = 16  # processors that send the peers' chunks on the staged dispatch (processor.cuh dispatch_chunks)
+STAGED_BLOCKS = costs.STAGED_BLOCKS  # processors that send the peers' chunks on the staged dispatch
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
-ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
+ELEM_BYTES = {d: DTYPE_BYTES[d] for d in DTYPES}  # tokens, expert weights and the rows moved
 MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum of one-warpgroup blocks (the kernels' default): 2 per SM
 CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
@@ -99,8 +104,8 @@ def check_supported(cfg: Config) -> None:
     """Raise UnsupportedConfig naming the first field the kernel does not support."""
     if cfg.dtype not in DTYPES:
         raise UnsupportedConfig("dtype", cfg.dtype, "one of " + ", ".join(DTYPES))
-    if cfg.activation not in ACTIVATIONS + tuple(GATED):
-        raise UnsupportedConfig("activation", cfg.activation, "one of " + ", ".join(ACTIVATIONS + tuple(GATED)))
+    if cfg.activation not in ACTIVATIONS + GATED:
+        raise UnsupportedConfig("activation", cfg.activation, "one of " + ", ".join(ACTIVATIONS + GATED))
     if cfg.top_k + cfg.shared_experts > COMBINE_LANES:
         raise UnsupportedConfig("shared_experts", cfg.shared_experts, f"at most {COMBINE_LANES} - top_k = "
                                 f"{COMBINE_LANES - cfg.top_k} (the combine takes a token's choices one warp lane each)")
@@ -331,7 +336,8 @@ def compile_options(cfg: Config) -> dict[str, int]:
     the layer's features that change a task (params.cuh MOE_GATED, MOE_SHARED, MOE_SCALE_BEFORE, MOE_RAGGED),
     each only where the layer has it, so the others build as before."""
     opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
-    features = {"MOE_GATED": GATED.get(cfg.activation, 0), "MOE_SHARED": int(cfg.shared_experts > 0),
+    features = {"MOE_GATED": ALL_ACTIVATIONS.index(cfg.activation) if cfg.activation in GATED else 0,
+                "MOE_SHARED": int(cfg.shared_experts > 0),
                 "MOE_SCALE_BEFORE": int(cfg.scale_before_expert), "MOE_RAGGED": int(ragged(cfg))}
     opts.update({k: v for k, v in features.items() if v})
     if cfg.gemm_precision in WGMMA_PRECISIONS:
@@ -339,6 +345,19 @@ def compile_options(cfg: Config) -> dict[str, int]:
     if warpgroups(cfg) > 1:
         opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
     return opts
+
+
+def kernel_constants() -> dict[str, int]:
+    """The numbers Python owns and every kernel unit reads, passed to nvcc as -D flags (gpu/build.py):
+    the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
+    in reference.config's lists), the gate's work item and the most blocks a stored chunk is shared
+    by (sim.costs, which models them)."""
+    return {**{f"MOELAB_EV_{k.upper()}": i for i, k in enumerate(KINDS)},
+            **{f"MOELAB_GATE_{g.upper()}": i for i, g in enumerate(ALL_GATES)},
+            **{f"MOELAB_ACT_{a.upper()}": i for i, a in enumerate(ALL_ACTIVATIONS)},
+            "MOELAB_GATE_TOKENS": costs.GATE_TOKENS, "MOELAB_GATE_EXPERTS": costs.GATE_EXPERTS,
+            "MOELAB_GATE_DEPTH": costs.GATE_DEPTH, "MOELAB_GATE_MAX_SPLITS": costs.GATE_MAX_SPLITS,
+            "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS}
 
 
 def kernel_name(cfg: Config) -> str:

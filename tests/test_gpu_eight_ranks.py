@@ -1,4 +1,4 @@
-"""The 8-GPU run (issue 7, on a machine not lent today) checked as far as a CPU can: every case the
+"""The 8-GPU run (on a machine not lent today) checked as far as a CPU can: every case the
 GPU tests and the benchmark would launch on P = 8 is a valid config the kernel supports, with its
 experts placed 1/8 per rank, and its symmetric buffers fit an H200."""
 

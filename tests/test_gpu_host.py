@@ -8,8 +8,10 @@ import pytest
 
 from gpu import build, errors, layout, telemetry
 from reference import Config, plan, presets
+from reference import config as reference_config
+from reference.config import GATES
 from sim import costs
-from sim.trace import KIND
+from sim.trace import KIND, KINDS
 
 
 def test_unsupported_fields_are_named():
@@ -26,9 +28,10 @@ def test_unsupported_fields_are_named():
     real = base.replace(activation="swiglu", shared_experts=2, top_k=1, scale_before_expert=True, hidden=192,
                         ffn=320, tile_n=128)
     layout.check_supported(real)
-    assert layout.compile_options(real) == {"TILE_M": 32, "TILE_N": 128, "TILE_K": 8, "MOE_GATED": 1, "MOE_SHARED": 1,
-                                            "MOE_SCALE_BEFORE": 1, "MOE_RAGGED": 1}
-    assert layout.compile_options(base.replace(activation="swiglu_oai"))["MOE_GATED"] == 2
+    swiglu, oai = (reference_config.ACTIVATIONS.index(a) for a in ("swiglu", "swiglu_oai"))  # the build's codes
+    assert layout.compile_options(real) == {"TILE_M": 32, "TILE_N": 128, "TILE_K": 8, "MOE_GATED": swiglu,
+                                            "MOE_SHARED": 1, "MOE_SCALE_BEFORE": 1, "MOE_RAGGED": 1}
+    assert layout.compile_options(base.replace(activation="swiglu_oai"))["MOE_GATED"] == oai
     assert layout.compile_options(base) == {"TILE_M": 32, "TILE_N": 32, "TILE_K": 8}
     s = layout.Sizes.of(real)  # gated GEMM0: 2 x 320 interleaved columns in blocks of 128; GEMM1: 192 in 2
     assert (s.n0, s.n1, s.S, s.WS) == (5, 2, 2, 3)
@@ -53,12 +56,15 @@ def test_every_router_runs_and_the_gate_limits_are_named():
 
 
 def test_gate_kinds_are_the_configs_routers_in_order():
-    """params.cuh's GATE_* values number reference.config.GATES in order (runtime passes the index)."""
+    """params.cuh's GATE_* take the -D flags' values, which number reference.config.GATES in order
+    (runtime passes the index)."""
     from reference.config import GATES
 
     text = (layout.KERNEL_DIR / "params.cuh").read_text()
-    kinds = {int(v): name for name, v in re.findall(r"GATE_([A-Z_]+) = (\d+)", text)}
-    assert [kinds[i].lower() for i in range(len(kinds))] == list(GATES)
+    named = re.findall(r"GATE_([A-Z_]+) = MOELAB_GATE_\1\b", text)
+    assert [n.lower() for n in named] == list(GATES)
+    consts = layout.kernel_constants()
+    assert [consts[f"MOELAB_GATE_{g.upper()}"] for g in GATES] == list(range(len(GATES)))
 
 
 def test_tied_experts_score_alike():
@@ -329,20 +335,24 @@ def test_simulated_queue_policy_is_the_kernel_builds():
     assert '"queue": queue_policy(cfg)' in (layout.KERNEL_DIR.parent / "worker.py").read_text()
 
 
-def test_simulated_gate_item_is_the_kernels():
-    """sim.costs models the gate by the kernel's work item; the kernel's constants are its own."""
-    text = (layout.KERNEL_DIR / "gate.cuh").read_text()
-    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (GATE_\w+) = (\d+);", text)}
-    assert (const["GATE_TOKENS"], const["GATE_EXPERTS"]) == (costs.GATE_TOKENS, costs.GATE_EXPERTS)
-    assert (const["GATE_DEPTH"], const["GATE_MAX_SPLITS"]) == (costs.GATE_DEPTH, costs.GATE_MAX_SPLITS)
-    assert (const["GATE_TOKENS"], const["GATE_MAX_SPLITS"]) == (layout.GATE_TOKENS, layout.GATE_MAX_SPLITS)
+def test_the_kernels_take_the_constants_python_owns_from_the_build():
+    """Every MOELAB_ macro a kernel source reads is a -D flag of every build (layout.kernel_constants),
+    and the kernel spells out none of the numbers the simulator models it by."""
+    used = {m for p in build.source_files() for m in re.findall(r"\bMOELAB_[A-Z0-9_]+\b", p.read_text())}
+    assert used <= set(layout.kernel_constants()), sorted(used - set(layout.kernel_constants()))
+    flags = build.defines({"TILE_M": 64})
+    assert f"-DMOELAB_GATE_TOKENS={costs.GATE_TOKENS}" in flags and "-DTILE_M=64" in flags
+    assert f"-DMOELAB_EV_SIGNAL={KINDS.index('signal')}" in flags
+    assert f"-DMOELAB_GATE_SIGMOID_BIAS={GATES.index('sigmoid_bias')}" in flags
+    gate, processor = ((layout.KERNEL_DIR / f).read_text() for f in ("gate.cuh", "processor.cuh"))
+    for name in ("GATE_TOKENS", "GATE_EXPERTS", "GATE_DEPTH", "GATE_MAX_SPLITS"):
+        assert f"constexpr int {name} = MOELAB_{name};" in gate
+    assert "constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;" in processor
 
 
 def test_simulated_dispatch_shares_are_the_kernels():
     """sim.costs splits a stored chunk over processors as processor.cuh does: the same most shares,
     and the kernel's chunk slots E x CH (layout.Sizes) in its split."""
-    text = (layout.KERNEL_DIR / "processor.cuh").read_text()
-    assert int(re.search(r"constexpr int DISPATCH_MAX_PARTS = (\d+);", text)[1]) == costs.DISPATCH_MAX_PARTS
     for cfg in (presets.get("flashmoe"), presets.get("tiny"), presets.get("tiny-nodrop"),
                 presets.get("tiny").replace(merge_sources=False),
                 presets.get("flashmoe").replace(tokens=1024, experts=128)):
@@ -351,7 +361,6 @@ def test_simulated_dispatch_shares_are_the_kernels():
         assert costs.dispatch_parts(cfg, 263, "store") == max(1, min(263 // (s.E * s.CH), costs.DISPATCH_MAX_PARTS))
         assert costs.dispatch_parts(cfg, 263, "put") == 1
     # the staged dispatch's senders: the simulator's count is the one the host hands the kernel
-    assert costs.STAGED_BLOCKS == layout.STAGED_BLOCKS
     runtime = (layout.KERNEL_DIR.parent / "runtime.py").read_text()
     assert "staged_blocks: int = layout.STAGED_BLOCKS" in runtime
     assert "staged_blocks=staged_blocks if dispatch == \"staged\" else 0" in runtime

@@ -7,7 +7,7 @@ must raise KernelTimeout within their time budget instead of hanging. The bf16 k
 cores) on the bf16 check cases against the reference's bf16-emulated golden: routing exactly (the
 reference routes the bf16-rounded tokens and gate weights), rel. error < 2e-2, outputs poisoned
 and fully written, telemetry on/off bit-identical. The TF32 kernel on the tf32 check cases against
-the reference's tf32 path (rel. error < 1e-4) and against float64 (< 5e-3, issue 9's bar), routing
+the reference's tf32 path (rel. error < 1e-4) and against float64 (< 5e-3, gpu.cases.TF32_VS_FLOAT64), routing
 exactly, outputs poisoned and fully written, telemetry on/off bit-identical. The split TF32
 kernel (tf32x3) on its check cases against float64 at float32's tolerance (< 1e-5), and against
 the torch float32 layer, routing exactly, outputs poisoned and fully written, telemetry on/off

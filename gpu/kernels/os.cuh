@@ -58,11 +58,9 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
 // Every tile of local expert le at once: once all have landed, their GEMM0 tasks (the subscriber),
 // and once every tile's GEMM0 tasks are done, their GEMM1 tasks (the processor ending the last), n
 // of a kind a tile, column block by column block, so that the tasks reading one weight slice sit
-// side by side in the queue and run at once, the slice read from HBM once for all of them.
-// (Enqueued tile by tile as they landed, a peer's tiles ran 170-390 us after this GPU's own, two
-// H100s: the slice had left the L2 by then, and each was read once per source.) The windows' rows
-// are read once per window: a read per task, each waited for in turn, held the lane ~1 us a task,
-// and 8 experts' layers were 50% slower for it.
+// side by side in the queue and run at once, the slice read from HBM once for all of them (tile by
+// tile, a peer's tiles ran after the slice had left the L2). The windows' rows are read once per
+// window, not once per task (a wait per task held the lane; docs/notes/dispatch.md).
 __device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step) {
   const int all = __ldcg(p.expert_tiles + le), base = reserve(p, all * n);
   if (base < 0) return false;

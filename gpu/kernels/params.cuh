@@ -5,6 +5,12 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 
+// Numbers Python owns (event kinds, gate and activation codes, the gate's work item, a chunk's most
+// shares) arrive as -D flags from gpu/layout.py kernel_constants: one owner for both languages.
+#ifndef MOELAB_EV_GATE
+#error "built without gpu/layout.py's kernel_constants: build with gpu/build.py (build.defines)"
+#endif
+
 // The element type of tokens, expert weights and the rows moved between ranks: float32, or bf16
 // in the kernel built with -DMOE_BF16=1 (gate weights, biases, logits and y stay float32/64).
 #if MOE_BF16
@@ -20,8 +26,8 @@ typedef float elem_t;
 #define MOE_WGMMA 0
 #endif
 // The layer's features that change a GEMM task, each a build flag (gpu/layout.py compile_options),
-// so a layer without them runs the code it ran before: MOE_GATED 1 (swiglu) or 2 (swiglu_oai),
-// W1's gate and up columns interleaved (column 2j the gate of j, 2j + 1 its up); MOE_SHARED, shared
+// so a layer without them runs the code it ran before: MOE_GATED, the gated activation's code
+// (MOELAB_ACT_SWIGLU or MOELAB_ACT_SWIGLU_OAI; 0: none), W1's gate and up columns interleaved (column 2j the gate of j, 2j + 1 its up); MOE_SHARED, shared
 // experts as local tasks; MOE_SCALE_BEFORE, a routed row dispatched as its token times its routing
 // weight and combined with weight 1 (Llama 4);
 // MOE_RAGGED, H or W1's columns not a multiple of TILE_N (the last column block stores fewer).
@@ -122,15 +128,13 @@ enum { TMAP_INBOX = 0, TMAP_HIDDEN = 1, TMAP_W1 = 2, TMAP_W2 = 3, TMAP_X = 4, TM
 // state[] words
 enum { ST_BARRIER = 0, ST_ABORT = 1, ST_QTAIL = 2, STATE_WORDS = 8 };
 
-// gate_kind / act_kind values (gpu/layout.py GATES / ACTIVATIONS)
+// gate_kind / act_kind values (positions in reference.config GATES / ACTIVATIONS)
 enum {
-  GATE_SOFTMAX_TOPK = 0,
-  GATE_SOFTMAX_TOPK_RENORM = 1,
-  GATE_TOPK_SOFTMAX = 2,
-  GATE_SIGMOID_BIAS = 3,
-  GATE_SIGMOID_TOPK = 4
+  GATE_SOFTMAX_TOPK = MOELAB_GATE_SOFTMAX_TOPK, GATE_SOFTMAX_TOPK_RENORM = MOELAB_GATE_SOFTMAX_TOPK_RENORM,
+  GATE_TOPK_SOFTMAX = MOELAB_GATE_TOPK_SOFTMAX, GATE_SIGMOID_BIAS = MOELAB_GATE_SIGMOID_BIAS,
+  GATE_SIGMOID_TOPK = MOELAB_GATE_SIGMOID_TOPK
 };
-enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
+enum { ACT_RELU = MOELAB_ACT_RELU, ACT_GELU_TANH = MOELAB_ACT_GELU_TANH, ACT_GELU = MOELAB_ACT_GELU, ACT_SILU = MOELAB_ACT_SILU };
 
 // task kinds in queue descriptors: GEMM {kind, local expert, window, col0}, combine {kind, expert, chunk, 0}
 enum { TASK_GEMM0 = 0, TASK_GEMM1 = 1, TASK_COMBINE = 2, TASK_STOP = 3 };
@@ -150,5 +154,8 @@ enum {
   WAIT_SLICE = 10,       // bf16 tile GEMM: slice c of A rows a.. and weight rows b.. (TMA) to land
 };
 
-// telemetry: event kinds (sim.trace KINDS indices) and log roles
-enum { EV_GATE = 0, EV_DISPATCH = 1, EV_GEMM0 = 2, EV_GEMM1 = 3, EV_COMBINE = 4, EV_SIGNAL = 7, EV_WAIT = 8 };
+// telemetry: event kinds (positions of sim.trace KINDS)
+enum {
+  EV_GATE = MOELAB_EV_GATE, EV_DISPATCH = MOELAB_EV_DISPATCH, EV_GEMM0 = MOELAB_EV_GEMM0, EV_GEMM1 = MOELAB_EV_GEMM1,
+  EV_COMBINE = MOELAB_EV_COMBINE, EV_SIGNAL = MOELAB_EV_SIGNAL, EV_WAIT = MOELAB_EV_WAIT
+};

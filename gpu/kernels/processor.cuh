@@ -64,7 +64,7 @@ struct SwiGluOai {
 #endif
   }
 };
-#if MOE_GATED == 2
+#if MOE_GATED == MOELAB_ACT_SWIGLU_OAI
 __device__ __forceinline__ SwiGluOai gated_activation(const Params& p) {
   return {(float)p.swiglu_alpha, (float)p.swiglu_limit};
 }
@@ -151,7 +151,7 @@ __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const
 // has a share when the chunk slots (E x CH) are fewer than the processors (a block alone copies a
 // 128-row bf16 tile in ~100 us: its loads' latency, not the memory, bounds it), at most
 // DISPATCH_MAX_PARTS; a packed chunk is put by one block. sim/costs.py dispatch_parts mirrors it.
-constexpr int DISPATCH_MAX_PARTS = 4;
+constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;
 __device__ __forceinline__ int dispatch_parts(const Params& p) {
   return p.direct_stores ? (int)max(1LL, min(p.n_proc / (p.E * p.CH), (long long)DISPATCH_MAX_PARTS)) : 1;
 }
@@ -204,10 +204,8 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
 // the dispatch's last round. Staged: blocks 0..R-1 send the peers' chunks one after another, local
 // expert by local expert, in the same order on every GPU with the owners staggered by rank, so the
 // owners' experts complete in waves; blocks R.. store this GPU's own chunks and go on to the tasks
-// that those waves queue while the rest is in flight. Measured on four H200s: the bf16 default
-// layer 0.858 -> 0.794 ms with R = 32 (measurements/gpu/h200x4-experiments-staged-dispatch-*.json);
-// R = 16 (the host's layout.STAGED_BLOCKS) measured faster still at all ten bf16 points on four GPUs,
-// the default 0.786 -> 0.753 ms (h200x4-experiments-staged-senders-*.json).
+// that those waves queue while the rest is in flight (faster than flat at every bf16 point on four
+// H200s; R = the host's layout.STAGED_BLOCKS; measurements: docs/notes/dispatch.md).
 template <int BM>
 __device__ void dispatch_chunks(const Params& p, int tel, int n) {
   const int R = p.P > 1 ? (int)min(p.staged_blocks, (long long)n - 1) : 0;
