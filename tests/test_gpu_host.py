@@ -467,3 +467,28 @@ def test_telemetry_decoding():
     sig = tr.where(role="subscriber")
     assert sig["lane"][0] == 0 and sig["tile"][0] == ids[4, 0]  # a return to this rank
     assert 0 < telemetry.processor_utilization(tr, n_proc) <= 1
+
+
+def test_kernel_weights_append_the_shared_experts_and_interleave_gate_and_up():
+    """The Layer's copy of the weights for the kernel: local experts then shared ones, W1's and b1's
+    gate column j at 2j and its up column at 2j + 1; a layer with neither keeps the inputs' tensors."""
+    torch = pytest.importorskip("torch")
+    from gpu import runtime
+
+    cfg = Config(tokens=8, hidden=64, ffn=64, experts=4, top_k=1, activation="swiglu", shared_experts=2, ranks=2)
+    L, S, H, i = cfg.local_experts, cfg.shared_experts, cfg.hidden, cfg.ffn
+    mine = (torch.randn(L, H, 2 * i), torch.randn(L, 2 * i), torch.randn(L, i, H), torch.randn(L, H))
+    shared = (torch.randn(S, H, 2 * i), torch.randn(S, 2 * i), torch.randn(S, i, H), torch.randn(S, H))
+    inputs = runtime.Inputs(x=None, wg=None, logit_offset=None, gate_bias=None, wg_bias=None, w1=mine[0], b1=mine[1],
+                            w2=mine[2], b2=mine[3], shared=shared)
+    k = runtime.kernel_weights(cfg, inputs)
+    j = int(torch.randint(i, (1,)))
+    for name, n in (("w1", 0), ("b1", 1)):
+        both = torch.cat([mine[n], shared[n]])
+        assert k[name].shape == both.shape and k[name].is_contiguous()
+        assert torch.equal(k[name][..., 2 * j], both[..., j]) and torch.equal(k[name][..., 2 * j + 1], both[..., i + j])
+    assert torch.equal(k["w2"], torch.cat([mine[2], shared[2]])) and torch.equal(k["b2"][L:], shared[3])
+    plain = runtime.kernel_weights(cfg.replace(activation="silu", shared_experts=0, ffn=128),
+                                   runtime.Inputs(None, None, None, None, None, *mine))
+    assert all(plain[name] is t for name, t in zip(("w1", "b1", "w2", "b2"), mine))  # no copy
+    assert np.array_equal(runtime.interleave_gated(np.arange(6)), [0, 3, 1, 4, 2, 5])
