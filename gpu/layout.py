@@ -283,8 +283,9 @@ class Sizes:
     def of(cls, cfg: Config) -> Sizes:
         stride, ch = plan.source_stride(cfg), plan.chunk_slots(cfg)
         w = -(-cfg.ranks * stride // cfg.tile_m)
-        # a gated GEMM0 task computes tile_n of W1's interleaved gate and up columns: tile_n / 2 of I
-        n0, n1 = -(-gemm0_cols(cfg) // cfg.tile_n), -(-cfg.hidden // cfg.tile_n)
+        # the plan's column blocks (a gated GEMM0 task: tile_n of W1's interleaved gate and up columns,
+        # tile_n / 2 of I)
+        n0, n1 = plan.column_blocks(cfg, plan.GEMM0), plan.column_blocks(cfg, plan.GEMM1)
         e, L, S = cfg.experts, cfg.local_experts, cfg.shared_experts
         ws = -(-cfg.tokens // cfg.tile_m)
         return cls(T=cfg.tokens, H=cfg.hidden, I=cfg.ffn, E=e, K=cfg.top_k, P=cfg.ranks, L=L, C=cfg.slots,
