@@ -6,7 +6,9 @@ capacity dropping, T not a multiple of tile_m, tiny tiles, on the kernel's stage
 its flat ("store") and "put" dispatch paths. bf16_check_cases: the bf16 kernel on
 the same kinds of configs, against the reference's bf16-emulated golden. tf32_check_cases: the
 TF32 kernel on such configs, against the reference's tf32 path (and float64). tf32x3_check_cases:
-the split TF32 kernel on such configs, against float64 at float32's tolerance. sit_out_case: one
+the split TF32 kernel on such configs, against float64 at float32's tolerance.
+feature_check_cases: real models' layers in every build (gated activations, shared experts,
+ragged H and I, scaled before the expert; gpt-oss' and DeepSeek-V2-Lite's sizes). sit_out_case: one
 rank does not launch, the others must time out and raise. bench_cases: the FlashMoE default and
 its token and expert sweeps (random inputs drawn on the GPU, checked against the torch layer),
 each with its telemetry trace, in float32 (FP32_TILE_K: tiles 128 x 64 x 16), bf16 (BF16_TILE,
@@ -167,6 +169,52 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
     ]
     return tensor_core_checks("tf32x3", p, base, cases) + \
         [put_return_case(f"check-tf32x3-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
+
+
+# the feature checks' tile per precision: 128 columns, so that H and I of 64s but not 128s are ragged
+FEATURE_TILES = {"float32": dict(tile_m=64, tile_n=128, tile_k=8), "tf32": dict(tf32=True, tile_m=64, tile_n=128,
+                                                                                 tile_k=16),
+                 "bfloat16": dict(dtype="bfloat16", tile_m=64, tile_n=128, tile_k=64),
+                 "tf32x3": dict(tf32x3=True, tile_m=64, tile_n=128, tile_k=32)}
+# each feature of real models' layers alone, then together: gated (a tight swiglu_oai limit, so its
+# clamps bite), shared experts, ragged H and I (the last column block narrower), and Llama 4's top-1
+# scaled before its expert beside a shared one
+FEATURES = (
+    ("swiglu", dict(activation="swiglu")),
+    ("shared2", dict(shared_experts=2, activation="gelu_tanh")),
+    ("ragged", dict(hidden=192, ffn=320)),
+    ("oai_shared_ragged", dict(activation="swiglu_oai", swiglu_limit=1.0, shared_experts=1, hidden=192, ffn=320)),
+    ("scaled_before_shared", dict(top_k=1, activation="swiglu", shared_experts=1, scale_before_expert=True)),
+)
+# real models' sizes at the bench's tiles: gpt-oss' H = I = 2880 (gated, ragged at 256 and 128 columns)
+# and DeepSeek-V2-Lite's I = 1408 with its 2 shared experts and top-6, few experts and tokens
+REAL_SHAPES = (
+    ("gptoss_2880", dict(hidden=2880, ffn=2880, activation="swiglu_oai", top_k=2)),
+    ("dsv2lite_1408", dict(hidden=2048, ffn=1408, activation="swiglu", shared_experts=2, top_k=6, experts=8)),
+)
+
+
+def feature_check_cases(p: int, seed: int, precisions=tuple(FEATURE_TILES)) -> list[dict]:
+    """Every FEATURES change in each build against the golden of its precision (named
+    check-feat-PRECISION-NAME-pP), and REAL_SHAPES at the bf16 and tf32x3 bench tiles."""
+    base = dict(tokens=200, hidden=256, ffn=512, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, seed=seed)
+    out = []
+    for precision in precisions:
+        for n, ch in FEATURES:
+            cfg = {**base, **FEATURE_TILES[precision], **ch}
+            out.append({"name": f"check-feat-{precision}-{n}-p{p}", "config": cfg, "inputs": "reference",
+                        "golden": True})
+    bench = {"bfloat16": PRECISIONS["bfloat16"][0], "tf32x3": PRECISIONS["tf32x3"][0]}
+    for precision, tile in bench.items():
+        if precision not in precisions:
+            continue
+        for n, ch in REAL_SHAPES:
+            cfg = {**base, "tokens": 256, "experts": max(2 * p, ch.get("experts", 0)), **tile, **ch}
+            cfg["experts"] = -(-cfg["experts"] // p) * p
+            out.append({"name": f"check-feat-{precision}-{n}-p{p}", "config": cfg, "inputs": "reference",
+                        "golden": True})
+    return out
 
 
 def tie_experts(cfg: Config, wg, gate_bias, wg_bias) -> None:
@@ -356,16 +404,10 @@ def kernel_refuses(cfg: Config) -> str | None:
 
 
 def matrix_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
-    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself, at a tile
-    the kernel runs it at."""
+    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself (its ragged
+    column blocks, gpt-oss' 2880 columns, run at the bench tiles)."""
     cfg = zoo_layer(model, tokens, p, dtype)
-    if kernel_refuses(cfg):
-        cfg = kernel_twin(cfg)
-    # gpt-oss' 2880 columns: the widest bf16 tile whose column blocks divide H and I (64)
-    if dtype == "bfloat16" and (cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n):
-        n = max((n for n in layout.BF16_TILE_N if cfg.hidden % n == 0 and cfg.ffn % n == 0), default=cfg.tile_n)
-        cfg = cfg.replace(tile_n=n)
-    return cfg
+    return kernel_twin(cfg) if kernel_refuses(cfg) else cfg
 
 
 def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torch_models: bool = True) -> list[dict]:

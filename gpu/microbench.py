@@ -142,12 +142,12 @@ class Bench:
         self.s.sync()
 
     def tensor_maps(self, a, w):
-        """The warpgroup GEMM's TMA tensor maps (gpu/tma.py; bf16 and tf32x3 builds) with `a` as both
-        inbox and hidden and `w` as both w1 and w2, on the device (keep it while launches use it); None
+        """The warpgroup GEMM's TMA tensor maps (gpu/tma.py; bf16 and tf32x3 builds) with `a` as
+        inbox, hidden and x and `w` as both w1 and w2, on the device (keep it while launches use it); None
         for the float32 build."""
         if self.dtype not in layout.WGMMA_PRECISIONS:
             return None
-        block = tma.maps_block(tma.operand_specs(dict(inbox=a, hidden=a, w1=w, w2=w), self.tile["TILE_N"]))
+        block = tma.maps_block(tma.operand_specs(dict(inbox=a, hidden=a, w1=w, w2=w, x=a), self.tile["TILE_N"]))
         with self.torch.cuda.stream(self.s.torch_stream):
             return self.torch.from_numpy(block).to(self.dev)
 

@@ -25,6 +25,24 @@ typedef float elem_t;
 #else
 #define MOE_WGMMA 0
 #endif
+// The layer's features that change a GEMM task, each a build flag (gpu/layout.py compile_options),
+// so a layer without them runs the code it ran before: MOE_GATED, the gated activation's code
+// (MOELAB_ACT_SWIGLU or MOELAB_ACT_SWIGLU_OAI; 0: none), W1's gate and up columns interleaved (column 2j the gate of j, 2j + 1 its up); MOE_SHARED, shared
+// experts as local tasks; MOE_SCALE_BEFORE, a routed row dispatched as its token times its routing
+// weight and combined with weight 1 (Llama 4);
+// MOE_RAGGED, H or W1's columns not a multiple of TILE_N (the last column block stores fewer).
+#ifndef MOE_GATED
+#define MOE_GATED 0
+#endif
+#ifndef MOE_SHARED
+#define MOE_SHARED 0
+#endif
+#ifndef MOE_SCALE_BEFORE
+#define MOE_SCALE_BEFORE 0
+#endif
+#ifndef MOE_RAGGED
+#define MOE_RAGGED 0
+#endif
 
 struct Params {
   // inputs of this rank
@@ -33,10 +51,11 @@ struct Params {
   const double* logit_offset;  // [E]    skew * ln(1 + e), subtracted from the float64 logits
   const double* gate_bias;     // [E]    selection-only bias of the sigmoid_bias gate
   const double* wg_bias;       // [E]    the gate's bias, added to the float64 logits (zeros without router_bias)
-  const elem_t* w1;            // [L][H][I] the local experts' weights (MOE_WGMMA: [L][I][H], K-major)
-  const float* b1;             // [L][I]
-  const elem_t* w2;            // [L][I][H] (MOE_WGMMA: [L][H][I])
-  const float* b2;             // [L][H]
+  const elem_t* w1;            // [L+S][H][I'] the local experts' weights, then the shared ones' (MOE_WGMMA:
+                               //           [L+S][I'][H], K-major); I' = 2I gated (interleaved), else I
+  const float* b1;             // [L+S][I']
+  const elem_t* w2;            // [L+S][I][H] (MOE_WGMMA: [L+S][H][I])
+  const float* b2;             // [L+S][H]
   // outputs of this rank
   float* y;                    // [T][H]
   double* logits;              // [T][E] float64 gate logits (scratch, kept for inspection)
@@ -61,7 +80,7 @@ struct Params {
   uint64_t* sig_comb;          // [E][CH]      GEMM1 column blocks of a returned chunk landed so far
   uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
   // local working state, zeroed before every launch
-  elem_t* hidden;              // [L][P][C][I] GEMM0 output
+  elem_t* hidden;              // [L][P][C][I] GEMM0 output, then [S][T][I] the shared experts'
   double* gate_partial;        // [gate_splits][T][E] the gate's partial logits over a range of H
   int* state;                  // STATE_WORDS ints: barrier, abort, queue tail, ...
   int4* queue;                 // [Q] task descriptors
@@ -80,7 +99,7 @@ struct Params {
   long long* error;            // ERROR_WORDS: the first failed wait
   unsigned long long* tlog;    // [logs][tlog_cap][4] telemetry events
   int* tlog_count;             // [logs] events written (may exceed tlog_cap: dropped)
-  const unsigned char* tmaps;  // bf16: [4][128 B] TMA tensor maps of inbox, hidden, w1, w2 (TMAP_*, gpu/tma.py);
+  const unsigned char* tmaps;  // bf16: [5][128 B] TMA tensor maps of inbox, hidden, w1, w2, x (TMAP_*, gpu/tma.py);
                                //       null in the other builds
   // sizes
   long long T, H, I, E, K, P, L, C;
@@ -95,10 +114,16 @@ struct Params {
   long long staged_blocks;     // processors that send the peers' dispatched chunks on the staged dispatch;
                                //    0: every processor shares every chunk (processor.cuh dispatch_chunks)
   long long gate_splits;       // most blocks one gate item's H may be split over (gate_partial's size)
+  // shared experts and the gated and scaled GEMM0 (the build flags above)
+  elem_t* shared_out;          // [S][T][H]    GEMM1 output of the shared experts (MOE_SHARED)
+  long long S;                 // shared experts: local experts L .. L+S-1 of the weights
+  long long WS;                // tile windows per shared expert: ceil(T / TILE_M)
+  double swiglu_alpha;         // swiglu_oai: act(g, u) = min(g, l) sigmoid(alpha min(g, l)) (clamp(u, -l, l) + 1)
+  double swiglu_limit;         //             l
 };
 
 // the bf16 GEMM's tensor maps in Params.tmaps (gpu/tma.py OPERANDS), 128 bytes each
-enum { TMAP_INBOX = 0, TMAP_HIDDEN = 1, TMAP_W1 = 2, TMAP_W2 = 3, TMAP_BYTES = 128 };
+enum { TMAP_INBOX = 0, TMAP_HIDDEN = 1, TMAP_W1 = 2, TMAP_W2 = 3, TMAP_X = 4, TMAP_BYTES = 128 };
 
 // state[] words
 enum { ST_BARRIER = 0, ST_ABORT = 1, ST_QTAIL = 2, STATE_WORDS = 8 };

@@ -471,8 +471,10 @@ struct WgmmaTileGemm {
   // 5-9 us of a 128 x 256 task, now 2.5-3.6, clocked inside the task on one H100.) A row is 8
   // floats longer than the tile's, so the 4 rows a half-warp's 8-byte fragment stores fall on take
   // 32 banks.
-  template <class Rows, class Act>
-  __device__ static void store(const Acc& acc, int rows, void* smem, Rows out, const float* bias, Act act) {
+  // Only the columns < cols are stored (a ragged last column block: a multiple of 4). GATED: the
+  // columns come in (gate, up) pairs, and columns c, c + 1 give act(gate, up) at out(r) + c / 2.
+  template <bool GATED, class Rows, class Act>
+  __device__ static void store(const Acc& acc, int rows, int cols, void* smem, Rows out, const float* bias, Act act) {
     constexpr int ROW_FLOATS = BN + 8, QUADS = BN / 4;
     static_assert(BM * ROW_FLOATS * 4 <= STAGES * STAGE_BYTES && THREADS % QUADS == 0,
                   "the float32 tile fits the stages, and every thread keeps its 4 columns");
@@ -482,13 +484,19 @@ struct WgmmaTileGemm {
     });
     __syncthreads();
     const int tid = thread_index(), c = 4 * (tid % QUADS);
+    if (c >= cols) return;
     const float4 b = *reinterpret_cast<const float4*>(bias + c);
     for (int r = tid / QUADS; r < rows; r += THREADS / QUADS) {
       const float4 v = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
-      *reinterpret_cast<uint2*>(out(r) + c) =
-          make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+      if constexpr (GATED) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(act(v.x + b.x, v.y + b.y), act(v.z + b.z, v.w + b.w));
+        *reinterpret_cast<unsigned*>(out(r) + c / 2) = *reinterpret_cast<const unsigned*>(&h);
+      } else {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
+        *reinterpret_cast<uint2*>(out(r) + c) =
+            make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+      }
     }
   }
 
