@@ -413,7 +413,7 @@ def main() -> int:
     ap.add_argument("--tokens", nargs="+", type=int, default=list(MATRIX_TOKENS),
                     help="the matrix's tokens per GPU of the zoo models")
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU: the matrix skips points that "
-                    f"would take more than {MEMORY_SHARE:.0%} of it")
+                    f"would take more than {MEMORY_SHARE * 100:.0f}%% of it")
     ap.add_argument("--no-torch-models", action="store_true", help="leave out the matrix's torch-only points: "
                     "the zoo models the kernel runs as twins, timed in torch as they are")
     ap.add_argument("--estimate", action="store_true", help="print the matrix's points, what it skips and the "

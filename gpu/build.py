@@ -125,9 +125,11 @@ def build(options: dict[str, int], arch: str = ARCH, cache: Path | None = None, 
     sources = [(p.name, p.read_bytes()) for p in source_files()]
     keyed = {**kernel_constants(), **options, **({unit: 1} if unit != "moe.cu" else {})}
     # the commands themselves (flags, register cap) are keyed too: a changed build line rebuilds
-    commands = nvcc_commands("nvcc", arch, options, root, Path("k.o"), Path("k.cubin"), unit)
+    # with the machine's own paths left out, so that a cubin built on one machine serves another
+    commands = repr(nvcc_commands("nvcc", arch, options, root, Path("k.o"), Path("k.cubin"), unit))
+    commands = commands.replace(str(KERNEL_DIR), "KERNELS").replace(str(root), "NVSHMEM")
     key = cache_key(keyed, arch, nvcc_version(nvcc), nvshmem_version(root),
-                    [*sources, ("nvcc commands", repr(commands).encode())])
+                    [*sources, ("nvcc commands", commands.encode())])
     out_dir = cache or cache_dir()
     cubin = out_dir / f"{Path(unit).stem}-{arch}-{key}.cubin"
     if cubin.is_file():
