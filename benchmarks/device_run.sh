@@ -14,6 +14,13 @@
 #   put-D      the same sweep with every tile put by one block (dispatched by one block, returned by
 #              GEMM1's last task: the kernel's path where a peer is not load/store reachable),
 #              untraced: the direct stores measured against it
+#   matrix     the benchmark matrix: the zoo twins at 1K, 4K and 16K tokens per GPU and FlashMoE's sweeps,
+#              bf16 and tf32x3, on the GPU counts given, each point beside the dropless, padded and
+#              per-expert-loop torch layers and against its roofline (untraced); its compact JSON and
+#              table are matrix.json and matrix.txt. MATRIX_ARGS picks a subset (e.g. "--layers
+#              qwen3-30b-a3b --tokens 4096"); `python benchmarks/bench_gpu.py --suite matrix --estimate`
+#              here lists the points, the skipped ones and the guess of the time; MATRIX_TIMEOUT (420 s)
+#              bounds the run, whose points then past it are missing from the table
 #   stream     the bf16 GEMM's TMA ring streaming the 128-expert layer's weights with no GEMM
 #              (benchmarks/weight_stream.cu: the bound on a task whose slice comes from HBM alone)
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
@@ -78,14 +85,21 @@ EOF
       # shellcheck disable=SC2086  # GPUS is a list of counts
       timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
         --dispatch $path "${apart[@]}" --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
+    matrix)
+      # shellcheck disable=SC2086  # GPUS and MATRIX_ARGS are lists
+      timeout $(( ${MATRIX_TIMEOUT:-420} + 40 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite matrix \
+        --dtypes bfloat16 tf32x3 --out "$R/matrix" --compact "$R/matrix.json" --timeout "${MATRIX_TIMEOUT:-420}" \
+        $MATRIX_ARGS 2>&1 | tee "$R/matrix-log.txt"
+      cp "$R/matrix.json" "$R/matrix.txt" "$OUT/" 2>/dev/null ;;
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;
-    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3) or stream"
+    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3), matrix or stream"
        exit 2 ;;
   esac
 done
 tar -czf "$OUT/results.tar.gz" -C "$R" .
 tail -n 3 "$R/pytest.txt" 2>/dev/null
 for part in "$@"; do [[ $part == bench-* || $part == store-* || $part == put-* || $part == apart-* ]] && tail -n 24 "$R/${part}.txt"; done
+[[ " $* " == *" matrix "* ]] && cat "$R/matrix.txt" 2>/dev/null
 exit 0

@@ -18,24 +18,22 @@ Families (model_type) and what each reads, with the Transformers modeling code i
 - gpt_oss: hidden_size, intermediate_size, num_local_experts, num_experts_per_tok (or
   experts_per_token), swiglu_limit: topk_softmax with the router's bias, swiglu_oai experts with
   biases.
-The gated families' hidden_act must be silu. The run's fields come from DEFAULTS (bf16 at the
-zoo's tile, nothing dropped, 4 GPUs of an 8-GPU node, as the zoo presets run; tokens and ranks
-may be given). Every problem is one ConfigError naming the file, the field and what is allowed.
+The gated families' hidden_act must be silu. The run's fields come from DEFAULTS, the zoo's
+(presets.ZOO_RUN: bf16 at the bf16 kernel's tile, nothing dropped, 4 GPUs of an 8-GPU node;
+tokens and ranks may be given). Every problem is one ConfigError naming the file, the field and what is allowed.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from . import presets
 from .config import Config, ConfigError
+from .files import read_json
 
 FAMILIES = ("mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama4", "llama4_text", "gpt_oss")
 FAMILIES_HELP = "model_type one of " + ", ".join(FAMILIES)
-_M, _N, _K = presets.ZOO_TILE
-DEFAULTS = dict(tokens=presets.ZOO_TOKENS[2], dtype="bfloat16", capacity_factor=None, ranks=presets.ZOO_GPUS,
-                gpus_per_node=presets.ZOO_NODE_GPUS, tile_m=_M, tile_n=_N, tile_k=_K)
+DEFAULTS = presets.ZOO_RUN  # the run fields: the zoo's
 
 
 class _Fields:
@@ -112,8 +110,8 @@ def _deepseek(f: _Fields, v3: bool) -> dict:
 
 
 def _llama4(f: _Fields) -> dict:
-    ffn = f.get("intermediate_size", int)
-    return dict(hidden=f.get("hidden_size", int), ffn=ffn, experts=f.get("num_local_experts", int),
+    return dict(hidden=f.get("hidden_size", int), ffn=f.get("intermediate_size", int),
+                experts=f.get("num_local_experts", int),
                 top_k=f.get("num_experts_per_tok", int), gate="sigmoid_topk", scale_before_expert=True,
                 shared_experts=1, activation=_gated(f), bias=False)
 
@@ -148,12 +146,7 @@ def from_hf(path: str | Path, **run) -> Config:
     """The Config of the MoE layer in the Hugging Face config.json at `path`, run as DEFAULTS
     says with `run` (tokens, ranks, ...) over them; named after the file's folder."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError("--from-hf", str(path), "an existing Hugging Face config.json file")
-    try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError("--from-hf", str(path), f"a well-formed JSON file ({e})") from e
+    d = read_json(path, "a Hugging Face config.json: a JSON object of the model's fields")
     layer = layer_fields(str(path), d)
     name = (path.parent.name or path.stem) if path.name == "config.json" else path.stem
     try:

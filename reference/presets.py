@@ -10,7 +10,7 @@ The model zoo: one MoE layer of each of Mixtral-8x7B, Qwen3-30B-A3B, Qwen3-235B-
 DeepSeek-V2-Lite, DeepSeek-V3, Llama-4-Scout, gpt-oss-20b and gpt-oss-120b, with its true H, I, E,
 k, router, activation, shared experts and biases (each from its public Hugging Face config.json,
 cited beside it; `SOURCES` names every preset's source), in bfloat16 at the bf16 kernel's bench
-tile, nothing dropped (as the models run). Each model `<model>` runs ZOO_TOKENS[2] tokens per GPU
+tile, nothing dropped (as the models run): ZOO_RUN. Each model `<model>` runs 4K tokens per GPU
 on 4 GPUs; `<model>-8gpu` on the 8 GPUs of the paper's node; `SWEEPS["zoo-<model>-tokens"]` sweeps
 the tokens per GPU over ZOO_TOKENS on 4 GPUs, its points `<model>-tokens-<t>k` (the 4K one the
 model's preset itself).
@@ -44,6 +44,9 @@ PAPER_SWEEPS = ("tokens", "experts", "gpus")  # FlashMoE's figures (sim.sweeps.f
 ZOO_TILE = (128, 256, 64)
 ZOO_TOKENS = (1024, 2048, 4096, 8192, 16384)
 ZOO_GPUS, ZOO_NODE_GPUS = 4, 8
+# the run fields of every zoo preset (and of `moelab configs --from-hf`), the layer's aside
+ZOO_RUN = dict(tokens=ZOO_TOKENS[2], dtype="bfloat16", capacity_factor=None, ranks=ZOO_GPUS,
+               gpus_per_node=ZOO_NODE_GPUS, tile_m=ZOO_TILE[0], tile_n=ZOO_TILE[1], tile_k=ZOO_TILE[2])
 ZOO: dict[str, Config] = {}  # each model's preset
 SOURCES: dict[str, str] = {}  # where each preset's numbers come from
 _ZOO_PRESETS: list[Config] = []  # every model's presets: its tokens sweep's points, then its 8-GPU one
@@ -52,9 +55,7 @@ _ZOO_PRESETS: list[Config] = []  # every model's presets: its tokens sweep's poi
 def _zoo(name: str, source: str, **layer) -> None:
     """A zoo model's preset, its 8-GPU variant and its tokens sweep; `source`: the Hugging Face
     repository whose config.json gives `layer`."""
-    m, n, k = ZOO_TILE
-    base = Config(name=name, tokens=ZOO_TOKENS[2], dtype="bfloat16", capacity_factor=None, ranks=ZOO_GPUS,
-                  gpus_per_node=ZOO_NODE_GPUS, tile_m=m, tile_n=n, tile_k=k, **layer)
+    base = Config(name=name, **ZOO_RUN, **layer)
     ZOO[name] = base
     points = [base if t == base.tokens else base.replace(name=f"{name}-tokens-{t // 1024}k", tokens=t)
               for t in ZOO_TOKENS]

@@ -1,9 +1,9 @@
 """Routing: which experts each token goes to, with which weight, and which assignments are dropped.
 
 The rules, fixed so that the simulator and the kernel can reproduce them exactly:
-- Gate logits are computed in float64 from the path's operands (x and Wg rounded to bf16 on the
-  bf16 path), so float32 accumulation order never changes a routing decision. With router_bias
-  the gate projection's bias b (E,) is added (z = x Wg + b, gpt-oss). A config with skew > 0 adds
+- Gate logits are computed in float64 from the path's operands (x, Wg and the router bias rounded
+  to bf16 on the bf16 path), so float32 accumulation order never changes a routing decision. With
+  router_bias the gate projection's bias b (E,) is added (z = x Wg + b, gpt-oss). A config with skew > 0 adds
   -skew * ln(1 + e) to expert e's logit (a Zipf-like prior: load imbalance).
 - Selection score per expert: the logit z, except sigmoid_bias: sigmoid(z) + bias[e] (bias: the
   gate's selection-only bias, DeepSeek-V3's e_score_correction_bias). Softmax keeps the logits'

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from reference import ConfigError
+from reference.budget import format_seconds
 from reference.cli import path_ending
+from reference.files import FileError, check_output
 
 from . import compare as cmp
 from . import validation
@@ -19,14 +22,30 @@ from .hardware import HardwareError
 
 def cmd_compare(args: argparse.Namespace) -> int:
     try:
+        for name in ("trace", "png", "markdown"):  # before the work: a bad path fails now, not after it
+            if getattr(args, name):
+                check_output(getattr(args, name))
+        if args.markdown and not args.all:
+            raise cmp.CompareError("markdown", args.markdown, "given with --all (the table of every run)")
+        if args.all and args.measured:
+            raise cmp.CompareError("measured", args.measured, "not given with --all")
         if args.all:
             return _all(args)
         if not args.measured:
             raise cmp.CompareError("measured", None, "a measured-run file (--measured FILE) or --all")
         return _one(args)
-    except (cmp.CompareError, CalibrationError, HardwareError, ConfigError) as e:
+    except (cmp.CompareError, CalibrationError, HardwareError, ConfigError, FileError) as e:
         print(f"moelab compare: error: {e}", file=sys.stderr)
         return 2
+
+
+def _status(args, comparisons: list) -> int:
+    """1 where a run missed a bound (unless --no-fail), after saying which."""
+    missed = [c for c in comparisons if not c.ok]
+    for c in missed:
+        print(f"moelab compare: {c.run.name} misses a bound: "
+              + ", ".join(r[0] for r in c.rows if r[5] is False), file=sys.stderr)
+    return 1 if missed and not args.no_fail else 0
 
 
 def _one(args) -> int:
@@ -47,7 +66,7 @@ def _one(args) -> int:
     if args.png:
         say(f"drawing {args.png}")
         cmp.picture(c, args.png)
-    return 0
+    return _status(args, [c])
 
 
 def _all(args) -> int:
@@ -56,23 +75,29 @@ def _all(args) -> int:
         raise cmp.CompareError("measured", str(cmp.MEASUREMENTS / "gpu"), "a folder holding measured runs")
     predict = cmp.Predictor()
     comparisons = []
+    t0 = time.perf_counter()
     for i, run in enumerate(runs, 1):
-        if not args.quiet:
-            print(f"[{i}/{len(runs)}] {run.name}", file=sys.stderr, flush=True)
+        if not args.quiet:  # the time left at the pace so far
+            left = f", about {format_seconds((time.perf_counter() - t0) / (i - 1) * (len(runs) - i + 1))} left" \
+                if i > 1 else ""
+            print(f"[{i}/{len(runs)}] {run.name}{left}", file=sys.stderr, flush=True)
         comparisons.append(cmp.compare(run, args.hardware, runs=runs, predict=predict))
     if args.markdown:
         Path(args.markdown).write_text(validation.markdown(comparisons))
         print(f"wrote {args.markdown}")
     for c in comparisons:
         print(cmp.table(c) + "\n")
-    return 0
+    return _status(args, comparisons)
 
 
 def register(sub) -> None:
     p = sub.add_parser("compare", help="predicted vs measured: a committed GPU run against the calibrated simulator",
                        description="Simulate a measured run's config with the preset calibrated on that GPU's "
                                    "microbenchmarks and print predicted vs measured layer latency, per-phase busy "
-                                   "time, SM utilization and overlap efficiency with their errors and bounds.")
+                                   "time, SM utilization and overlap efficiency with their errors and bounds.",
+                       epilog="exit status: 0 every run within its bounds, 1 a run missed a bound (0 with "
+                              "--no-fail), 2 a bad option or file (an empty trace, or one with NaN or inf "
+                              "times, is refused, not compared).")
     p.add_argument("--measured", metavar="FILE", help="a measured run: a telemetry trace .npz under measurements/gpu/ "
                                                       "or a benchmark summary .json naming one")
     p.add_argument("--all", action="store_true", help="every committed measured run under measurements/gpu/")
@@ -83,6 +108,7 @@ def register(sub) -> None:
     p.add_argument("--png", metavar="FILE", type=path_ending(".png"), help="draw both timelines into one picture")
     p.add_argument("--markdown", metavar="FILE", type=path_ending(".md"),
                    help="with --all: write the error table and findings (docs/validation.md)")
+    p.add_argument("--no-fail", action="store_true", help="exit 0 even where a run misses a bound")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_compare)

@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 from reference import Config
-from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK, chunk_slots, column_blocks, weight_columns
+from reference.plan import COMBINE, GEMM0, GEMM1, LOCAL, NVLINK, chunk_slots, column_blocks, weight_columns
 
 from .hardware import Hardware
 
@@ -105,7 +105,7 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     src = 0 if queue in BY_EXPERT else plan.chunk_src[plan.chunk_lo[1:] - 1]  # each tile's last chunk
     key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
     tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
-    tasks_per_tile = np.where(kind == GEMM0, column_blocks(cfg.ffn, cfg.tile_n), column_blocks(cfg.hidden, cfg.tile_n))
+    tasks_per_tile = np.where(kind == GEMM0, column_blocks(cfg, GEMM0), column_blocks(cfg, GEMM1))
     sharing = np.minimum(tiles_of, np.maximum(processors // tasks_per_tile, 1))
     depth = np.where(kind == GEMM0, cfg.hidden, cfg.ffn)
     cols = weight_columns(cfg, kind, plan.task_cols)

@@ -16,7 +16,7 @@ import numpy as np
 import simpy
 
 import reference
-from reference import Config, ConfigError, TilePlan
+from reference import Config, ConfigError, TilePlan, budget
 from reference.config import is_positive_int
 from reference.plan import NVLINK, RETURN
 
@@ -92,10 +92,14 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
     hw = get_hardware(hardware).for_config(cfg)  # the figures of the cfg's kernel build
+    if staged_blocks > hw.processors - 1:  # the kernel keeps a block for this GPU's own chunks
+        raise SimError("staged_blocks", staged_blocks, f"at most {hw.processors - 1} on {hw.name} (its "
+                       f"{hw.processors} processor blocks but one, which stores this GPU's own chunks)")
     say = progress or (lambda _: None)
     t0 = time.perf_counter()
     if plan is None:
-        say(f"routing and tile plan of {cfg.name} ({cfg.ranks} GPUs on {cfg.nodes} node(s))")
+        say(f"routing and tile plan of {cfg.name} ({cfg.ranks} GPUs on {cfg.nodes} node(s)): "
+            f"{budget.estimate(cfg, 'route').text()}")
         plan = reference.plan_of(cfg)
     # the run makes millions of short-lived objects and few cycles: the collector's passes over them
     # cost a fifth of the run and free nothing, so it waits for the end
@@ -135,7 +139,8 @@ def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bo
         env.run()
         sharing = [k.port_sharing() for k in kernels]
         if any(n > 1 for s in sharing for n in s.values()):  # stores met at a port: again, sharing it
-            env, rec = _CountingEnvironment(say), TraceBuilder()
+            say("second pass: stores met at a port; simulating again with the port shared")
+            env, rec = _CountingEnvironment(lambda m: say(f"second pass: {m}")), TraceBuilder()
             kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, sharing)
         elif stores:
             env, rec = _CountingEnvironment(say), TraceBuilder()

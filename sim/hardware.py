@@ -24,10 +24,11 @@ them once per run); `require_tile` says whether the calibration covers a dtype a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from reference.files import read_json
 
 
 class HardwareError(ValueError):
@@ -328,16 +329,12 @@ DEFAULT = "h100-sxm"
 
 def load_calibration(path: str | Path) -> Hardware:
     """A preset overridden by a calibration JSON file (see the module text for the format)."""
-    path = Path(path)
-    if not path.is_file():
-        raise HardwareError("path", str(path), "an existing .json calibration file")
+    d = read_json(path, "a hardware calibration .json: an object of hardware fields (see sim/hardware.py)")
     try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise HardwareError("path", str(path), f"a well-formed JSON file ({e})") from e
-    if not isinstance(d, dict):
-        raise HardwareError("path", str(path), "a JSON object of hardware fields")
-    return from_dict(d, origin=str(path))
+        return from_dict(d, origin=str(path))
+    except HardwareError as e:  # the field's error, saying which file holds it
+        where = e.allowed if str(path) in e.allowed else f"{e.allowed} (in {path})"
+        raise HardwareError(e.field, e.value, where) from e
 
 
 def from_dict(d: dict, origin: str = "calibration") -> Hardware:
@@ -359,7 +356,7 @@ def from_dict(d: dict, origin: str = "calibration") -> Hardware:
             raise HardwareError(missing[0], None, f"present in {origin} (or give \"base\": a preset to "
                                                   "start from: " + ", ".join(PRESETS) + ")")
         return Hardware(**d, sources={f: sources.get(f, origin) for f in field_names()}, dtypes=dtypes)
-    if base_name not in PRESETS:
+    if not isinstance(base_name, str) or base_name not in PRESETS:
         raise HardwareError("base", base_name, "one of " + ", ".join(PRESETS))
     base = PRESETS[base_name]
     merged = {**base.sources, **{f: sources.get(f, origin) for f in d}}

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.files import FileError, finite, json_of_array, load_npz
+
 ROLES = ("processor", "scheduler", "subscriber", "proxy", "nic", "link")
 KINDS = ("gate", "dispatch", "gemm0", "gemm1", "combine", "put", "fence", "signal", "wait", "idle")
 COLUMNS = {
@@ -50,7 +52,10 @@ class Trace:
         n = {len(v) for v in self.columns.values()}
         if len(n) > 1:
             raise TraceError(f"trace columns have different lengths {sorted(n)}")
-        self.columns = {c: np.asarray(self.columns[c], dt) for c, dt in COLUMNS.items()}
+        try:
+            self.columns = {c: np.asarray(self.columns[c], dt) for c, dt in COLUMNS.items()}
+        except (TypeError, ValueError) as e:
+            raise TraceError(f"trace columns are not numbers of the schema's types ({e})") from e
 
     def __len__(self) -> int:
         return len(self.columns["start"])
@@ -84,14 +89,20 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        path = Path(path)
+        """A trace `.npz` (the schema's columns and a JSON `meta`); any failure is one TraceError line."""
+        expected = "a trace .npz with columns " + ", ".join(COLUMNS) + " and a JSON 'meta'"
         try:
-            with np.load(path) as f:
-                cols = {c: f[c] for c in COLUMNS if c in f.files}
-                meta = json.loads(str(f["meta"])) if "meta" in f.files else {}
-        except (OSError, ValueError) as e:
-            raise TraceError(f"trace file {str(path)!r} is not a readable .npz trace ({e})") from e
-        return cls(cols, meta)
+            data = load_npz(path, expected, tuple(COLUMNS))
+            meta = json_of_array(path, data, "meta", expected) if "meta" in data else {}
+            for c in ("start", "end"):
+                finite(path, c, data[c], expected)
+            if data["start"].ndim != 1:
+                raise FileError(path, f"holds 'start' of shape {data['start'].shape}", expected + " (1-D)")
+            return cls({c: data[c] for c in COLUMNS}, meta)
+        except FileError as e:
+            raise TraceError(str(e)) from e
+        except TraceError as e:
+            raise TraceError(f"file {str(path)!r}: {e}") from e
 
     def to_perfetto(self) -> dict:
         """Chrome trace-event JSON: one process per rank, one thread per (role, lane)."""

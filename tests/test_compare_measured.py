@@ -189,7 +189,8 @@ def test_prediction_within_bounds(run):
 def test_cli_writes_both_timelines(tmp_path, capsys):
     run = RUNS[0]
     trace, png = tmp_path / "both.json", tmp_path / "both.png"
-    assert main(["compare", "--measured", str(run.path), "--trace", str(trace), "--png", str(png), "--quiet"]) == 0
+    argv = ["compare", "--measured", str(run.path), "--trace", str(trace), "--png", str(png), "--quiet", "--no-fail"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "layer latency (ms)" in out and "gemm0 busy" in out
     names = [e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["name"] == "process_name"]

@@ -103,18 +103,21 @@ def test_plan_invariants(name, seed, cf, merge, tile_m, tile_n):
     routed = tp.tile_expert < cfg.experts
     assert np.array_equal(tp.tile_owner[routed], tp.tile_expert[routed] // cfg.local_experts)
     assert np.array_equal(tp.chunk_src[~routed_chunk], tp.tile_owner[tp.chunk_tile[~routed_chunk]])
-    # tasks: per tile ceil(I/bN) GEMM0, ceil(H/bN) GEMM1 at the owner, one combine per chunk at its source
+    # tasks: per tile ceil(I/b0) GEMM0 (b0 = bN, or bN/2 gated: bN weight columns, gate and up) and
+    # ceil(H/bN) GEMM1 at the owner, one combine per chunk at its source
+    b0 = cfg.tile_n // 2 if cfg.activation == "swiglu" else cfg.tile_n
     chunks_of = np.bincount(tp.chunk_tile, minlength=n_tiles)
     per_tile = np.bincount(tp.task_tile, minlength=n_tiles)
-    assert np.array_equal(per_tile, -(-cfg.ffn // cfg.tile_n) - (-cfg.hidden // cfg.tile_n) + chunks_of)
-    for kind, width in ((GEMM0, cfg.ffn), (GEMM1, cfg.hidden)):
+    assert np.array_equal(per_tile, -(-cfg.ffn // b0) - (-cfg.hidden // cfg.tile_n) + chunks_of)
+    for kind, width, b in ((GEMM0, cfg.ffn, b0), (GEMM1, cfg.hidden, cfg.tile_n)):
         sel = tp.task_kind == kind
         assert tp.task_cols[sel].sum() == width * n_tiles and np.all(tp.task_chunk[sel] == -1)
-        # column blocks of tile_n from 0 on, the last the rest of the width (ragged where tile_n does not divide it)
-        n = -(-width // cfg.tile_n)
-        assert np.array_equal(tp.task_col0[sel], np.tile(np.arange(n) * cfg.tile_n, n_tiles))
-        assert np.array_equal(tp.task_cols[sel], np.tile([cfg.tile_n] * (n - 1) + [width - (n - 1) * cfg.tile_n],
-                                                         n_tiles))
+        # column blocks of b from 0 on, the last the rest of the width (ragged where b does not divide it)
+        n = -(-width // b)
+        assert np.array_equal(tp.task_col0[sel], np.tile(np.arange(n) * b, n_tiles))
+        assert np.array_equal(tp.task_cols[sel], np.tile([b] * (n - 1) + [width - (n - 1) * b], n_tiles))
+        # every task multiplies tile_n weight columns but a ragged last one
+        assert np.all(plan.weight_columns(cfg, tp.task_kind[sel], tp.task_cols[sel]) <= cfg.tile_n)
         assert np.array_equal(tp.task_rank[sel], tp.tile_owner[tp.task_tile[sel]])
     comb = tp.task_kind == COMBINE
     assert np.array_equal(tp.task_chunk[comb], np.arange(n_chunks))

@@ -128,3 +128,14 @@ def test_llama4_scales_the_token_before_its_expert(scale_before, want):
         assert np.allclose(golden.dense(cfg, w, r, path), [[want]], rtol=1e-7)
         assert np.allclose(golden.tile_walk(cfg, w, tp, path), [[want]], rtol=1e-7)
     assert np.allclose(naive_moe(cfg, w), [[want]], rtol=1e-15)
+
+
+@pytest.mark.parametrize("name, want", [
+    ("relu", [0.0, 0.0, 2.0]),
+    ("silu", [-1 * sig(-1), 0.0, 2 * sig(2)]),
+    ("gelu", [-0.5 * (1 + math.erf(-1 / math.sqrt(2))), 0.0, 0.5 * 2 * (1 + math.erf(2 / math.sqrt(2)))]),
+    ("gelu_tanh", [-0.5 * (1 + math.tanh(math.sqrt(2 / math.pi) * (-1 - 0.044715))), 0.0,
+                   0.5 * 2 * (1 + math.tanh(math.sqrt(2 / math.pi) * (2 + 0.044715 * 8)))]),
+])
+def test_plain_activations_by_hand(name, want):
+    assert np.allclose(numerics.activate(name, np.array([[-1.0, 0.0, 2.0]])), [want], rtol=1e-15)

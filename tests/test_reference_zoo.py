@@ -113,7 +113,7 @@ def test_bad_hf_files_are_one_clear_error(d, needles, tmp_path, capsys):
 
 def test_missing_hf_file_and_flags_without_from_hf(tmp_path, capsys):
     assert main(["configs", "--from-hf", str(tmp_path / "none.json")]) == 2
-    assert "an existing Hugging Face config.json" in capsys.readouterr().err
+    assert "does not exist; expected a Hugging Face config.json" in capsys.readouterr().err
     assert main(["configs", "--tokens", "64"]) == 2
     assert "only with --from-hf" in capsys.readouterr().err
 
@@ -126,3 +126,19 @@ def test_every_zoo_layer_plans_and_simulates(name, ranks):
     assert plan.row_token.size == ranks * cfg.tokens * (cfg.top_k + cfg.shared_experts)  # nothing dropped
     result = sim.simulate(cfg, plan=plan)
     assert result.metrics["latency_ms"] > 0
+
+
+def test_golden_refuses_a_layer_larger_than_the_machine(monkeypatch, capsys):
+    from reference import budget
+
+    monkeypatch.setattr(budget, "available_bytes", lambda: 2**30)
+    assert main(["golden", "--config", "deepseek-v3", "--quiet"]) == 2  # 53 GiB of weights and rows
+    err = capsys.readouterr().err
+    assert "too large" in err and "1.1 GB is free" in err and err.count("\n") == 1
+    assert main(["golden", "--config", "tiny", "--quiet", "--json"]) == 0
+
+
+def test_a_text_only_llama4_config_maps_alike(tmp_path):
+    text = json.loads((HF / "llama-4-scout.json").read_text())["text_config"]
+    path = write(tmp_path, text)  # model_type llama4_text at the top, as a text-only checkpoint ships it
+    assert hf.from_hf(path) == presets.ZOO["llama-4-scout"].replace(name=tmp_path.name)

@@ -24,38 +24,40 @@ def test_gated_gemm0_reads_and_multiplies_twice_its_columns(queue):
     plain = presets.get("small").replace(activation="silu", seed=3)
     gated = plain.replace(activation="swiglu")
     p, g = reference.plan_of(plain), reference.plan_of(gated)
-    assert np.array_equal(p.task_kind, g.task_kind) and np.array_equal(p.task_cols, g.task_cols)
+    p0, p1 = gemm(p, tile_plan.GEMM0), gemm(p, tile_plan.GEMM1)
     g0, g1 = gemm(g, tile_plan.GEMM0), gemm(g, tile_plan.GEMM1)
-    wp, wg = (costs.weight_bytes_alone(c, pl, 132, queue) for c, pl in ((plain, p), (gated, g)))
-    assert np.allclose(wg[g0], 2 * wp[g0]) and np.allclose(wg[g1], wp[g1])
-    # the slice of a gated GEMM0 task: H x (its gate and up columns) x the dtype's bytes (one processor: alone)
-    alone = costs.weight_bytes_alone(gated, g, 1, queue)
-    assert np.all(alone[g0] == gated.hidden * 2 * gated.tile_n * gated.dtype_bytes)
+    # a gated GEMM0 task: tile_n / 2 columns of I, its tile_n weight columns their gate and up halves
+    assert np.all(g.task_cols[g0] == gated.tile_n // 2) and g0.sum() == 2 * p0.sum()
+    assert np.array_equal(tile_plan.weight_columns(gated, g.task_kind[g0], g.task_cols[g0]), 2 * g.task_cols[g0])
+    assert np.array_equal(g.task_cols[g1], p.task_cols[p1])
+    # so each task reads and multiplies what a plain one does; the phase, twice as much
     fp, fg = costs.flops_per_row(plain, p), costs.flops_per_row(gated, g)
-    assert np.array_equal(fg[g0], 2 * fp[g0]) and np.array_equal(fg[g1], fp[g1])
-    assert np.array_equal(fg[g0], 2 * gated.hidden * 2 * g.task_cols[g0])
+    assert np.all(fg[g0] == fp[p0][0]) and fg[g0].sum() == 2 * fp[p0].sum() and np.array_equal(fg[g1], fp[p1])
+    assert g.task_flops[g0].sum() == 2 * p.task_flops[p0].sum()
+    alone = costs.weight_bytes_alone(gated, g, 1, queue)  # one processor: every slice alone
+    assert np.all(alone[g0] == gated.hidden * gated.tile_n * gated.dtype_bytes)
+    assert alone[g0].sum() == 2 * costs.weight_bytes_alone(plain, p, 1, queue)[p0].sum()
     # the plan's FLOPs are rows x FLOPs per row, so a calibrated row group counts the rows right
-    rows = g.tile_rows[g.task_tile[g0]]
-    assert np.array_equal(g.task_flops[g0], rows * fg[g0])
-    tg = costs.task_ns(HW.for_config(gated), gated, g.task_kind, g.task_flops.astype(float),
-                       g.task_bytes.astype(float), wg, fg)
-    tp = costs.task_ns(HW.for_config(plain), plain, p.task_kind, p.task_flops.astype(float),
-                       p.task_bytes.astype(float), wp, fp)
-    assert np.all(tg[g0] > tp[g0]) and np.allclose(tg[g1], tp[g1])
+    assert np.array_equal(g.task_flops[g0], g.tile_rows[g.task_tile[g0]] * fg[g0])
+    tg = costs.task_ns(HW.for_config(gated), gated, g.task_kind, g.task_flops.astype(float), g.task_bytes.astype(float),
+                       costs.weight_bytes_alone(gated, g, 132, queue), fg)
+    tp = costs.task_ns(HW.for_config(plain), plain, p.task_kind, p.task_flops.astype(float), p.task_bytes.astype(float),
+                       costs.weight_bytes_alone(plain, p, 132, queue), fp)
+    assert tg[g0].sum() > tp[p0].sum()
 
 
 def test_a_ragged_last_block_costs_its_own_columns():
     cfg = presets.get("small").replace(dtype="bfloat16", tile_n=384, tile_k=64, activation="swiglu", seed=1)
-    plan = reference.plan_of(cfg)  # I = 1024: blocks of 384, 384, 256; H = 512: 384, 128
+    plan = reference.plan_of(cfg)  # I = 1024 in gated blocks of 192: 5 x 192 + 64; H = 512: 384 + 128
     t0 = plan.task_tile == 0
-    for kind, widths in ((tile_plan.GEMM0, [384, 384, 256]), (tile_plan.GEMM1, [384, 128])):
+    for kind, widths in ((tile_plan.GEMM0, [192] * 5 + [64]), (tile_plan.GEMM1, [384, 128])):
         sel = t0 & gemm(plan, kind)
         assert plan.task_cols[sel].tolist() == widths
+        wide = np.array(widths) * (2 if kind == tile_plan.GEMM0 else 1)  # weight columns
         fpr = costs.flops_per_row(cfg, plan)[sel]
-        assert np.array_equal(fpr, 2 * (cfg.hidden if kind == tile_plan.GEMM0 else cfg.ffn)
-                              * np.array(widths) * (2 if kind == tile_plan.GEMM0 else 1))
+        assert np.array_equal(fpr, 2 * (cfg.hidden if kind == tile_plan.GEMM0 else cfg.ffn) * wide)
         wb = costs.weight_bytes_alone(cfg, plan, 1, "tile")[sel]  # one processor: every slice alone
-        assert np.allclose(wb / wb[0], np.array(widths) / widths[0])
+        assert np.allclose(wb / wb[0], wide / wide[0])
     durations = costs.task_ns(HW.for_config(cfg), cfg, plan.task_kind, plan.task_flops.astype(float),
                               plan.task_bytes.astype(float), costs.weight_bytes_alone(cfg, plan, 132, "tile"),
                               costs.flops_per_row(cfg, plan))
@@ -75,7 +77,7 @@ def test_shared_expert_tiles_are_local_and_ready_after_the_gate(queue):
     assert not np.isin(c["tile"][dispatch], shared).any()
     gate_end = c["end"][(c["role"] == ROLE["processor"]) & (c["kind"] == KIND["gate"])].max()
     g0 = (c["role"] == ROLE["processor"]) & (c["kind"] == KIND["gemm0"]) & np.isin(c["tile"], shared)
-    assert g0.sum() == shared.size * -(-cfg.ffn // cfg.tile_n)
+    assert g0.sum() == shared.size * tile_plan.column_blocks(cfg, tile_plan.GEMM0)
     assert c["start"][g0].min() >= gate_end
     # no routed tile can start before its rows arrive, so the first shared tasks run before any routed one
     routed = (c["role"] == ROLE["processor"]) & (c["kind"] == KIND["gemm0"]) & ~np.isin(c["tile"], shared)

@@ -41,7 +41,7 @@ def proxy_and_nic(trace, node: int):
 
 st.title("Fences: hidden serialization across nodes")
 st.markdown(STORY)
-cfg, _ = forms.config_sidebar("fences", preset=PRESET)
+cfg, _ = forms.config_sidebar("fences", preset=PRESET, job="sim")
 if cfg is not None and cfg.nodes < 2:
     st.info(f"{cfg.name} fits on one node: its tiles never reach a proxy or a NIC. Give it more "
             "GPUs than GPUs per node (or pick perseus-comm) to see fences.")
