@@ -234,16 +234,13 @@ def matrix_bytes(cfg: Config, kernel: bool = True) -> int:
 
 
 def matrix_skip(cfg: Config, gpu_gb: float, kernel: bool = True) -> str | None:
-    """Why the matrix does not run a point (None: it runs): the kernel does not support it, its
-    column blocks would be ragged, or it does not fit a GPU of `gpu_gb` GB (a torch-only point
-    (kernel false): only the last)."""
+    """Why the matrix does not run a point (None: it runs): the kernel does not support it, or it
+    does not fit a GPU of `gpu_gb` GB (a torch-only point (kernel false): only the last)."""
     if kernel:
         try:
             check_supported(cfg)
         except UnsupportedConfig as e:
             return f"not in the kernel: {e}"
-        if cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n:
-            return f"H {cfg.hidden} and I {cfg.ffn} are not multiples of tile_n {cfg.tile_n} (ragged column blocks)"
     need = matrix_bytes(cfg, kernel)
     if need > MEMORY_SHARE * gpu_gb * 1e9:
         return f"needs {need / 1e9:.0f} GB a GPU, more than {MEMORY_SHARE:.0%} of {gpu_gb:g} GB"
@@ -512,8 +509,8 @@ def main() -> int:
         everything += results
     everything += mskipped
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "summary.json").write_text(json.dumps({"meta": meta, "results": everything}, indent=1,
-                                                            default=str))
+    (Path(args.out) / "summary.json").write_text(json.dumps({"meta": meta, "results": everything},
+                                                            separators=(",", ":"), default=str))
     for r in everything:
         if "failed" in r:
             print(r["name"], "FAILED:", r["failed"], flush=True)

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sim.py [--quick]
 
-Cases (issue 3): tiny; the FlashMoE default on 8 GPUs; 128 experts x 16K tokens on 8 GPUs;
+Cases: tiny; the FlashMoE default on 8 GPUs; 128 experts x 16K tokens on 8 GPUs;
 8 nodes x 8 GPUs with `ibrc` (the communication-bound perseus-comm layer). "plan s" is the
 reference's routing and tile plan (drawing every rank's tokens), "sim s" the simulation with
 the trace and its metrics. Targets: the 8-GPU FlashMoE default under 10 s, 8 x 8 `ibrc` under

@@ -29,7 +29,7 @@ def wanted() -> list[tuple[dict, str]]:
     todo = []
     for p in (1, 2, 4, 8):
         todo += cases.check_cases(p, 0) + cases.bf16_check_cases(p, 0) + cases.tf32_check_cases(p, 0)
-        todo += cases.tf32x3_check_cases(p, 0)
+        todo += cases.tf32x3_check_cases(p, 0) + cases.feature_check_cases(p, 0)
         todo += [cases.sit_out_case(p)] if p > 1 else []
         for dtype in cases.PRECISIONS:
             for points in ("sweep", "tiles"):

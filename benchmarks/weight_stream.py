@@ -37,8 +37,8 @@ class StreamError(RuntimeError):
 
 def compile_binary(nvcc: str, out: Path) -> Path:
     """weight_stream.cu built for sm_90a into `out`; raises StreamError with nvcc's message."""
-    done = subprocess.run([nvcc, "-O3", "-std=c++17", *build.arch_flags(build.ARCH), "-o", str(out), str(SOURCE)],
-                          capture_output=True, text=True)
+    done = subprocess.run([nvcc, "-O3", "-std=c++17", *build.arch_flags(build.ARCH), *build.defines({}), "-o",
+                           str(out), str(SOURCE)], capture_output=True, text=True)
     if done.returncode:
         raise StreamError(f"nvcc failed on {SOURCE.name}:\n{done.stderr}")
     return out

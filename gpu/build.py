@@ -6,7 +6,8 @@
 The device library must be the NVSHMEM version of the host library that will run it (the pip
 package `nvidia-nvshmem-cu13`, 3.4.5 on the GPU machines). Cubins are cached under
 $MOELAB_CACHE (default ~/.cache/moelab/cubins) by a key of the kernel sources, the compile-time
-options (the config's tile shape), the architecture, nvcc's version and NVSHMEM's version.
+options (the config's tile shape) and the constants Python owns (layout.kernel_constants), the
+nvcc command lines, the architecture, nvcc's version and NVSHMEM's version.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import KERNEL_DIR, MIN_BLOCKS_PER_SM, block_threads
+from .layout import KERNEL_DIR, MIN_BLOCKS_PER_SM, block_threads, kernel_constants
 
 ARCH = "sm_90a"  # wgmma (the bf16 tile GEMM) exists on sm_90a only: H100, H200
 
@@ -99,12 +100,16 @@ def register_cap(options: dict[str, int]) -> list[str]:
     return [f"-maxrregcount={per_thread}"] if per_thread < 255 else []
 
 
+def defines(options: dict[str, int]) -> list[str]:
+    """-D flags of a build: the config's compile-time options and the constants Python owns."""
+    return [f"-D{k}={v}" for k, v in sorted({**kernel_constants(), **options}.items())]
+
+
 def nvcc_commands(nvcc: str, arch: str, options: dict[str, int], nvshmem: Path, obj: Path,
                   cubin: Path, unit: str = "moe.cu") -> list[list[str]]:
-    defines = [f"-D{k}={v}" for k, v in sorted(options.items())]
     target = arch_flags(arch)
     compile_cmd = [nvcc, *target, "-rdc=true", "-O3", "-std=c++17", *register_cap(options), "-c",
-                   str(KERNEL_DIR / unit), f"-I{nvshmem / 'include'}", *defines, "-o", str(obj)]
+                   str(KERNEL_DIR / unit), f"-I{nvshmem / 'include'}", *defines(options), "-o", str(obj)]
     link_cmd = [nvcc, *target, "-dlink", "--cubin", str(obj), str(nvshmem / "lib" / "libnvshmem_device.a"),
                 "-o", str(cubin)]
     return [compile_cmd, link_cmd]
@@ -118,8 +123,11 @@ def build(options: dict[str, int], arch: str = ARCH, cache: Path | None = None, 
         raise BuildError("nvcc not found on PATH (or $CUDA_HOME/bin): install the CUDA toolkit 13")
     root = nvshmem_dir()
     sources = [(p.name, p.read_bytes()) for p in source_files()]
-    key = cache_key({**options, unit: 1} if unit != "moe.cu" else options, arch, nvcc_version(nvcc),
-                    nvshmem_version(root), sources)
+    keyed = {**kernel_constants(), **options, **({unit: 1} if unit != "moe.cu" else {})}
+    # the commands themselves (flags, register cap) are keyed too: a changed build line rebuilds
+    commands = nvcc_commands("nvcc", arch, options, root, Path("k.o"), Path("k.cubin"), unit)
+    key = cache_key(keyed, arch, nvcc_version(nvcc), nvshmem_version(root),
+                    [*sources, ("nvcc commands", repr(commands).encode())])
     out_dir = cache or cache_dir()
     cubin = out_dir / f"{Path(unit).stem}-{arch}-{key}.cubin"
     if cubin.is_file():

@@ -6,7 +6,9 @@ capacity dropping, T not a multiple of tile_m, tiny tiles, on the kernel's stage
 its flat ("store") and "put" dispatch paths. bf16_check_cases: the bf16 kernel on
 the same kinds of configs, against the reference's bf16-emulated golden. tf32_check_cases: the
 TF32 kernel on such configs, against the reference's tf32 path (and float64). tf32x3_check_cases:
-the split TF32 kernel on such configs, against float64 at float32's tolerance. sit_out_case: one
+the split TF32 kernel on such configs, against float64 at float32's tolerance.
+feature_check_cases: real models' layers in every build (gated activations, shared experts,
+ragged H and I, scaled before the expert; gpt-oss' and DeepSeek-V2-Lite's sizes). sit_out_case: one
 rank does not launch, the others must time out and raise. bench_cases: the FlashMoE default and
 its token and expert sweeps (random inputs drawn on the GPU, checked against the torch layer),
 each with its telemetry trace, in float32 (FP32_TILE_K: tiles 128 x 64 x 16), bf16 (BF16_TILE,
@@ -29,7 +31,7 @@ from . import layout
 # as GEMM1's operand (measured 1.5e-4 on H200 for one check case, so 1e-4 was too tight)
 # float32's for tf32x3, whose three TF32 products are to give float32's accuracy
 GOLDEN_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "tf32": 2.0**-11, "tf32x3": 1e-5}
-TF32_VS_FLOAT64 = 5e-3  # issue 9's bar for the TF32 kernel against the float64 truth
+TF32_VS_FLOAT64 = 5e-3  # the project's bar for the TF32 kernel against the float64 truth
 
 
 def baseline_precision(cfg: Config) -> str:
@@ -73,12 +75,8 @@ def put_return_case(name: str, config: dict) -> dict:
             "dispatch": "put"}
 
 
-# the bench's bf16 tile, 64 deep (wgmma's 128-byte swizzled rows): the fastest measured. 128 x 256
-# is two warpgroups sharing each A slice, one block per SM, four stages: 85 FLOPs per L2 byte
-# against 64 at 128 x 128 (two blocks per SM), whose GEMM the L2 bounds at 78% of its throughput
-# (Nsight Compute). Side by side on one H100 (130a53b) it was faster at all nine sweep points: -1%
-# (128 experts) to -7% (16K tokens, 16 and 32 experts), the default 1.091 -> 1.034 ms. Fewer L2
-# bytes still did not help: 192 x 256 (112 FLOPs per byte) was 8-36% slower (d27f1e2).
+# the bench's bf16 tile, 64 deep (wgmma's 128-byte swizzled rows): the fastest measured, two
+# warpgroups sharing each A slice, one block per SM (docs/notes/bench-tiles.md)
 BF16_TILE = (128, 256, 64)
 # `tiles` points: the default at these shapes (the first also a `sweep` point): the previous bench
 # tile, narrower and shorter tiles, more of them (slices are 64 deep: wgmma's 128-byte swizzled rows),
@@ -114,14 +112,11 @@ def bf16_check_cases(p: int, seed: int) -> list[dict]:
         [put_return_case(f"check-bf16-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 
-# the bench's float32 tile depth: FlashMoE's 128 x 64 tile, 16 deep rather than the preset's 8
-# (one H100, 52f62a2's GEMM: the default 8.06 -> 7.51 ms, 1K tokens 2.87 -> 2.39, 2K 3.79 -> 3.67;
-# half the slices, so half the barriers and waits a task takes)
+# the bench's float32 tile depth: FlashMoE's 128 x 64 tile, 16 deep rather than the preset's 8:
+# half the slices, so half the barriers and waits a task takes (docs/notes/bench-tiles.md)
 FP32_TILE_K = 16
-# the bench's tf32 tile: twice as wide as float32's, one mma k-step per cp.async stage. Wider tiles
-# read fewer fragment bytes per mma: side by side on one H100 (625c2d5) its layers were 28-32%
-# faster than 128 x 64 x 16's at all nine sweep points (the default 3.971 -> 2.852 ms, 1K tokens
-# 1.638 -> 1.114), now its `tiles` variant
+# the bench's tf32 tile: twice as wide as float32's, one mma k-step per cp.async stage; wider tiles
+# read fewer fragment bytes per mma (docs/notes/bench-tiles.md). 128 x 64 x 16 is its `tiles` variant
 TF32_TILE = (128, 128, 8)
 TF32_TILE_VARIANTS = ((128, 64, 16),)
 
@@ -174,6 +169,52 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
     ]
     return tensor_core_checks("tf32x3", p, base, cases) + \
         [put_return_case(f"check-tf32x3-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
+
+
+# the feature checks' tile per precision: 128 columns, so that H and I of 64s but not 128s are ragged
+FEATURE_TILES = {"float32": dict(tile_m=64, tile_n=128, tile_k=8), "tf32": dict(tf32=True, tile_m=64, tile_n=128,
+                                                                                 tile_k=16),
+                 "bfloat16": dict(dtype="bfloat16", tile_m=64, tile_n=128, tile_k=64),
+                 "tf32x3": dict(tf32x3=True, tile_m=64, tile_n=128, tile_k=32)}
+# each feature of real models' layers alone, then together: gated (a tight swiglu_oai limit, so its
+# clamps bite), shared experts, ragged H and I (the last column block narrower), and Llama 4's top-1
+# scaled before its expert beside a shared one
+FEATURES = (
+    ("swiglu", dict(activation="swiglu")),
+    ("shared2", dict(shared_experts=2, activation="gelu_tanh")),
+    ("ragged", dict(hidden=192, ffn=320)),
+    ("oai_shared_ragged", dict(activation="swiglu_oai", swiglu_limit=1.0, shared_experts=1, hidden=192, ffn=320)),
+    ("scaled_before_shared", dict(top_k=1, activation="swiglu", shared_experts=1, scale_before_expert=True)),
+)
+# real models' sizes at the bench's tiles: gpt-oss' H = I = 2880 (gated, ragged at 256 and 128 columns)
+# and DeepSeek-V2-Lite's I = 1408 with its 2 shared experts and top-6, few experts and tokens
+REAL_SHAPES = (
+    ("gptoss_2880", dict(hidden=2880, ffn=2880, activation="swiglu_oai", top_k=2)),
+    ("dsv2lite_1408", dict(hidden=2048, ffn=1408, activation="swiglu", shared_experts=2, top_k=6, experts=8)),
+)
+
+
+def feature_check_cases(p: int, seed: int, precisions=tuple(FEATURE_TILES)) -> list[dict]:
+    """Every FEATURES change in each build against the golden of its precision (named
+    check-feat-PRECISION-NAME-pP), and REAL_SHAPES at the bf16 and tf32x3 bench tiles."""
+    base = dict(tokens=200, hidden=256, ffn=512, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, seed=seed)
+    out = []
+    for precision in precisions:
+        for n, ch in FEATURES:
+            cfg = {**base, **FEATURE_TILES[precision], **ch}
+            out.append({"name": f"check-feat-{precision}-{n}-p{p}", "config": cfg, "inputs": "reference",
+                        "golden": True})
+    bench = {"bfloat16": PRECISIONS["bfloat16"][0], "tf32x3": PRECISIONS["tf32x3"][0]}
+    for precision, tile in bench.items():
+        if precision not in precisions:
+            continue
+        for n, ch in REAL_SHAPES:
+            cfg = {**base, "tokens": 256, "experts": max(2 * p, ch.get("experts", 0)), **tile, **ch}
+            cfg["experts"] = -(-cfg["experts"] // p) * p
+            out.append({"name": f"check-feat-{precision}-{n}-p{p}", "config": cfg, "inputs": "reference",
+                        "golden": True})
+    return out
 
 
 def tie_experts(cfg: Config, wg, gate_bias, wg_bias) -> None:
@@ -363,16 +404,10 @@ def kernel_refuses(cfg: Config) -> str | None:
 
 
 def matrix_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
-    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself, at a tile
-    the kernel runs it at."""
+    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself (its ragged
+    column blocks, gpt-oss' 2880 columns, run at the bench tiles)."""
     cfg = zoo_layer(model, tokens, p, dtype)
-    if kernel_refuses(cfg):
-        cfg = kernel_twin(cfg)
-    # gpt-oss' 2880 columns: the widest bf16 tile whose column blocks divide H and I (64)
-    if dtype == "bfloat16" and (cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n):
-        n = max((n for n in layout.BF16_TILE_N if cfg.hidden % n == 0 and cfg.ffn % n == 0), default=cfg.tile_n)
-        cfg = cfg.replace(tile_n=n)
-    return cfg
+    return kernel_twin(cfg) if kernel_refuses(cfg) else cfg
 
 
 def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torch_models: bool = True) -> list[dict]:

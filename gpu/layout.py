@@ -15,22 +15,30 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference import Config, ConfigError, plan
+from reference import Config, ConfigError, plan, weights
+from reference.config import ACTIVATIONS as ALL_ACTIVATIONS
+from reference.config import DTYPE_BYTES
+from reference.config import GATES as ALL_GATES
+from sim import costs
+from sim.trace import KINDS
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
+ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # those the kernel computes alone (act_kind)
+GATED = ("swiglu", "swiglu_oai")  # the gated activations: the build's MOE_GATED, their code (params.cuh)
+COMBINE_LANES = 32  # a token's routed choices and shared experts, one warp lane each (processor.cuh combine_tokens)
+RAGGED_MULTIPLE = 64  # H and I need not be multiples of tile_n where they are of this (16-byte rows, 4-column stores)
 WARPGROUP_THREADS = 128  # a block is one warpgroup, or two for the bf16 128 x 256 tile (warpgroups())
 OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
 MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in registers (os.cuh SCHED_GROUPS)
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
-GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
+GATE_TOKENS, GATE_MAX_SPLITS = costs.GATE_TOKENS, costs.GATE_MAX_SPLITS  # tokens per gate item, most blocks on its H
 MAX_TOP_K = 16
 MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a bit each in a mask)
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
-STAGED_BLOCKS = 16  # processors that send the peers' chunks on the staged dispatch (processor.cuh dispatch_chunks)
+STAGED_BLOCKS = costs.STAGED_BLOCKS  # processors that send the peers' chunks on the staged dispatch
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
 DTYPES = ("float32", "bfloat16")
-ELEM_BYTES = {"float32": 4, "bfloat16": 2}  # tokens, expert weights and the rows moved
+ELEM_BYTES = {d: DTYPE_BYTES[d] for d in DTYPES}  # tokens, expert weights and the rows moved
 MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum of one-warpgroup blocks (the kernels' default): 2 per SM
 CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
@@ -96,19 +104,23 @@ def check_supported(cfg: Config) -> None:
     """Raise UnsupportedConfig naming the first field the kernel does not support."""
     if cfg.dtype not in DTYPES:
         raise UnsupportedConfig("dtype", cfg.dtype, "one of " + ", ".join(DTYPES))
-    if cfg.activation not in ACTIVATIONS:
-        raise UnsupportedConfig("activation", cfg.activation, "one of " + ", ".join(ACTIVATIONS)
-                                + " (swiglu is not in the kernel yet)")
-    if cfg.shared_experts:
-        raise UnsupportedConfig("shared_experts", cfg.shared_experts, "0 (shared experts are not in the kernel yet)")
+    if cfg.activation not in ACTIVATIONS + GATED:
+        raise UnsupportedConfig("activation", cfg.activation, "one of " + ", ".join(ACTIVATIONS + GATED))
+    if cfg.top_k + cfg.shared_experts > COMBINE_LANES:
+        raise UnsupportedConfig("shared_experts", cfg.shared_experts, f"at most {COMBINE_LANES} - top_k = "
+                                f"{COMBINE_LANES - cfg.top_k} (the combine takes a token's choices one warp lane each)")
+    for name in ("hidden", "ffn"):
+        v = getattr(cfg, name)
+        if v % cfg.tile_n and v % RAGGED_MULTIPLE:
+            raise UnsupportedConfig(name, v, f"a multiple of tile_n = {cfg.tile_n} or of {RAGGED_MULTIPLE} (a ragged "
+                                    "last column block stores whole 16-byte groups)")
+    if cfg.gated and cfg.gemm_precision == "float32" and cfg.tile_n % 16:
+        raise UnsupportedConfig("tile_n", cfg.tile_n, f"a multiple of 16 for float32 with activation = "
+                                f"{cfg.activation!r} (each thread holds a gate column beside its up column)")
     if cfg.top_k > MAX_TOP_K:
         raise UnsupportedConfig("top_k", cfg.top_k, f"at most {MAX_TOP_K}")
     if cfg.n_group > MAX_GROUPS:
         raise UnsupportedConfig("n_group", cfg.n_group, f"at most {MAX_GROUPS}")
-    if cfg.scale_before_expert:
-        raise UnsupportedConfig("scale_before_expert", cfg.scale_before_expert,
-                                "false (a token scaled by its routed weight before its expert is not in the "
-                                "kernel yet)")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
     elif cfg.gemm_precision == "tf32x3":
@@ -264,16 +276,21 @@ class Sizes:
     n1: int  # GEMM1 tasks per tile
     queue_cap: int
     elem_bytes: int  # of tokens, expert weights and the moved rows
+    S: int = 0  # shared experts
+    WS: int = 0  # tile windows per shared expert, over the rank's T tokens
 
     @classmethod
     def of(cls, cfg: Config) -> Sizes:
         stride, ch = plan.source_stride(cfg), plan.chunk_slots(cfg)
         w = -(-cfg.ranks * stride // cfg.tile_m)
-        n0, n1 = cfg.ffn // cfg.tile_n, cfg.hidden // cfg.tile_n
-        e, L = cfg.experts, cfg.local_experts
+        # the plan's column blocks (a gated GEMM0 task: tile_n of W1's interleaved gate and up columns,
+        # tile_n / 2 of I)
+        n0, n1 = plan.column_blocks(cfg, plan.GEMM0), plan.column_blocks(cfg, plan.GEMM1)
+        e, L, S = cfg.experts, cfg.local_experts, cfg.shared_experts
+        ws = -(-cfg.tokens // cfg.tile_m)
         return cls(T=cfg.tokens, H=cfg.hidden, I=cfg.ffn, E=e, K=cfg.top_k, P=cfg.ranks, L=L, C=cfg.slots,
-                   W=w, CH=ch, stride=stride, n0=n0, n1=n1, queue_cap=L * w * (n0 + n1) + e * ch,
-                   elem_bytes=ELEM_BYTES.get(cfg.dtype, 4))
+                   W=w, CH=ch, stride=stride, n0=n0, n1=n1, queue_cap=(L * w + S * ws) * (n0 + n1) + e * ch,
+                   elem_bytes=ELEM_BYTES.get(cfg.dtype, 4), S=S, WS=ws)
 
     @property
     def symmetric_bytes(self) -> int:
@@ -303,15 +320,45 @@ KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {
            "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.gemm_precision: name, -D flags
 
 
+def gemm0_cols(cfg: Config) -> int:
+    """GEMM0's output columns, W1's: 2I where gated (the kernel takes the gate and up columns
+    interleaved, runtime.interleave_gated), else I."""
+    return weights.ffn_in_width(cfg)
+
+
+def ragged(cfg: Config) -> bool:
+    """Whether a GEMM's last column block is narrower than tile_n."""
+    return bool(cfg.hidden % cfg.tile_n or gemm0_cols(cfg) % cfg.tile_n)
+
+
 def compile_options(cfg: Config) -> dict[str, int]:
     """The compile-time part of a config: the tile shape and the GEMM precision (one cubin per pair),
-    the warpgroup tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says."""
+    the warpgroup tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says;
+    the layer's features that change a task (params.cuh MOE_GATED, MOE_SHARED, MOE_SCALE_BEFORE, MOE_RAGGED),
+    each only where the layer has it, so the others build as before."""
     opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
+    features = {"MOE_GATED": ALL_ACTIVATIONS.index(cfg.activation) if cfg.activation in GATED else 0,
+                "MOE_SHARED": int(cfg.shared_experts > 0),
+                "MOE_SCALE_BEFORE": int(cfg.scale_before_expert), "MOE_RAGGED": int(ragged(cfg))}
+    opts.update({k: v for k, v in features.items() if v})
     if cfg.gemm_precision in WGMMA_PRECISIONS:
         opts["GEMM_STAGES"] = wgmma_stages(cfg)
     if warpgroups(cfg) > 1:
         opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
     return opts
+
+
+def kernel_constants() -> dict[str, int]:
+    """The numbers Python owns and every kernel unit reads, passed to nvcc as -D flags (gpu/build.py):
+    the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
+    in reference.config's lists), the gate's work item and the most blocks a stored chunk is shared
+    by (sim.costs, which models them)."""
+    return {**{f"MOELAB_EV_{k.upper()}": i for i, k in enumerate(KINDS)},
+            **{f"MOELAB_GATE_{g.upper()}": i for i, g in enumerate(ALL_GATES)},
+            **{f"MOELAB_ACT_{a.upper()}": i for i, a in enumerate(ALL_ACTIVATIONS)},
+            "MOELAB_GATE_TOKENS": costs.GATE_TOKENS, "MOELAB_GATE_EXPERTS": costs.GATE_EXPERTS,
+            "MOELAB_GATE_DEPTH": costs.GATE_DEPTH, "MOELAB_GATE_MAX_SPLITS": costs.GATE_MAX_SPLITS,
+            "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS}
 
 
 def kernel_name(cfg: Config) -> str:

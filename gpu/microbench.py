@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from reference import Config, presets
+from sim.trace import KIND
 
 from . import build, cases, layout, spawn, tma
 from .runtime import Inputs, Layer, Session, allow_dynamic_smem
@@ -66,7 +67,7 @@ PUT_BLOCKS = (1, 8, 16, 32, 64, 128)  # and the full grid
 PING_SIZES = (0, 4 << 10, 64 << 10, 1 << 20)
 GEMM_ROWS = (128, 96, 64, 32)
 SHORT_ALONE = (64, 32)  # short tiles at 1 tile per expert: what 1K-2K tokens over 64 experts make
-EV_DISPATCH, EV_GEMM0, EV_GEMM1, EV_COMBINE, EV_SIGNAL = 1, 2, 3, 4, 7  # kernels/params.cuh
+EV_DISPATCH, EV_COMBINE = KIND["dispatch"], KIND["combine"]  # the kernel's codes (layout.kernel_constants)
 # the FlashMoE default's task shape at a token count no measured run uses (3 full tiles per block)
 SCHED_CONFIG = dict(tokens=12288)
 # a small layer (a tile or less per expert) no measured run uses either: its first round of tasks
@@ -141,12 +142,12 @@ class Bench:
         self.s.sync()
 
     def tensor_maps(self, a, w):
-        """The warpgroup GEMM's TMA tensor maps (gpu/tma.py; bf16 and tf32x3 builds) with `a` as both
-        inbox and hidden and `w` as both w1 and w2, on the device (keep it while launches use it); None
+        """The warpgroup GEMM's TMA tensor maps (gpu/tma.py; bf16 and tf32x3 builds) with `a` as
+        inbox, hidden and x and `w` as both w1 and w2, on the device (keep it while launches use it); None
         for the float32 build."""
         if self.dtype not in layout.WGMMA_PRECISIONS:
             return None
-        block = tma.maps_block(tma.operand_specs(dict(inbox=a, hidden=a, w1=w, w2=w), self.tile["TILE_N"]))
+        block = tma.maps_block(tma.operand_specs(dict(inbox=a, hidden=a, w1=w, w2=w, x=a), self.tile["TILE_N"]))
         with self.torch.cuda.stream(self.s.torch_stream):
             return self.torch.from_numpy(block).to(self.dev)
 
@@ -566,7 +567,7 @@ def main(argv: list[str]) -> int:
 
     def save() -> None:
         if session.rank == 0:
-            (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+            (out_dir / "results.json").write_text(json.dumps(results, separators=(",", ":")))
 
     bench = Bench(session, dtype)
     sections = [("layer_pieces", lambda: sec_layer_pieces(bench, results, save)),

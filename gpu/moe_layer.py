@@ -19,7 +19,8 @@ Weights (a dict of torch tensors on this process's GPU, any floating dtype; moel
     w2         (N, I, H)
     b2         (N, H)       absent without bias
 N is either every routed expert (E: the layer takes this rank's E / ranks) or this rank's own
-(E / ranks, experts rank * E / ranks onwards). The kernel's precision is the config's: a bfloat16
+(E / ranks, experts rank * E / ranks onwards), followed, with shared experts, by the S shared ones
+(as reference/weights.py numbers them: E + S or E / ranks + S). The kernel's precision is the config's: a bfloat16
 config rounds the weights and tokens to bf16 (x may be given in bf16 or float32), the others keep
 float32.
 """
@@ -64,7 +65,9 @@ class MoELayer:
                         logit_offset=torch.from_numpy(logit_offset(cfg)).to(self.device),
                         gate_bias=w.get("gate_bias", torch.zeros(e, device=self.device)).double(),
                         wg_bias=w.get("wg_bias", torch.zeros(e, device=self.device)).double(),
-                        w1=w["w1"], b1=w["b1"], w2=w["w2"], b2=w["b2"]).as_dtype(cfg.dtype)
+                        w1=w["w1"], b1=w["b1"], w2=w["w2"], b2=w["b2"],
+                        shared=tuple(w[f"shared_{k}"] for k in ("w1", "b1", "w2", "b2")) if cfg.shared_experts
+                        else None).as_dtype(cfg.dtype)
         self.layer = Layer(self.session, cfg, inputs, timeout_ms=timeout_ms)
 
     def forward(self, x):
@@ -106,7 +109,7 @@ def _checked(cfg: Config, weights: dict, rank: int, device) -> dict:
 
     if not isinstance(weights, dict):
         raise ValueError(f"MoELayer weights = {type(weights).__name__} is not allowed: a dict of torch tensors")
-    h, e, lo = cfg.hidden, cfg.experts, rank * cfg.local_experts
+    h, e, lo, n_sh = cfg.hidden, cfg.experts, rank * cfg.local_experts, cfg.shared_experts
     n_in = 2 * cfg.ffn if cfg.gated else cfg.ffn
     shapes = {"wg": (h, e), "wg_bias": (e,), "gate_bias": (e,), "w1": (h, n_in), "b1": (n_in,),
               "w2": (cfg.ffn, h), "b2": (h,)}
@@ -125,16 +128,20 @@ def _checked(cfg: Config, weights: dict, rank: int, device) -> dict:
             continue
         v = weights[name]
         per_expert = name in ("w1", "b1", "w2", "b2")
-        allowed = [(n, *shape) for n in dict.fromkeys((e, cfg.local_experts))] if per_expert else [shape]
+        allowed = [(n + n_sh, *shape) for n in dict.fromkeys((e, cfg.local_experts))] if per_expert else [shape]
         if not isinstance(v, torch.Tensor) or tuple(v.shape) not in allowed or not v.is_floating_point() \
                 or v.device != device:
             got = f"{tuple(v.shape)} {v.dtype} on {v.device}" if isinstance(v, torch.Tensor) else type(v).__name__
             raise ValueError(f"MoELayer weight {name!r} = {got} is not allowed: a floating tensor "
                              f"{' or '.join(map(str, allowed))} on {device}")
+        if per_expert and n_sh:
+            out[f"shared_{name}"] = v[-n_sh:].float().contiguous()  # the shared experts, last
+            v = v[:-n_sh]
         if per_expert and v.shape[0] == e and e != cfg.local_experts:
             v = v[lo: lo + cfg.local_experts]  # this rank's experts of all E
         out[name] = v.float().contiguous()
     if not cfg.bias:
-        out["b1"] = torch.zeros(cfg.local_experts, n_in, device=device)
-        out["b2"] = torch.zeros(cfg.local_experts, h, device=device)
+        for prefix, n in (("", cfg.local_experts), ("shared_", n_sh)):
+            out[prefix + "b1"] = torch.zeros(n, n_in, device=device)
+            out[prefix + "b2"] = torch.zeros(n, h, device=device)
     return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reference import Config, weights
+from reference import Config, numerics, weights
 from reference.config import GATES, is_positive_int  # GATES: params.cuh GATE_* order
 from sim.trace import DISPATCH_PATHS
 
@@ -134,11 +134,21 @@ class Session:
             dist.destroy_process_group()
 
 
+def interleave_gated(a):
+    """W1 (or b1) of a gated layer, its last axis [gate | up] halves (reference/weights.py), as the
+    kernel takes it: column 2j the gate column j, 2j + 1 the up column j, so a GEMM0 task's
+    accumulators hold each gate value beside its up value (numpy array or torch tensor)."""
+    n = a.shape[-1] // 2
+    return a.reshape(*a.shape[:-1], 2, n).swapaxes(-1, -2).reshape(*a.shape[:-1], 2 * n)
+
+
 @dataclass
 class Inputs:
     """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset, gate_bias and wg_bias
-    (E,) float64 (wg_bias: the gate's bias added to its logits, zeros without router_bias), and the
-    local experts' w1 (L, H, I), b1 (L, I), w2 (L, I, H), b2 (L, H).
+    (E,) float64 (wg_bias: the gate's bias added to its logits, zeros without router_bias), the
+    local experts' w1 (L, H, I'), b1 (L, I'), w2 (L, I, H), b2 (L, H), I' = 2I for a gated layer
+    ([gate | up], reference/weights.py), else I, and with shared experts their (w1, b1, w2, b2) as
+    `shared`, (S, ...) each. (The Layer hands the kernel these as kernel_weights lays them out.)
     For a bfloat16 config x, w1 and w2 are bf16 and wg, wg_bias, b1, b2 hold bf16-rounded values."""
 
     x: object
@@ -150,24 +160,29 @@ class Inputs:
     b1: object
     w2: object
     b2: object
+    shared: tuple | None = None
 
     @classmethod
     def reference(cls, cfg: Config, rank: int) -> Inputs:
-        """The reference's seeded inputs: this rank's tokens and the experts it owns."""
+        """The reference's seeded inputs: this rank's tokens, the experts it owns and the shared ones."""
         import torch
 
         wg, gate_bias = weights.gate(cfg)
-        experts = [weights.expert(cfg, e) for e in range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts)]
         dev = torch.device("cuda", torch.cuda.current_device())
 
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
+        def stacked(experts):
+            parts = [weights.expert(cfg, e) for e in experts]
+            return tuple(t(np.stack([ex[i] for ex in parts])) for i in range(4))
+
+        mine = stacked(range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts))
+        shared = stacked(range(cfg.experts, cfg.experts + cfg.shared_experts)) if cfg.shared_experts else None
         return cls(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
                    gate_bias=t(gate_bias.astype(np.float64)),
                    wg_bias=t(weights.router_bias(cfg).astype(np.float64)),
-                   **{name: t(np.stack([ex[i] for ex in experts])) for i, name in enumerate(("w1", "b1", "w2", "b2"))}
-                   ).as_dtype(cfg.dtype)
+                   **dict(zip(("w1", "b1", "w2", "b2"), mine)), shared=shared).as_dtype(cfg.dtype)
 
     @classmethod
     def random(cls, cfg: Config, rank: int, seed: int) -> Inputs:
@@ -179,18 +194,23 @@ class Inputs:
         g.manual_seed(seed * 1_000_003 + rank)
         gshared = torch.Generator(device=dev)
         gshared.manual_seed(seed)  # the gate is the same on every rank
-        h, i, e, L = cfg.hidden, cfg.ffn, cfg.experts, cfg.local_experts
+        h, i, e, i1 = cfg.hidden, cfg.ffn, cfg.experts, layout.gemm0_cols(cfg)
 
         def n(shape, scale, gen=g):
             return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32) * scale
 
-        zeros = (lambda *s: torch.zeros(*s, device=dev)) if not cfg.bias else None
+        def bias(*shape):
+            return n(shape, 0.1) if cfg.bias else torch.zeros(*shape, device=dev)
+
+        def experts(m):
+            return n((m, h, i1), h ** -0.5), bias(m, i1), n((m, i, h), i ** -0.5), bias(m, h)
+
         return cls(x=n((cfg.tokens, h), 1.0), wg=n((h, e), h ** -0.5, gshared),
                    logit_offset=torch.from_numpy(logit_offset(cfg)).to(dev),
                    gate_bias=n((e,), 0.1, gshared).double(),
                    wg_bias=(n((e,), 0.1, gshared) if cfg.router_bias else torch.zeros(e, device=dev)).double(),
-                   w1=n((L, h, i), h ** -0.5), b1=zeros(L, i) if zeros else n((L, i), 0.1),
-                   w2=n((L, i, h), i ** -0.5), b2=zeros(L, h) if zeros else n((L, h), 0.1)).as_dtype(cfg.dtype)
+                   **dict(zip(("w1", "b1", "w2", "b2"), experts(cfg.local_experts))),
+                   shared=experts(cfg.shared_experts) if cfg.shared_experts else None).as_dtype(cfg.dtype)
 
     def as_dtype(self, dtype: str) -> Inputs:
         """These float32 inputs as the kernel of `dtype` takes them (torch rounds to bf16 to
@@ -200,9 +220,34 @@ class Inputs:
         if dtype != "bfloat16":
             return self
         bf = torch.bfloat16
+
+        def experts(w1, b1, w2, b2):
+            return w1.to(bf), b1.to(bf).float(), w2.to(bf), b2.to(bf).float()
+
         return Inputs(x=self.x.to(bf), wg=self.wg.to(bf).float(), logit_offset=self.logit_offset,
-                      gate_bias=self.gate_bias, wg_bias=self.wg_bias.to(bf).double(), w1=self.w1.to(bf),
-                      b1=self.b1.to(bf).float(), w2=self.w2.to(bf), b2=self.b2.to(bf).float())
+                      gate_bias=self.gate_bias, wg_bias=self.wg_bias.to(bf).double(),
+                      **dict(zip(("w1", "b1", "w2", "b2"), experts(self.w1, self.b1, self.w2, self.b2))),
+                      shared=experts(*self.shared) if self.shared is not None else None)
+
+
+def kernel_weights(cfg: Config, inputs: Inputs) -> dict:
+    """The expert weights as the kernel reads them: the local experts' then the shared ones'
+    (experts L .. L+S-1), W1 and b1 with the gate and up columns interleaved where gated
+    (interleave_gated); the inputs' own tensors for a layer with neither (no copy)."""
+    import torch
+
+    out = {}
+    for i, name in enumerate(("w1", "b1", "w2", "b2")):
+        t = getattr(inputs, name)
+        if inputs.shared is not None:
+            t = torch.cat([t, inputs.shared[i]])
+        out[name] = interleave_gated(t).contiguous() if cfg.gated and name in ("w1", "b1") else t
+    return out
+
+
+def float_bits(v: float) -> int:
+    """A double argument (Params' 8-byte fields) as the int64 of its bits."""
+    return int(np.float64(v).view(np.int64))
 
 
 def logit_offset(cfg: Config) -> np.ndarray:
@@ -262,15 +307,16 @@ class Layer:
                      weight=empty(s.T, s.K, dtype=f64), slot=empty(s.T, s.K, dtype=i32), counts=empty(s.E, dtype=i32),
                      slot_base=empty(s.E, s.K, -(-s.T // layout.GATE_TOKENS), dtype=i32),
                      row_token=empty(rows, dtype=i32), row_choice=empty(rows, dtype=i32),
-                     row_weight=empty(rows, dtype=f32), hidden=empty(rows, s.I, dtype=elem),
+                     row_weight=empty(rows, dtype=f32), hidden=empty(rows + s.S * s.T, s.I, dtype=elem),
+                     shared_out=empty(s.S * s.T, s.H, dtype=elem),
                      queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))
             b.update(inbox=self._sym_f[0], staging=self._sym_f[1], outbuf=self._sym_f[2], combox=self._sym_f[3],
                      **{name: self._sym_sig[lo:hi] for name, (lo, hi) in s.signal_slices.items()})
             # working state zeroed before every launch: 64-bit words, then 32-bit words
             self._work64 = torch.zeros(errors.ERROR_WORDS + layout.MAILBOX_SLOTS * self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
-            tiles = s.L * s.W
-            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=tiles, tile_done1=tiles,
+            tiles, all_tiles = s.L * s.W, s.L * s.W + s.S * s.WS  # the shared experts' tiles counted after
+            n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=all_tiles, tile_done1=all_tiles,
                        dispatch_done=s.E * s.CH, in_count=s.E, window_rows=tiles, window_chunks=tiles,
                        seen=tiles + s.E * s.CH, expert_tiles=3 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
@@ -281,25 +327,36 @@ class Layer:
         self.buffers = b
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride,
                      rank=session.rank, gate_kind=GATES.index(cfg.gate),
-                     act_kind=layout.ACTIVATIONS.index(cfg.activation),
+                     act_kind=layout.ACTIVATIONS.index("silu" if cfg.gated else cfg.activation),  # gated: MOE_GATED's
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
                      staged_blocks=staged_blocks if dispatch == "staged" else 0,
                      gate_splits=splits, n_group=cfg.n_group, topk_group=cfg.topk_group,
-                     routed_scaling=int(np.float64(cfg.routed_scaling).view(np.int64)))  # a double's bits
+                     routed_scaling=float_bits(cfg.routed_scaling), S=s.S, WS=s.WS,
+                     swiglu_alpha=float_bits(numerics.OAI_ALPHA), swiglu_limit=float_bits(cfg.swiglu_limit))
         tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "wg_bias",
                                                           "w1", "b1", "w2", "b2")}}
         self._check_inputs(tensors)
+        # held by the layer: the kernel reads them by address (a copy where shared or gated)
+        self._kernel_weights = kernel_weights(cfg, inputs)
+        tensors.update(self._kernel_weights)
         if cfg.gemm_precision in layout.WGMMA_PRECISIONS:
             # the bf16 and tf32x3 kernels read their expert weights K-major (both wgmma operands from
             # shared memory, kernels/tile_gemm_wgmma.cuh): a transposed copy, taken once, held by the layer
             self._weights_k_major = {k: tensors[k].transpose(1, 2).contiguous() for k in ("w1", "w2")}
             tensors.update(self._weights_k_major)
+            self._kernel_weights = {k: self._kernel_weights[k] for k in ("b1", "b2")}  # W1, W2 read K-major
             # and reads its A and weight slices through the TMA: the operands' tensor maps (gpu/tma.py)
             self._tensor_maps = torch.from_numpy(tma.maps_block(tma.operand_specs(tensors, cfg.tile_n))).to(dev)
             tensors["tmaps"] = self._tensor_maps
         else:
             sizes["tmaps"] = 0  # the float32 and tf32 GEMMs read their operands by address
+            if layout.ragged(cfg):
+                # a ragged last column block reads its weight rows' whole tile_n columns (the ones past
+                # N are the next row's, never stored): tile_n elements more after the last expert's
+                self._weights_padded = {k: torch.cat([tensors[k].reshape(-1), tensors[k].new_zeros(cfg.tile_n)])
+                                        for k in ("w1", "w2")}
+                tensors.update(self._weights_padded)
         fields = layout.param_fields()
         block = np.zeros(len(fields), np.int64)
         for i, name in enumerate(fields):
@@ -315,14 +372,22 @@ class Layer:
         import torch
 
         s = self.sizes
-        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,),
-                    wg_bias=(s.E,), w1=(s.L, s.H, s.I),
-                    b1=(s.L, s.I), w2=(s.L, s.I, s.H), b2=(s.L, s.H))
+        i1 = layout.gemm0_cols(self.cfg)
+        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), wg_bias=(s.E,),
+                    w1=(s.L, s.H, i1), b1=(s.L, i1), w2=(s.L, s.I, s.H), b2=(s.L, s.H))
+        shared = self.inputs.shared
+        if (shared is not None) != (s.S > 0) or (shared is not None and len(shared) != 4):
+            raise ValueError(f"input shared = {'given' if shared is not None else None} is not allowed: "
+                             + (f"the {s.S} shared experts' (w1, b1, w2, b2)" if s.S else
+                                "None (the config has no shared experts)"))
+        if shared is not None:
+            t = {**t, **{f"shared_{k}": v for k, v in zip(("w1", "b1", "w2", "b2"), shared)}}
+            want.update({f"shared_{k}": (s.S, *want[k][1:]) for k in ("w1", "b1", "w2", "b2")})
         elem = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
         for name, shape in want.items():
             v = t[name]
             dtype = torch.float64 if name in ("logit_offset", "gate_bias", "wg_bias") else \
-                elem if name in ("x", "w1", "w2") else torch.float32
+                elem if name in ("x", "w1", "w2", "shared_w1", "shared_w2") else torch.float32
             if tuple(v.shape) != shape or v.dtype != dtype or not v.is_contiguous() or not v.is_cuda:
                 raise ValueError(f"input {name}: {tuple(v.shape)} {v.dtype} is not allowed: a contiguous CUDA "
                                  f"tensor {shape} {dtype}")
@@ -332,7 +397,8 @@ class Layer:
         import torch
 
         with torch.cuda.stream(self.session.torch_stream):
-            for name in ("y", "logits", "weight", "row_weight", "hidden", "inbox", "staging", "outbuf", "combox"):
+            for name in ("y", "logits", "weight", "row_weight", "hidden", "inbox", "staging", "outbuf", "combox",
+                         "shared_out"):
                 self.buffers[name].fill_(float("nan"))
             for name in ("expert", "slot", "counts", "row_token", "row_choice"):
                 self.buffers[name].fill_(-7)
@@ -385,7 +451,7 @@ class Layer:
     def trace_builder(self, origin_ns: int, send_counts: np.ndarray | None):
         """This rank's events of the last telemetry launch, and the number of dropped events."""
         tlog, counts = self.telemetry_logs()
-        ids = telemetry.tile_ids(self.cfg, send_counts) if send_counts is not None else None
+        ids = telemetry.tile_ids(self.cfg, send_counts, self.session.rank) if send_counts is not None else None
         return telemetry.decode(tlog, counts, rank=self.session.rank, node=self.cfg.node_of(self.session.rank),
                                 n_proc=self.n_proc, hidden=self.cfg.hidden, origin_ns=origin_ns, ids=ids,
                                 elem_bytes=self.sizes.elem_bytes)

@@ -19,11 +19,16 @@ _DISPATCH, _GEMM0, _GEMM1, _COMBINE, _SIGNAL = (KINDS.index(k) for k in ("dispat
                                                                           "signal"))
 
 
-def tile_ids(cfg: Config, send_counts: np.ndarray) -> np.ndarray:
-    """(E, windows) plan index of each routed expert's tile window, -1 where it has no tile."""
-    (expert, _, window, _), _ = plan.windows(cfg, send_counts)
-    ids = np.full((cfg.experts, int(window.max(initial=-1)) + 1), -1, np.int64)
-    ids[expert, window] = np.arange(expert.size)
+def tile_ids(cfg: Config, send_counts: np.ndarray, rank: int = 0) -> np.ndarray:
+    """(E + S, windows) plan index of each routed expert's tile window, and of shared expert E + s's
+    windows of `rank`'s own tokens (a shared tile is its source's: the kernel logs it as expert
+    E + s), -1 where it has no tile. send_counts: (P, E) routed rows per source and expert."""
+    counts = np.asarray(send_counts)
+    counts = np.concatenate([counts, np.full((cfg.ranks, cfg.shared_experts), cfg.tokens, counts.dtype)], axis=1)
+    (expert, owner, window, _), _ = plan.windows(cfg, counts)
+    ids = np.full((cfg.experts + cfg.shared_experts, int(window.max(initial=-1)) + 1), -1, np.int64)
+    mine = (expert < cfg.experts) | (owner == rank)
+    ids[expert[mine], window[mine]] = np.flatnonzero(mine)
     return ids
 
 

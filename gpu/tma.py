@@ -5,10 +5,11 @@ weight rows with the Hopper tensor memory accelerator: one thread asks for a box
 copy engine writes it into shared memory in wgmma's 128-byte-swizzled layout. A box is named by a
 tensor map (CUtensorMap, 128 opaque bytes) that the CUDA driver encodes on the host from a buffer's
 address and shape. The kernel finds
-its four maps, in OPERANDS order, through Params.tmaps (kernels/params.cuh TMAP_*).
+its five maps, in OPERANDS order, through Params.tmaps (kernels/params.cuh TMAP_*).
 
 Every operand is a row-major bf16 (float32) matrix with K contiguous (the weights are kept K-major
-for these kernels): rows of A (tokens in `inbox`, GEMM0's output in `hidden`) are read 64 at a time, one
+for these kernels): rows of A (tokens in `inbox`, GEMM0's output in `hidden`, a rank's own tokens `x` for its shared
+experts) are read 64 at a time, one
 box per 64-row wgmma block; weight rows tile_n at a time (a column block of the output).
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAP_BYTES = 128  # sizeof(CUtensorMap)
-OPERANDS = ("inbox", "hidden", "w1", "w2")  # kernels/params.cuh TMAP_INBOX.. TMAP_W2
+OPERANDS = ("inbox", "hidden", "w1", "w2", "x")  # kernels/params.cuh TMAP_INBOX.. TMAP_X
 A_BOX_ROWS = 64  # one wgmma.m64 block of A rows per box
 SLICE_BYTES = 128  # a slice's depth: the 128 bytes the 128-byte swizzle spans (64 bf16, 32 float32)
 MAX_BOX_ROWS = 256  # the driver's limit on a box's extent in any dimension
@@ -80,14 +81,14 @@ def encode(s: MapSpec) -> bytes:
 
 
 def operand_specs(tensors: dict, tile_n: int) -> list[MapSpec]:
-    """The four operands' specs (OPERANDS order) from torch tensors: inbox [rows][H], hidden
-    [rows][I], w1 K-major [L][I][H], w2 K-major [L][H][I]."""
+    """The operands' specs (OPERANDS order) from torch tensors: inbox [rows][H], hidden
+    [rows][I], w1 K-major [L+S][I'][H], w2 K-major [L+S][H][I], x [T][H]."""
     out = []
     for name in OPERANDS:
         t = tensors[name]
         k = t.shape[-1]
         rows = t.numel() // k
-        out.append(spec(name, t.data_ptr(), rows, k, A_BOX_ROWS if name in ("inbox", "hidden") else tile_n,
+        out.append(spec(name, t.data_ptr(), rows, k, A_BOX_ROWS if name in ("inbox", "hidden", "x") else tile_n,
                         t.element_size()))
     return out
 

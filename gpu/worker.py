@@ -166,16 +166,18 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
     if session.rank != 0:
         return None
     from sim.costs import queue_policy
-    from sim.trace import KIND, ROLE, concat
+    from sim.trace import KIND, META_VERSION, ROLE, check_meta, concat
 
     trace = concat([p[0] for p in parts], meta={
-        "source": "gpu", "config": cfg.to_dict(), "gpu": session.name, "ranks": session.world,
-        "hardware": hardware_preset(session.name), "n_proc": layer.n_proc, "grid": layer.grid,
+        "meta_version": META_VERSION, "source": "gpu", "config": cfg.to_dict(), "gpu": session.name,
+        "ranks": session.world, "hardware": hardware_preset(session.name), "processors": layer.n_proc,
+        "grid": layer.grid,
         "dropped_events": sum(p[1] for p in parts), "dispatch": layer.dispatch,
         "staged_blocks": layer.staged_blocks,
         "queue": queue_policy(cfg),  # os.cuh QUEUE_BY_EXPERT, as the simulator names it
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
+    check_meta(trace.meta)
     res["sm_utilization"] = telemetry.processor_utilization(trace, layer.n_proc)
     # GEMM task time per processor block: the layer's GEMM FLOPs over it give the rate of the
     # GEMM phase as if it had all processors to itself (the bar of "GEMM phases at x% of ceiling")
@@ -375,7 +377,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
             time_torch(session, cfg, inputs, case, res)
         res["seconds"] = time.perf_counter() - t0
         if trace is not None and case.get("trace"):
-            keep = ("name", "grid", "n_proc", "sm_utilization", "gemm_ms_per_proc", "warmup", "iters", "kernel_ms",
+            keep = ("name", "grid", "sm_utilization", "gemm_ms_per_proc", "warmup", "iters", "kernel_ms",
                     "kernel_ms_all", "kernel_telemetry_ms", "kernel_telemetry_ms_all", "vs_baseline_rel_err", "rel_err")
             trace.meta.update({k: v for k, v in res.items() if k in keep or (k.startswith("torch_") and
                                                                           not k.endswith("_profile"))})
@@ -402,7 +404,7 @@ def main(argv: list[str]) -> int:
             print(f"[rank {session.rank}] case {case['name']} failed: {res['failed']}", file=sys.stderr, flush=True)
         if session.rank == 0:
             results.append(res)
-            (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+            (out_dir / "results.json").write_text(json.dumps(results, separators=(",", ":"), default=str))
             quiet = ("config", "kernel_ms_all", "traceback", "send_counts")
             print(json.dumps({k: v for k, v in res.items() if k not in quiet}, default=str), flush=True)
         if "failed" in res and "Timeout" in res["failed"]:

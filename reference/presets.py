@@ -1,7 +1,7 @@
 """Named configurations: the one place presets, the papers' sweeps and the model zoo are defined.
 
 `flashmoe` is FlashMoE's default layer (csrc/flashmoe_config.json: H = I = 2048, 64 experts,
-top-2, 8192 tokens, capacity factor 1, dropping) on the 4 GPUs DESIGN.md measures on.
+top-2, 8192 tokens, capacity factor 1, dropping) on 4 GPUs, as FlashMoE measures it.
 The sweeps follow the FlashMoE paper's figures: tokens 1K..16K, experts 8..128, GPUs 1..8
 (`PAPER_SWEEPS`). `perseus-comm` is a communication-bound layer (many small experts, k = 8) for
 the multi-node fence story of the Perseus paper.

@@ -196,11 +196,11 @@ def _fit_gemm(f: Fit, raw: dict, hw, blocks: int, origin: str, dtype: str) -> No
     tile heights and the tiles per expert sharing each weight slice (the rate at most the
     dtype's peak; weight bytes alone: the task's slice over the tiles sharing it), the rows
     computed in whole groups where the kernel's multiply does: the float32 SIMT GEMM gives each
-    thread 4 rows of every 64 (f85bd25), so its 32-row tasks take about as long as its 64-row
+    thread 4 rows of every 64, so its 32-row tasks take about as long as its 64-row
     ones. A group among ROW_GROUPS is kept where the straight line misses a task by more than
     LINE_MISS and the group at least halves its squared residuals (the bf16 build's heights lie
     near the line). The tasks: _gemm_points; the microbenchmark's, where those are fitted, start
-    in step on every block and ran their short tiles 10-13% longer than a layer's (H100, f85bd25).
+    in step on every block and ran their short tiles 10-13% longer than a layer's (H100).
     Files from before the sharing points (2 tiles per expert throughout) fit no weight term:
     their fixed cost holds it. With the weight term, each p-norm of OVERLAP_POWERS is fitted too
     (rate, fixed, per byte: _fit_overlap) and the best kept where it takes OVERLAP_GAIN or more

@@ -1,9 +1,9 @@
 """Predicted against measured: the simulator on a measured run's config with the calibrated preset.
 
 A measured run is a kernel telemetry trace (`.npz` of the trace schema, meta "source": "gpu"
-with the run's "config", "gpu" and "n_proc") under measurements/gpu/, or a benchmark summary
-JSON naming such a trace. Its prediction is `sim.simulate` of the same config and dispatch path
-(the trace's meta "dispatch"; "put" in traces from before the kernel stored dispatched rows) with
+with the run's "gpu" and the keys every trace has, sim.trace.META_KEYS) under measurements/gpu/,
+or a benchmark summary JSON naming such a trace. Its prediction is `sim.simulate` of the same
+config, dispatch path, senders and queue rule (the trace's meta) with
 the preset calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, from
 `moelab calibrate`; never fitted to layer runs), or, for a run of an earlier kernel whose
 microbenchmarks are kept, on those (calibrated-<gpu>-<commit[:7]>.json). Both traces go through
@@ -17,7 +17,7 @@ one definition:
   N GPUs; reported where the measured run on 2 GPUs of the same layer by the same kernel commit
   is committed too (on 2 GPUs it is 1 by definition).
 
-Bounds (issue 4): latency within 10%, every phase's busy time within 20%, overlap efficiency
+Bounds: latency within 10%, every phase's busy time within 20%, overlap efficiency
 within 0.1 absolute. A run that recorded no commit cannot be matched to the kernel the
 microbenchmarks measured: it is compared, but not held to the bounds.
 
@@ -44,7 +44,7 @@ from .costs import STAGED_BLOCKS
 from .engine import simulate
 from .hardware import Hardware, HardwareError
 from .hardware import get as get_hardware
-from .trace import KIND, ROLE, Trace, TraceError, concat
+from .trace import KIND, ROLE, Trace, TraceError, check_meta, concat
 
 PHASES = ("gate", "dispatch", "gemm0", "gemm1", "combine")
 LATENCY_BOUND, PHASE_BOUND, OVERLAP_BOUND = 0.10, 0.20, 0.10
@@ -75,22 +75,18 @@ class MeasuredRun:
 
     @property
     def dispatch(self) -> str:
-        """How the measured kernel moved dispatched rows (trace.DISPATCH_PATHS): traces record it
-        since the kernel stores them; the ones before put every tile."""
-        return str(self.trace.meta.get("dispatch", "put"))
+        """How the measured kernel moved dispatched rows (trace.DISPATCH_PATHS)."""
+        return str(self.trace.meta["dispatch"])
 
     @property
     def staged_blocks(self) -> int:
-        """The processors that sent the peers' chunks on the staged path: traces record it since
-        the kernel took it as a parameter; those before (fca7b10) ran 32."""
-        return int(self.trace.meta.get("staged_blocks", 32))
+        """The processors that sent the peers' chunks on the staged path."""
+        return int(self.trace.meta["staged_blocks"])
 
     @property
     def queue(self) -> str:
-        """When the measured kernel queued a dispatched tile's tasks (costs.QUEUE_POLICIES): traces
-        record it since the subscriber queues an expert's tiles together; the ones before, as each
-        tile landed."""
-        return str(self.trace.meta.get("queue", "tile"))
+        """When the measured kernel queued a dispatched tile's tasks (costs.QUEUE_POLICIES)."""
+        return str(self.trace.meta["queue"])
 
     @property
     def name(self) -> str:
@@ -119,24 +115,21 @@ def load_measured(path: str | Path) -> MeasuredRun:
     except TraceError as e:
         raise CompareError("measured", str(path), f"a telemetry trace .npz ({e})") from e
     meta = trace.meta
-    if meta.get("source") != "gpu" or not isinstance(meta.get("config"), dict):
-        raise CompareError("measured", str(path), "a kernel telemetry trace (meta source 'gpu' with its config)")
+    if meta.get("source") != "gpu":
+        raise CompareError("measured", str(path), "a kernel telemetry trace (meta source 'gpu')")
+    try:
+        check_meta(meta)
+    except TraceError as e:
+        raise CompareError("measured", str(path), f"a trace of the meta schema ({e})") from e
     if not len(trace):
         raise CompareError("measured", str(path), "a trace of at least one event")
     if not (trace["end"] >= trace["start"]).all():
         raise CompareError("measured", str(path), "a trace of intervals that end after they start")
     try:
-        cfg = measured_config(meta["config"])
+        cfg = Config.from_dict(meta["config"])
     except ConfigError as e:
         raise CompareError("measured", str(path), f"a trace whose meta config is allowed ({e})") from e
-    try:
-        procs = int(meta.get("n_proc") or np.unique(trace["lane"][trace["role"] == ROLE["processor"]]).size)
-    except (TypeError, ValueError):
-        procs = 0
-    if procs < 1:
-        raise CompareError("measured", str(path), "a trace with processor blocks (meta n_proc >= 1 or processor rows)")
-    trace.meta["processors"] = procs
-    return MeasuredRun(path, cfg, shifted_to_zero(trace), str(meta.get("gpu", "")), procs)
+    return MeasuredRun(path, cfg, shifted_to_zero(trace), str(meta.get("gpu", "")), int(meta["processors"]))
 
 
 def read_summary(path: str | Path) -> dict:
@@ -149,12 +142,6 @@ def read_summary(path: str | Path) -> dict:
         raise FileError(path, "lacks an object \"meta\" or a list of \"results\" objects", expected)
     return doc
 
-
-def measured_config(d: dict) -> Config:
-    """The config a measured run recorded, as its kernel ran it. Runs recorded before Config had
-    "merge_sources" came from a kernel that gave each source rank's rows tiles of their own, so a
-    missing key means False, not the field's default."""
-    return Config.from_dict({"merge_sources": False, **d})
 
 
 def _trace_of_summary(path: Path) -> Path:
@@ -290,7 +277,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     hw = hw.for_config(run.config)
     result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks)
     pred_trace = shifted_to_zero(result.trace)
-    procs = int(result.trace.meta.get("processors") or hw.processors)
+    procs = int(result.trace.meta["processors"])
     ranks = run.config.ranks
     meas, model = summary(run.trace, run.processors, ranks), summary(pred_trace, procs, ranks)
     c = Comparison(run, hw, pred_trace, meas, model)
@@ -362,7 +349,7 @@ def figure(c: Comparison):
     moved["rank"] = c.predicted["rank"] + ranks
     both = concat([c.run.trace, Trace(moved, {})], meta={})
     # each panel's busy fraction over its own processors: the preset may run another block count
-    predicted = int(c.predicted.meta.get("processors") or c.hardware.processors)
+    predicted = int(c.predicted.meta["processors"])
     lanes = {r: c.run.processors for r in range(ranks)} | {r + ranks: predicted for r in range(ranks)}
     fig = timeline.figure(both, title=f"{c.run.name}: measured (top) and predicted ({c.hardware.name})",
                           processors=lanes)

@@ -43,20 +43,20 @@ from reference.plan import COMBINE, GEMM0, GEMM1, LOCAL, NVLINK, chunk_slots, co
 
 from .hardware import Hardware
 
-GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (gpu/kernels/gate.cuh; a test checks they agree)
+GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (the kernel's too: gpu/layout.py kernel_constants)
 GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one item's H is split over
 # "staged" (sim.trace.DISPATCH_PATHS): the peers' chunks sent by STAGED_BLOCKS processors one after
 # another, local expert by local expert, the other processors storing their own GPU's chunks
-# (gpu/layout.py STAGED_BLOCKS; a test checks they agree)
+# (the host hands the kernel this count: gpu/layout.py)
 STAGED_BLOCKS = 16
 # when a tile's GEMM tasks are queued (queue_policy): "expert-both", its GEMM0 tasks with the rest of
 # its expert's tiles, from every source, once the last has landed, and its GEMM1 tasks with theirs
 # once every tile's GEMM0 tasks are done (os.cuh enqueue_expert); "expert", its GEMM0 tasks so and
-# its GEMM1 tasks as its own GEMM0 tasks are done (the bf16 build up to fcd262e); "tile", each
+# its GEMM1 tasks as its own GEMM0 tasks are done (the older bf16 build); "tile", each
 # phase's tasks as the tile lands and as its GEMM0 tasks are done
 QUEUE_POLICIES = ("expert-both", "expert", "tile")
 BY_EXPERT = ("expert-both", "expert")  # the policies that queue an expert's tiles' GEMM0 tasks together
-DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (processor.cuh DISPATCH_MAX_PARTS)
+DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (the kernel's too: gpu/layout.py)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
 WEIGHTED_IN_TASK = {"float32": True, "bfloat16": False}  # processor.cuh: TASK_COMBINE weights rows (fp32 only)
@@ -85,8 +85,8 @@ def block_bytes_per_ns(hw: Hardware) -> float:
 
 def queue_policy(cfg: Config) -> str:
     """The queue policy of cfg's kernel build (os.cuh QUEUE_BY_EXPERT): the bf16 build queues an
-    expert's tiles' tasks together, both GEMM phases (its traces up to fcd262e say "expert": GEMM0
-    only; up to 0521fe7 they carry no "queue", each tile as it landed), the float32 and tf32
+    expert's tiles' tasks together, both GEMM phases (its older traces say "expert": GEMM0
+    only; the oldest carry no "queue", each tile as it landed), the float32 and tf32
     builds each tile's."""
     return "expert-both" if cfg.dtype == "bfloat16" else "tile"
 

@@ -26,7 +26,7 @@ from .hardware import Hardware
 from .hardware import get as get_hardware
 from .kernel import FusedKernel, TilePhases
 from .network import TRANSPORTS, Fabric
-from .trace import DISPATCH_PATHS, Trace, TraceBuilder
+from .trace import DISPATCH_PATHS, META_VERSION, Trace, TraceBuilder
 
 
 class SimError(ValueError):
@@ -110,7 +110,8 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     finally:
         if collecting:
             gc.enable()
-    meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
+    meta = {"meta_version": META_VERSION, "source": "sim", "config": cfg.to_dict(), "hardware": hw.name,
+            "hardware_figures": hw.to_dict(),
             "transport": transport, "dispatch": dispatch, "staged_blocks": staged_blocks, "queue": queue,
             "baseline": baseline,
             "processors": hw.sms if baseline else hw.processors}

@@ -76,7 +76,7 @@ class Hardware:
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
     # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row),
     # a tile of one group or less in its warps' quarters of it (costs.grouped_rows): the float32
-    # SIMT GEMM of f85bd25 gives each thread 4 rows of every 64 and each warp 16 of those, so a tile
+    # SIMT GEMM gives each thread 4 rows of every 64 and each warp 16 of those, so a tile
     # of 96 rows takes about as long as one of 128, one of 32 less than one of 64 (one H100,
     # microbenchmark at the megakernel's grid: 155, 173, 240, 243 us)
     gemm_row_group: float
@@ -260,8 +260,8 @@ _H100 = {
     "tflops_bfloat16": (989.4, _DATASHEET_H100 + ": BF16 Tensor Core 1,979 TFLOPS with sparsity, 989.4 dense"),
     "tflops_tf32": (494.7, _DATASHEET_H100 + ": TF32 Tensor Core 989 TFLOPS with sparsity, 494.7 dense"),
     "tflops_float64": (67.0, _DATASHEET_H100 + ": FP64 Tensor Core 67 TFLOPS"),
-    "matrix_efficiency": (0.8, "DESIGN.md floors of the FlashMoE default's expert math: fp32 5.4 ms is 0.76 "
-                               "and bf16 0.34 ms is 0.82 of peak"),
+    "matrix_efficiency": (0.8, "estimate: the floors of the FlashMoE default's expert math, fp32 5.4 ms at 0.76 "
+                               "and bf16 0.34 ms at 0.82 of peak"),
     "hbm_gbps": (3350.0, _DATASHEET_H100 + ": GPU memory bandwidth 3.35 TB/s"),
     "l2_hit_fraction": (0.9, "estimate: a tile's rows are reread by all its column tasks (32 at the FlashMoE "
                              "default) and an expert's weight block by all its tiles, within the 50 MB L2"),
@@ -302,8 +302,9 @@ _H100 = {
                                          "wake_ns", "assign_ns", "stop_ns")},
     "kernel_launch_ns": (4000.0, "estimate: gap between dependent kernels launched from Python; " + _ESTIMATE),
     "collective_latency_ns": (10000.0, "estimate: NCCL all-to-all setup and synchronization; " + _ESTIMATE),
-    "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (DESIGN.md's torch "
-                             "layer spends ~2.3 ms beyond its GEMMs at the default on 4 H200); " + _ESTIMATE),
+    "alltoall_gbps": (200.0, "estimate: NCCL all-to-all moves far less than the 450 GB/s port (the torch "
+                             "layer, gpu/baseline.py, spends ~2.3 ms beyond its GEMMs at the default on 4 H200); "
+                             + _ESTIMATE),
 }
 _H200 = {
     **_H100,

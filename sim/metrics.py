@@ -61,7 +61,7 @@ def weights_roofline(cfg: Config, kept_rows: int, ceiling_tflops: float, gbps: f
     GPU's memory, at `gbps` GB/s, has to stream every expert weight it holds once: the layer's
     GEMM FLOPs (4 H I per kept row, both GEMMs) over its weight bytes (2 H I a weight matrix pair
     per expert) times the rate. With R kept rows an expert a bf16 weight byte carries R FLOPs, a
-    float32 one R / 2; under 60, issue 9's bar on the GEMM phase cannot hold, short of keeping
+    float32 one R / 2; under 60, the bar on the GEMM phase (60% of the ceiling) cannot hold, short of keeping
     weights on chip between calls."""
     experts = cfg.experts + cfg.shared_experts * cfg.ranks  # every GPU holds the shared experts
     return 100 * 4 * kept_rows * gbps * 1e9 / (experts * 2 * cfg.dtype_bytes * ceiling_tflops * 1e12)

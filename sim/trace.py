@@ -5,7 +5,8 @@ scheduler or subscriber warp, a node's proxy thread, a NIC, a link), doing `kind
 `start` to `end` nanoseconds, about `expert`, `tile` and `peer` (-1 where none), moving `bytes`.
 `lane` numbers the actors of one role on one rank (processor block 0.., subscriber warp 0..,
 link lane = peer rank). Saved as `.npz` columns plus a JSON `meta` (who produced it, config,
-preset); exported to Chrome/Perfetto JSON (`ph: "X"`, microseconds) for ui.perfetto.dev.
+preset: the versioned schema below, which both producers fill and readers check); exported to
+Chrome/Perfetto JSON (`ph: "X"`, microseconds) for ui.perfetto.dev.
 """
 
 from __future__ import annotations
@@ -33,9 +34,64 @@ ROLE = {name: i for i, name in enumerate(ROLES)}
 DISPATCH_PATHS = ("staged", "store", "put")
 KIND = {name: i for i, name in enumerate(KINDS)}
 
+# The meta's schema. Both producers (sim.engine, the simulator; gpu.worker, the kernel's telemetry)
+# write every key of META_KEYS; readers call check_meta; Trace.load reads older files through
+# upgrade_meta, the one place that knows what they lacked.
+META_VERSION = 1
+SOURCES = ("sim", "gpu")
+META_KEYS = {
+    "meta_version": "META_VERSION",
+    "source": "who produced the trace: 'sim' (the simulator) or 'gpu' (the kernel's telemetry)",
+    "config": "the layer's reference.Config, as Config.to_dict()",
+    "processors": "processor blocks a GPU",
+    "dispatch": "how dispatched rows moved (DISPATCH_PATHS)",
+    "staged_blocks": "processors that sent the peers' chunks on the staged dispatch",
+    "queue": "when a tile's GEMM tasks were queued (sim.costs.QUEUE_POLICIES)",
+}
+
 
 class TraceError(ValueError):
     """A trace file or table that does not follow the schema."""
+
+
+def upgrade_meta(meta: dict) -> dict:
+    """`meta` as META_VERSION. Version 0 (no "meta_version" key): simulated traces said "producer",
+    measured ones "n_proc" for the processors; measured traces from before the kernel recorded them
+    lack "dispatch" (it put every tile), "staged_blocks" (32 sent the peers' chunks), "queue" (each
+    tile's tasks as it landed) and the config's "merge_sources" (each source's rows in tiles of
+    their own)."""
+    version = meta.get("meta_version", 0)
+    if version == META_VERSION:
+        return dict(meta)
+    if version != 0:
+        raise TraceError(f"trace meta_version {version!r} is not one this moelab reads (0 or {META_VERSION})")
+    m = dict(meta)
+    if "producer" in m:
+        m.setdefault("source", m.pop("producer"))
+    if "n_proc" in m:
+        m["processors"] = m.pop("n_proc")
+    if m.get("source") == "gpu":
+        m = {"dispatch": "put", "staged_blocks": 32, "queue": "tile", **m}
+        if isinstance(m.get("config"), dict):
+            m["config"] = {"merge_sources": False, **m["config"]}
+    return {**m, "meta_version": META_VERSION}
+
+
+def check_meta(meta: dict) -> None:
+    """Raise TraceError naming the first key of META_KEYS that `meta` lacks or holds wrongly."""
+    for key, what in META_KEYS.items():
+        if key not in meta:
+            raise TraceError(f"trace meta has no {key!r} ({what}): a trace of meta version {META_VERSION} "
+                             f"has {', '.join(META_KEYS)}")
+    allowed = {"meta_version": (META_VERSION,), "source": SOURCES, "dispatch": DISPATCH_PATHS}
+    for key, values in allowed.items():
+        if meta[key] not in values:
+            raise TraceError(f"trace meta {key!r} = {meta[key]!r} is not allowed: one of {list(values)}")
+    for key in ("processors", "staged_blocks"):
+        if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
+            raise TraceError(f"trace meta {key!r} = {meta[key]!r} is not allowed: a count (int >= 0)")
+    if not isinstance(meta["config"], dict):
+        raise TraceError(f"trace meta 'config' = {meta['config']!r} is not allowed: a dict of Config fields")
 
 
 @dataclass(eq=False)
@@ -98,7 +154,7 @@ class Trace:
                 finite(path, c, data[c], expected)
             if data["start"].ndim != 1:
                 raise FileError(path, f"holds 'start' of shape {data['start'].shape}", expected + " (1-D)")
-            return cls({c: data[c] for c in COLUMNS}, meta)
+            return cls({c: data[c] for c in COLUMNS}, upgrade_meta(meta))
         except FileError as e:
             raise TraceError(str(e)) from e
         except TraceError as e:

@@ -4,6 +4,7 @@ exceptions, a changed widget reruns it and changes what it shows, a bad config s
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from app_traces import pipeline_trace
 from streamlit.testing.v1 import AppTest
@@ -11,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 import sim
 from reference import presets
 from sim.calibrate import MEASUREMENTS
+from sim.trace import META_VERSION, ROLE
 
 # the Simulate, Compare and Fences pages run the simulator (sim.simulate, being written)
 needs_sim = pytest.mark.skipif(not hasattr(sim, "simulate"), reason="sim.simulate has not landed")
@@ -134,8 +136,12 @@ def _number(text) -> bool:
 
 
 def gpu_run(tr):
-    """A test trace as a kernel telemetry run on an H200 (what sim.compare reads)."""
-    tr.meta.update(source="gpu", gpu="NVIDIA H200")
+    """A test trace as a kernel telemetry run on an H200 (what sim.compare reads), with the meta the
+    kernel's telemetry writes (sim.trace.META_KEYS)."""
+    processors = int(np.unique(tr["lane"][tr["role"] == ROLE["processor"]]).size)
+    tr.meta = {**{k: v for k, v in tr.meta.items() if k != "producer"}, "meta_version": META_VERSION,
+               "source": "gpu", "gpu": "NVIDIA H200", "processors": processors, "dispatch": "staged",
+               "staged_blocks": 16, "queue": "tile"}
     return tr
 
 

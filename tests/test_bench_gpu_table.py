@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from reference import presets
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_gpu  # noqa: E402
@@ -97,13 +99,13 @@ def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
                                                     [1024, 4096, 16384], flashmoe=False, gpu_gb=80.0)
     names = {c["name"] for p in cases for c in cases[p]}
     why = {r["name"]: r["skipped"] for r in skipped}
-    # the kernel lacks the gated activations, shared experts and gpt-oss' router bias: their twins run
-    assert {"matrix-qwen3-30b-a3b-4k-twin-bf16-p4", "matrix-gpt-oss-120b-16k-twin-bf16-p1",
-            "matrix-deepseek-v3-1k-twin-bf16-p4"} <= names
-    assert "ragged" in why["matrix-gpt-oss-120b-4k-twin-tf32x3-p1"]  # 2880 columns, tf32x3 tiles of 128 or 256
-    assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-twin-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
-    assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-16k-twin-bf16-p4"]
-    assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 3 * 2  # twins and the models in torch
+    # the kernel runs the real layers (gated, shared experts, gpt-oss' ragged 2880 columns at the bench tiles)
+    assert {"matrix-qwen3-30b-a3b-4k-bf16-p4", "matrix-gpt-oss-120b-16k-bf16-p1", "matrix-deepseek-v3-1k-bf16-p4",
+            "matrix-gpt-oss-120b-4k-tf32x3-p1"} <= names
+    assert not any("twin" in n for n in names | set(why))
+    assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
+    assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-16k-bf16-p4"]
+    assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 3  # no twins, no torch-only points
     assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + 5 * bench_gpu.SPAWN_SECONDS_PER_GPU \
         + len(names) * bench_gpu.POINT_SECONDS
     # the skipped points keep their reason in the table
@@ -130,13 +132,17 @@ def test_speedup_is_over_the_faster_dropless_layer_and_tf32x3_roofline_over_a_th
 
 def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are():
     cases, skipped, _ = bench_gpu.matrix_plan([4], ["bfloat16"], ["qwen3-30b-a3b"], [4096], flashmoe=False, gpu_gb=80.0)
-    by_name = {c["name"]: c for c in cases[4]}
-    assert set(by_name) == {"matrix-qwen3-30b-a3b-4k-twin-bf16-p4", "matrix-qwen3-30b-a3b-4k-bf16-p4"}
-    real = by_name["matrix-qwen3-30b-a3b-4k-bf16-p4"]
-    assert "activation" in real["torch_only"] and real["config"]["activation"] == "swiglu"
-    assert by_name["matrix-qwen3-30b-a3b-4k-twin-bf16-p4"]["config"]["activation"] == "silu"
-    none, _, _ = bench_gpu.matrix_plan([4], ["bfloat16"], ["qwen3-30b-a3b"], [4096], False, 80.0, torch_models=False)
-    assert [c["name"] for c in none[4]] == ["matrix-qwen3-30b-a3b-4k-twin-bf16-p4"]
+    (real,) = cases[4]  # the kernel runs the gated layer itself: no twin, no torch-only point
+    assert real["name"] == "matrix-qwen3-30b-a3b-4k-bf16-p4" and real["config"]["activation"] == "swiglu"
+    assert "torch_only" not in real
+    # a layer the kernel refuses (more groups than the gate takes) runs as its twin, and in torch as it is
+    from gpu import cases as gpu_cases
+
+    wide = presets.ZOO["deepseek-v3"].replace(n_group=64, topk_group=8, ranks=4)
+    twin = gpu_cases.kernel_twin(wide)
+    assert (twin.n_group, twin.topk_group, twin.name) == (1, 1, "deepseek-v3-twin")
+    real = {"name": "matrix-qwen3-30b-a3b-4k-bf16-p4", "config": real["config"],
+            "torch_only": f"not in the kernel: {gpu_cases.kernel_refuses(wide)}"}
     # its row: the reason in the kernel's column, the torch layers and the roofline beside it
     res = {"name": real["name"], "config": real["config"], "kernel_skipped": real["torch_only"],
            "torch_dropless_bfloat16_ms": 3.0, "torch_bfloat16_skipped": "no room",

@@ -11,22 +11,31 @@ import pytest
 
 from moelab.cli import main
 from sim import compare
-from sim.trace import Trace
+from sim.trace import Trace, upgrade_meta
 
-RUNS = compare.measured_runs()
 EVERY_RUN = compare.measured_runs(calibrated_only=False)
+RUNS = [r for r in EVERY_RUN if compare.uncovered(r) is None]  # compare.measured_runs(), loaded once
 PREDICT = compare.Predictor()  # partners' predictions are shared between runs
+pytestmark = pytest.mark.xdist_group("measured")  # one worker: each prediction made once (validation.md reuses them)
+
+
+def _group(run) -> tuple:
+    return run.name.split("-")[0], run.config.gemm_precision, run.config.ranks
+
+
+def _sampled(runs) -> set[str]:
+    """The fast suite's runs: the first calibrated run (by name) of each (machine, GEMM precision,
+    GPUs); `--slow` (CI) predicts every run."""
+    first: dict[tuple, str] = {}
+    for run in runs:
+        first.setdefault(_group(run), run.name)
+    return set(first.values())
+
+
+SAMPLE = _sampled(RUNS)
 # (run, quantity) misses of the calibrations committed in measurements/calibration-<gpu>.json, each
-# with its cause (docs/validation.md). Strict: a miss that starts to hold must leave this list.
-# Measured at 8e14b82 on 1 and 2 H100s; on H200s at fca7b10 (the staged dispatch from 32 processors:
-# its h200x4- runs left are those named -store, the flat dispatch, on 2 and 4 GPUs, and -apart, a tile
-# per source), at b18c6d7 (16 senders) on 1 and 2 (h200x2-), at b7b5b24 (16 senders) on 1, 2 and 4
-# (the other float32 h200x4- runs) and at fcd262e on 1, 2 and 4 (the bf16 and tf32x3 sweeps, -bf16 and
-# -tf32x3). Each kernel's runs are predicted with its own microbenchmarks: fca7b10's, b18c6d7's and
-# b7b5b24's kept as calibrated-h200-<commit>.json, fcd262e's (measured on 2 of the 4 H200s)
-# calibrated-h200.json. On 1, 2 and 4 H100s (h100x4-): the bf16 sweep at 33d8ac7 (an expert's GEMM1 tasks
-# queued together), the tf32x3 one at 175ba1d, each predicted with its commit's microbenchmarks on 2 H100s
-# (33d8ac7's calibrated-h100.json; 175ba1d's, 163bbf2's and 8e14b82's kept as calibrated-h100-<commit>.json).
+# with its cause (docs/validation.md; which kernel and calibration measured each: docs/notes/measured-runs.md).
+# Strict: a miss that starts to hold must leave this list.
 SMALL_TWO_GPU = ("at 1K tokens on two GPUs every phase runs longer than modelled, none by more than 20%: the gate "
                  "47.5 us against 43.9, the GEMM tasks 33.9/37.3 us against 32.9/33.4 (medians over both ranks): "
                  "layer -10.5% (the H200's run holds since d92b7fd: -9.2%)")
@@ -145,10 +154,11 @@ def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path
 
 
 def test_each_run_is_predicted_on_its_kernels_dispatch_path():
-    """Traces say how their kernel dispatched since it stores rows; the ones before put every tile."""
+    """Traces say how their kernel dispatched; files from before it stored rows say nothing and are
+    read as putting every tile (sim.trace.upgrade_meta)."""
     run = RUNS[0]
-    old = dataclasses.replace(run, trace=Trace(run.trace.columns,
-                                               {k: v for k, v in run.trace.meta.items() if k != "dispatch"}))
+    old = dataclasses.replace(run, trace=Trace(run.trace.columns, upgrade_meta(
+        {k: v for k, v in run.trace.meta.items() if k not in ("dispatch", "meta_version")})))
     new = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "dispatch": "store"}))
     assert (old.dispatch, new.dispatch) == ("put", "store")
     for run in (old, new):
@@ -160,8 +170,8 @@ def test_each_run_is_predicted_with_its_kernels_queue_policy():
     together; the ones before queued each as it landed, and a peer's tiles shared no weight slice
     with the GPU's own."""
     run = next(r for r in RUNS if r.config.ranks == 2 and r.config.dtype == "bfloat16")
-    old = dataclasses.replace(run, trace=Trace(run.trace.columns,
-                                               {k: v for k, v in run.trace.meta.items() if k != "queue"}))
+    old = dataclasses.replace(run, trace=Trace(run.trace.columns, upgrade_meta(
+        {k: v for k, v in run.trace.meta.items() if k not in ("queue", "meta_version")})))
     new = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "queue": "expert"}))
     assert (old.queue, new.queue) == ("tile", "expert")
     predicted = {r.queue: compare.compare(r, predict=PREDICT) for r in (old, new)}
@@ -170,7 +180,8 @@ def test_each_run_is_predicted_with_its_kernels_queue_policy():
     assert gemm0["expert"] < gemm0["tile"]  # 4 tiles share each weight slice, not 2
 
 
-@pytest.mark.parametrize("run", EVERY_RUN, ids=[r.name for r in EVERY_RUN])
+@pytest.mark.parametrize("run", [pytest.param(r, id=r.name, marks=() if r.name in SAMPLE or r not in RUNS
+                                                else pytest.mark.slow) for r in EVERY_RUN])
 def test_prediction_within_bounds(run):
     reason = compare.uncovered(run)
     if reason:
@@ -220,6 +231,7 @@ def test_cli_rejects_a_file_that_is_not_a_measured_run(tmp_path, capsys):
     assert "compare option 'measured'" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # predicts every committed run
 def test_validation_doc_is_current():
     from pathlib import Path
 

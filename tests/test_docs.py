@@ -7,9 +7,10 @@ import pytest
 from docs_runner import matches, parse, run
 
 WALKTHROUGHS = sorted((Path(__file__).parent.parent / "docs").glob("[0-9][0-9]-*.md"))
+REFERENCE = sorted((Path(__file__).parent.parent / "docs" / "reference").glob("*.md"))  # run the same way
 
 
-@pytest.mark.parametrize("path", WALKTHROUGHS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", WALKTHROUGHS + REFERENCE, ids=lambda p: p.stem)
 def test_walkthrough_runs_and_matches_its_text(path):
     checks = run(path)
     assert any(c.expected is not None for c in checks), f"{path.name} shows no output to check"
@@ -27,10 +28,10 @@ def test_runner_matching_rules():
 
 
 DOCS = Path(__file__).parent.parent / "docs"
-IMAGE = re.compile(r"!\[[^\]]*\]\((img/[^)\s]+)\)")
+IMAGE = re.compile(r"!\[[^\]]*\]\((?:\.\./)?(img/[^)\s]+)\)")
 
 
-@pytest.mark.parametrize("path", WALKTHROUGHS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", WALKTHROUGHS + REFERENCE, ids=lambda p: p.stem)
 def test_walkthrough_figures_exist_are_small_and_show_their_command(path):
     """Every figure a walkthrough shows is committed under docs/img/, under 200 KB, and the
     command that made it (naming its path) follows it before the next figure or heading."""

@@ -1,4 +1,4 @@
-"""The 8-GPU run (issue 7, on a machine not lent today) checked as far as a CPU can: every case the
+"""The 8-GPU run (on a machine not lent today) checked as far as a CPU can: every case the
 GPU tests and the benchmark would launch on P = 8 is a valid config the kernel supports, with its
 experts placed 1/8 per rank, and its symmetric buffers fit an H200."""
 
@@ -12,7 +12,8 @@ H200_BYTES = 141e9
 
 def _eight_rank_cases() -> list[dict]:
     return (cases.check_cases(8, seed=7) + [cases.sit_out_case(8)] + cases.bench_cases(8, "sweep")
-            + cases.bf16_check_cases(8, seed=7) + cases.bench_cases(8, "tiles", dtype="bfloat16"))
+            + cases.bf16_check_cases(8, seed=7) + cases.bench_cases(8, "tiles", dtype="bfloat16")
+            + cases.feature_check_cases(8, seed=7))
 
 
 @pytest.mark.parametrize("case", _eight_rank_cases(), ids=lambda c: c["name"])

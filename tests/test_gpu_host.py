@@ -8,19 +8,34 @@ import pytest
 
 from gpu import build, errors, layout, telemetry
 from reference import Config, plan, presets
+from reference import config as reference_config
+from reference.config import GATES
 from sim import costs
-from sim.trace import KIND
+from sim.trace import KIND, KINDS
 
 
 def test_unsupported_fields_are_named():
     base = presets.get("tiny")
-    for change, field in [(dict(dtype="float64"), "dtype"), (dict(activation="swiglu"), "activation"),
-                          (dict(shared_experts=1), "shared_experts"), (dict(tile_m=24, tokens=96), "tile_m"),
-                          (dict(tile_n=12, hidden=96, ffn=96), "tile_n")]:
+    for change, field in [(dict(dtype="float64"), "dtype"), (dict(shared_experts=31), "shared_experts"),
+                          (dict(tile_m=24, tokens=96), "tile_m"), (dict(tile_n=12, hidden=96, ffn=96), "tile_n"),
+                          (dict(tile_n=64, hidden=96), "hidden"), (dict(tile_n=128, ffn=200), "ffn"),
+                          (dict(activation="swiglu", tile_n=8), "tile_n")]:  # a float32 thread's gate beside its up
         with pytest.raises(layout.UnsupportedConfig) as e:
             layout.check_supported(base.replace(**change))
         assert e.value.field == field and field in str(e.value)
     layout.check_supported(base)
+    # gated, shared experts, scaled before the expert, ragged H and I: each a build flag, only where present
+    real = base.replace(activation="swiglu", shared_experts=2, top_k=1, scale_before_expert=True, hidden=192,
+                        ffn=320, tile_n=128)
+    layout.check_supported(real)
+    swiglu, oai = (reference_config.ACTIVATIONS.index(a) for a in ("swiglu", "swiglu_oai"))  # the build's codes
+    assert layout.compile_options(real) == {"TILE_M": 32, "TILE_N": 128, "TILE_K": 8, "MOE_GATED": swiglu,
+                                            "MOE_SHARED": 1, "MOE_SCALE_BEFORE": 1, "MOE_RAGGED": 1}
+    assert layout.compile_options(base.replace(activation="swiglu_oai"))["MOE_GATED"] == oai
+    assert layout.compile_options(base) == {"TILE_M": 32, "TILE_N": 32, "TILE_K": 8}
+    s = layout.Sizes.of(real)  # gated GEMM0: 2 x 320 interleaved columns in blocks of 128; GEMM1: 192 in 2
+    assert (s.n0, s.n1, s.S, s.WS) == (5, 2, 2, 3)
+    assert s.queue_cap == (s.L * s.W + 2 * 3) * (5 + 2) + s.E * s.CH
 
 
 def test_every_router_runs_and_the_gate_limits_are_named():
@@ -32,21 +47,24 @@ def test_every_router_runs_and_the_gate_limits_are_named():
         for c in cases.router_check_cases(p, 3):
             layout.check_supported(Config.from_dict(c["config"]))
     base = presets.get("tiny").replace(experts=64, top_k=2)
-    for change, field in [(dict(n_group=64, topk_group=2), "n_group"),
-                          (dict(top_k=1, scale_before_expert=True), "scale_before_expert")]:
+    for change, field in [(dict(n_group=64, topk_group=2), "n_group")]:
         with pytest.raises(layout.UnsupportedConfig) as e:
             layout.check_supported(base.replace(**change))
         assert e.value.field == field and field in str(e.value)
     layout.check_supported(base.replace(gate="softmax_topk", n_group=32, topk_group=2))  # groups of two
+    layout.check_supported(base.replace(top_k=1, scale_before_expert=True))  # Llama 4: the dispatch scales
 
 
 def test_gate_kinds_are_the_configs_routers_in_order():
-    """params.cuh's GATE_* values number reference.config.GATES in order (runtime passes the index)."""
+    """params.cuh's GATE_* take the -D flags' values, which number reference.config.GATES in order
+    (runtime passes the index)."""
     from reference.config import GATES
 
     text = (layout.KERNEL_DIR / "params.cuh").read_text()
-    kinds = {int(v): name for name, v in re.findall(r"GATE_([A-Z_]+) = (\d+)", text)}
-    assert [kinds[i].lower() for i in range(len(kinds))] == list(GATES)
+    named = re.findall(r"GATE_([A-Z_]+) = MOELAB_GATE_\1\b", text)
+    assert [n.lower() for n in named] == list(GATES)
+    consts = layout.kernel_constants()
+    assert [consts[f"MOELAB_GATE_{g.upper()}"] for g in GATES] == list(range(len(GATES)))
 
 
 def test_tied_experts_score_alike():
@@ -279,11 +297,11 @@ def test_sizes_derive_from_config():
 
 def test_param_fields_match_the_struct():
     fields = layout.param_fields()
-    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
+    assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-2:] == ["swiglu_alpha", "swiglu_limit"]
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc",
              "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "staged_blocks", "gate_splits", "n_group",
-             "topk_group", "routed_scaling"}
+             "topk_group", "routed_scaling", "S", "WS", "shared_out"}
     assert sizes <= set(fields)
 
 
@@ -317,20 +335,24 @@ def test_simulated_queue_policy_is_the_kernel_builds():
     assert '"queue": queue_policy(cfg)' in (layout.KERNEL_DIR.parent / "worker.py").read_text()
 
 
-def test_simulated_gate_item_is_the_kernels():
-    """sim.costs models the gate by the kernel's work item; the kernel's constants are its own."""
-    text = (layout.KERNEL_DIR / "gate.cuh").read_text()
-    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (GATE_\w+) = (\d+);", text)}
-    assert (const["GATE_TOKENS"], const["GATE_EXPERTS"]) == (costs.GATE_TOKENS, costs.GATE_EXPERTS)
-    assert (const["GATE_DEPTH"], const["GATE_MAX_SPLITS"]) == (costs.GATE_DEPTH, costs.GATE_MAX_SPLITS)
-    assert (const["GATE_TOKENS"], const["GATE_MAX_SPLITS"]) == (layout.GATE_TOKENS, layout.GATE_MAX_SPLITS)
+def test_the_kernels_take_the_constants_python_owns_from_the_build():
+    """Every MOELAB_ macro a kernel source reads is a -D flag of every build (layout.kernel_constants),
+    and the kernel spells out none of the numbers the simulator models it by."""
+    used = {m for p in build.source_files() for m in re.findall(r"\bMOELAB_[A-Z0-9_]+\b", p.read_text())}
+    assert used <= set(layout.kernel_constants()), sorted(used - set(layout.kernel_constants()))
+    flags = build.defines({"TILE_M": 64})
+    assert f"-DMOELAB_GATE_TOKENS={costs.GATE_TOKENS}" in flags and "-DTILE_M=64" in flags
+    assert f"-DMOELAB_EV_SIGNAL={KINDS.index('signal')}" in flags
+    assert f"-DMOELAB_GATE_SIGMOID_BIAS={GATES.index('sigmoid_bias')}" in flags
+    gate, processor = ((layout.KERNEL_DIR / f).read_text() for f in ("gate.cuh", "processor.cuh"))
+    for name in ("GATE_TOKENS", "GATE_EXPERTS", "GATE_DEPTH", "GATE_MAX_SPLITS"):
+        assert f"constexpr int {name} = MOELAB_{name};" in gate
+    assert "constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;" in processor
 
 
 def test_simulated_dispatch_shares_are_the_kernels():
     """sim.costs splits a stored chunk over processors as processor.cuh does: the same most shares,
     and the kernel's chunk slots E x CH (layout.Sizes) in its split."""
-    text = (layout.KERNEL_DIR / "processor.cuh").read_text()
-    assert int(re.search(r"constexpr int DISPATCH_MAX_PARTS = (\d+);", text)[1]) == costs.DISPATCH_MAX_PARTS
     for cfg in (presets.get("flashmoe"), presets.get("tiny"), presets.get("tiny-nodrop"),
                 presets.get("tiny").replace(merge_sources=False),
                 presets.get("flashmoe").replace(tokens=1024, experts=128)):
@@ -339,7 +361,6 @@ def test_simulated_dispatch_shares_are_the_kernels():
         assert costs.dispatch_parts(cfg, 263, "store") == max(1, min(263 // (s.E * s.CH), costs.DISPATCH_MAX_PARTS))
         assert costs.dispatch_parts(cfg, 263, "put") == 1
     # the staged dispatch's senders: the simulator's count is the one the host hands the kernel
-    assert costs.STAGED_BLOCKS == layout.STAGED_BLOCKS
     runtime = (layout.KERNEL_DIR.parent / "runtime.py").read_text()
     assert "staged_blocks: int = layout.STAGED_BLOCKS" in runtime
     assert "staged_blocks=staged_blocks if dispatch == \"staged\" else 0" in runtime
@@ -446,3 +467,28 @@ def test_telemetry_decoding():
     sig = tr.where(role="subscriber")
     assert sig["lane"][0] == 0 and sig["tile"][0] == ids[4, 0]  # a return to this rank
     assert 0 < telemetry.processor_utilization(tr, n_proc) <= 1
+
+
+def test_kernel_weights_append_the_shared_experts_and_interleave_gate_and_up():
+    """The Layer's copy of the weights for the kernel: local experts then shared ones, W1's and b1's
+    gate column j at 2j and its up column at 2j + 1; a layer with neither keeps the inputs' tensors."""
+    torch = pytest.importorskip("torch")
+    from gpu import runtime
+
+    cfg = Config(tokens=8, hidden=64, ffn=64, experts=4, top_k=1, activation="swiglu", shared_experts=2, ranks=2)
+    L, S, H, i = cfg.local_experts, cfg.shared_experts, cfg.hidden, cfg.ffn
+    mine = (torch.randn(L, H, 2 * i), torch.randn(L, 2 * i), torch.randn(L, i, H), torch.randn(L, H))
+    shared = (torch.randn(S, H, 2 * i), torch.randn(S, 2 * i), torch.randn(S, i, H), torch.randn(S, H))
+    inputs = runtime.Inputs(x=None, wg=None, logit_offset=None, gate_bias=None, wg_bias=None, w1=mine[0], b1=mine[1],
+                            w2=mine[2], b2=mine[3], shared=shared)
+    k = runtime.kernel_weights(cfg, inputs)
+    j = int(torch.randint(i, (1,)))
+    for name, n in (("w1", 0), ("b1", 1)):
+        both = torch.cat([mine[n], shared[n]])
+        assert k[name].shape == both.shape and k[name].is_contiguous()
+        assert torch.equal(k[name][..., 2 * j], both[..., j]) and torch.equal(k[name][..., 2 * j + 1], both[..., i + j])
+    assert torch.equal(k["w2"], torch.cat([mine[2], shared[2]])) and torch.equal(k["b2"][L:], shared[3])
+    plain = runtime.kernel_weights(cfg.replace(activation="silu", shared_experts=0, ffn=128),
+                                   runtime.Inputs(None, None, None, None, None, *mine))
+    assert all(plain[name] is t for name, t in zip(("w1", "b1", "w2", "b2"), mine))  # no copy
+    assert np.array_equal(runtime.interleave_gated(np.arange(6)), [0, 3, 1, 4, 2, 5])

@@ -10,9 +10,10 @@ from gpu import build, microbench
 pytestmark = pytest.mark.skipif(build.nvcc_path() is None, reason="nvcc not installed")
 
 
+@pytest.mark.slow  # a minute a build on two cores
 @pytest.mark.parametrize("dtype", microbench.DTYPES)
-def test_microbench_compiles_and_device_links(tmp_path, dtype):
-    built = build.build(microbench.tile_options(dtype, 1), cache=tmp_path, unit="microbench.cu")
+def test_microbench_compiles_and_device_links(cubin_cache, dtype):
+    built = build.build(microbench.tile_options(dtype, 1), cache=cubin_cache, unit="microbench.cu")
     data = built.cubin.read_bytes()
     assert data[:4] == b"\x7fELF"
     for name in microbench.KERNELS:

@@ -55,12 +55,13 @@ def test_bad_operands_are_named(kwargs, needle):
 def test_operand_specs_read_a_by_64_rows_and_weights_by_the_column_block():
     L, C, H, I = 4, 384, 2048, 1024  # noqa: E741
     t = dict(inbox=FakeTensor((L * C, H), 0x10000), hidden=FakeTensor((L * C, I), 0x20000),
-             w1=FakeTensor((L, I, H), 0x30000), w2=FakeTensor((L, H, I), 0x40000))
-    inbox, hidden, w1, w2 = tma.operand_specs(t, tile_n=256)
+             w1=FakeTensor((L, I, H), 0x30000), w2=FakeTensor((L, H, I), 0x40000), x=FakeTensor((C, H), 0x50000))
+    inbox, hidden, w1, w2, x = tma.operand_specs(t, tile_n=256)
     assert inbox.dims == (H, L * C) and inbox.box == (64, tma.A_BOX_ROWS)
     assert hidden.dims == (I, L * C) and hidden.row_stride_bytes == 2 * I
     assert w1.dims == (H, L * I) and w1.box == (64, 256) and w1.address == 0x30000
     assert w2.dims == (I, L * H) and w2.box == (64, 256)
+    assert x.dims == (H, C) and x.box == (64, tma.A_BOX_ROWS)
 
 
 def test_maps_are_read_in_the_order_they_are_written():

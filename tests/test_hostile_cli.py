@@ -3,12 +3,16 @@ exit status 2 and one line naming what is wrong, before any work; never a traceb
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
 from hostile import refused, run
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference import budget
+from reference.config import field_names
 
 # "{d}" is a fresh folder of the case; "{d}/dir.png" etc. exist there as folders
 OPTIONS = [
@@ -214,3 +218,21 @@ def test_sim_prints_ms_and_mb_and_labels_its_passes():
     assert all(line.startswith("[") for line in err.splitlines())
     events = [line for line in err.splitlines() if "events" in line and "second pass" not in line]
     assert len(events) <= 1, err  # a second pass's progress says so
+
+
+SET_VALUES = st.one_of(st.integers(-5, 300).map(str), st.floats().map(str),
+                       st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), max_size=6),
+                       st.sampled_from(["true", "false", "none", "", "1e999", "0x10", "2**8"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(field_names() + ["nosuch"]), SET_VALUES)
+def test_any_set_value_runs_or_is_one_line(field, value):
+    """`golden --set FIELD=VALUE` on tiny with any value: a result (exit 0, JSON) or one error line."""
+    rc, out, err, _ = run(["golden", "--config", "tiny", "--set", f"{field}={value}", "--quiet", "--json"])
+    assert "Traceback" not in err and rc in (0, 2), (field, value, rc, err)
+    if rc == 0:
+        assert json.loads(out)["tiles"] > 0 and not err
+    else:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("moelab golden: error: "), err

@@ -50,3 +50,18 @@ def test_bad_weights_are_named():
         _checked(cfg, good, rank=0, device=torch.device("meta"))
     with pytest.raises(ValueError, match="'b1' is not allowed"):
         _checked(cfg.replace(bias=False), good, rank=0, device=CPU)
+
+
+def test_shared_experts_follow_the_routed_ones():
+    """With S shared experts the per-expert weights hold E + S (or this rank's E / ranks + S): the last
+    S are the shared experts, handed to the layer apart; without them the shape is refused."""
+    cfg = Config(experts=8, ranks=4, hidden=64, ffn=32, tile_k=8, shared_experts=2, bias=False)
+    w = _weights(cfg, 10)
+    del w["b1"], w["b2"]
+    got = _checked(cfg, w, rank=1, device=CPU)
+    assert torch.equal(got["w1"], w["w1"][2:4]) and torch.equal(got["shared_w1"], w["w1"][8:])
+    assert torch.equal(got["shared_w2"], w["w2"][8:]) and got["shared_b1"].shape == (2, 32)
+    own = _checked(cfg, {**w, **{k: w[k][[2, 3, 8, 9]] for k in ("w1", "w2")}}, rank=1, device=CPU)
+    assert torch.equal(own["w1"], got["w1"]) and torch.equal(own["shared_w2"], got["shared_w2"])
+    with pytest.raises(ValueError, match=r"'w1'.*\(10, 64, 32\) or \(4, 64, 32\)"):
+        _checked(cfg, {**w, "w1": w["w1"][:8]}, rank=1, device=CPU)

@@ -130,7 +130,7 @@ def test_precision_paths_differ_as_their_dtypes_do():
 @given(seed=st.integers(0, 2**63 - 1), activation=st.sampled_from(["relu", "gelu_tanh", "silu"]),
        gate=st.sampled_from(GATES), skew=st.sampled_from([0.0, 2.0]))
 def test_tf32_path_within_5e3_of_float64_on_fresh_inputs(seed, activation, gate, skew):
-    # the GPU checks' shape (H = 128, I = 256, 2 ranks), fresh seeds: the bar issue 9 sets for TF32
+    # the GPU checks' shape (H = 128, I = 256, 2 ranks), fresh seeds: the bar gpu.cases sets for TF32
     cfg = Config(tokens=200, hidden=128, ffn=256, experts=8, top_k=2, gate=gate, activation=activation,
                  skew=skew, ranks=2, tile_m=64, tile_n=32, tile_k=16, tf32=True, seed=seed)
     w, r, tp = forward_all(cfg)

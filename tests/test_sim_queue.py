@@ -1,6 +1,6 @@
 """The simulated kernel queues a tile's GEMM tasks as the kernel build does (costs.queue_policy):
 "tile", GEMM0's as each tile lands (with its last chunk) and GEMM1's as its GEMM0 tasks end;
-"expert" (the bf16 build up to fcd262e), GEMM0's of all of an expert's tiles once its last has
+"expert" (the older bf16 build), GEMM0's of all of an expert's tiles once its last has
 landed, column block by column block (os.cuh enqueue_expert); "expert-both" (the bf16 build),
 GEMM1's so too, once every tile's GEMM0 tasks have ended."""
 

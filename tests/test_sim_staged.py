@@ -11,9 +11,8 @@ import pytest
 
 import reference
 import sim
-from reference import presets
+from reference import Config, presets
 from sim import costs
-from sim.compare import measured_config
 from sim.trace import Trace
 
 MEASURED = Path(__file__).resolve().parents[1] / "measurements" / "gpu"
@@ -69,7 +68,7 @@ def test_staged_against_flat_as_measured(point):
     measured; float32 default: 0.984)."""
     got = json.loads(EXPERIMENT.read_text())["kernel_ms"][point]
     measured = got["r32"]["kernel_ms"] / got["base"]["kernel_ms"]
-    cfg = measured_config(Trace.load(MEASURED / f"h200x4-trace-flashmoe-{point}.npz").meta["config"])
+    cfg = Config.from_dict(Trace.load(MEASURED / f"h200x4-trace-flashmoe-{point}.npz").meta["config"])
     pred = {d: sim.simulate(cfg, hardware=str(CALIBRATED), dispatch=d, staged_blocks=32).metrics["latency_ms"]
             for d in ("store", "staged")}
     assert pred["staged"] / pred["store"] == pytest.approx(measured, abs=0.03)
@@ -103,7 +102,7 @@ def test_sender_counts_against_32_as_measured(point, senders):
     measured = json.loads(SENDERS.read_text())["kernel_ms"]
     key = "float32-default" if point == "p4" else {"bf16-p4": "bf16"}.get(point, point.removesuffix("-p4"))
     ratio = measured[key][str(senders)] / measured[key]["32"]
-    cfg = measured_config(Trace.load(MEASURED / f"h200x4-trace-flashmoe-{point}.npz").meta["config"])
+    cfg = Config.from_dict(Trace.load(MEASURED / f"h200x4-trace-flashmoe-{point}.npz").meta["config"])
     pred = {r: sim.simulate(cfg, hardware=str(CALIBRATED), staged_blocks=r).metrics["latency_ms"]
             for r in (senders, 32)}
     assert pred[senders] / pred[32] == pytest.approx(ratio, abs=0.03)

@@ -7,7 +7,7 @@ import streamlit as st
 
 from app import bench_data, charts, downloads
 
-BAR = 60.0  # issue 9: GEMM phases at 60% or more of the dtype's matmul ceiling
+BAR = 60.0  # the project's bar: GEMM phases at 60% or more of the dtype's matmul ceiling
 
 st.title("Benchmarks: the kernel against torch and the memory's roofline")
 files = bench_data.summaries()

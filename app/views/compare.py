@@ -53,7 +53,7 @@ else:
     st.plotly_chart(fig, key="compare.timeline")
     downloads.figure(fig, f"{path.stem}-vs-simulated", png=lambda: charts.gantt_png(panels, title))
     st.subheader("Predicted against measured")
-    st.caption("Bounds of issue 4: layer latency within 10%, each phase's busy time per processor block "
+    st.caption("Bounds: layer latency within 10%, each phase's busy time per processor block "
                "within 20%, overlap efficiency within 0.1 absolute.")
     st.dataframe(error_table(c), hide_index=True)
     left, right = st.columns(2)

@@ -14,12 +14,12 @@
 #include "common.cuh"
 #include "tile_gemm.cuh"  // cp_async16, cp_async_commit, cp_async_wait, smem_addr
 
-constexpr int GATE_TOKENS = 32;       // tokens per gate work item
-constexpr int GATE_EXPERTS = 64;      // experts per pass over H
-constexpr int GATE_DEPTH = 64;        // slice of H per pipeline stage (gate_scores says why 64)
+constexpr int GATE_TOKENS = MOELAB_GATE_TOKENS;    // tokens per gate work item (sim.costs owns these four)
+constexpr int GATE_EXPERTS = MOELAB_GATE_EXPERTS;  // experts per pass over H
+constexpr int GATE_DEPTH = MOELAB_GATE_DEPTH;      // slice of H per pipeline stage (gate_scores says why 64)
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
 constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
-constexpr int GATE_MAX_SPLITS = 8;    // blocks that may share one item's H (few tokens: every block busy)
+constexpr int GATE_MAX_SPLITS = MOELAB_GATE_MAX_SPLITS;  // blocks that may share one item's H (few tokens)
 constexpr int GATE_MAX_GROUPS = 32;   // n_group of group-limited top-k, at most (a bit each in a mask)
 // Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
 // the mma fragments are read). Row strides, in elements, make a fragment read (8 rows x 4 columns
@@ -59,14 +59,8 @@ __device__ __forceinline__ void cp_async4(unsigned smem, const void* gmem, bool 
 // the hidden range [h_lo, h_hi): with `partial` null that is all of H and the logits (offset
 // subtracted) go to p.logits; else the raw sums over the range go to partial[t][e] (split-K).
 // Warp w computes all GATE_TOKENS tokens x experts [16 w, 16 w + 16) of the pass: 2 x 2 mma tiles.
-// The slices of every pass form one cp.async pipeline, GATE_STAGES deep (one slice in flight per
-// block took ~1.9 us per 32-deep slice on H200, bound by load latency). Three stages keep the loads
-// ahead: six left every bf16 layer and the float32 default within 1% on one H100 (a20cee6), and the
-// gate phase itself within 2% on one H200. Nor does the phase follow its arithmetic: with the double
-// conversions or the mmas taken out (timing builds) it kept its time, and so it did with each item
-// walking H from its own offset (no two units on the same weight rows at once) and, from 8K tokens,
-// with the tokens left in L2. 64-deep slices, half the per-slice syncs and waits, took it down at
-// 8K tokens and more (float32 4-5%, bf16 1-9%; measurements/gpu/h200x1-experiments-gate-2026-11-26.json).
+// The slices of every pass form one cp.async pipeline, GATE_STAGES deep: the phase is bound by load
+// latency, not arithmetic, so slices are 64 deep (half the syncs and waits of 32; docs/notes/gate.md).
 // Copies past T, H or E are zero-filled by the copy itself. The logits of E <= GATE_SMEM_LOGITS
 // experts are also left in shared memory (over the drained stages) for the selection.
 __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigned char* smem, double* partial) {

@@ -58,11 +58,9 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
 // Every tile of local expert le at once: once all have landed, their GEMM0 tasks (the subscriber),
 // and once every tile's GEMM0 tasks are done, their GEMM1 tasks (the processor ending the last), n
 // of a kind a tile, column block by column block, so that the tasks reading one weight slice sit
-// side by side in the queue and run at once, the slice read from HBM once for all of them.
-// (Enqueued tile by tile as they landed, a peer's tiles ran 170-390 us after this GPU's own, two
-// H100s: the slice had left the L2 by then, and each was read once per source.) The windows' rows
-// are read once per window: a read per task, each waited for in turn, held the lane ~1 us a task,
-// and 8 experts' layers were 50% slower for it.
+// side by side in the queue and run at once, the slice read from HBM once for all of them (tile by
+// tile, a peer's tiles ran after the slice had left the L2). The windows' rows are read once per
+// window, not once per task (a wait per task held the lane; docs/notes/dispatch.md).
 __device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step) {
   const int all = __ldcg(p.expert_tiles + le), base = reserve(p, all * n);
   if (base < 0) return false;
@@ -73,6 +71,17 @@ __device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col
     for (int c = 0; c < n; ++c) task[c * all + kg] = make_int4(kind, le, w, c * col_step);
     ++kg;
   }
+  publish(p, base, all * n);
+  return true;
+}
+
+// A shared expert's GEMM0 tasks (local expert L + s of the weights), column block by column block
+// over its windows of this rank's T tokens, which are there from the start: no communication
+__device__ bool enqueue_shared(const Params& p, int s, int n, int col_step) {
+  const int all = (int)p.WS, base = reserve(p, all * n);
+  if (base < 0) return false;
+  for (int c = 0; c < n; ++c)
+    for (int w = 0; w < all; ++w) p.queue[base + c * all + w] = make_int4(TASK_GEMM0, (int)p.L + s, w, c * col_step);
   publish(p, base, all * n);
   return true;
 }
@@ -95,12 +104,17 @@ __device__ void window_extent(const Params& p, int le, int w, int* rows, int* ch
 template <int BM, int BN>
 __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile int* s_total, int* s_acc) {
   const int sl = threadIdx.x - 32, log = p.n_proc + 1 + sl / 32;
-  const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
+  // column blocks of GEMM0 (W1's gate and up columns together where gated) and GEMM1, the last ragged
+  const int n0 = (int)((gemm0_cols(p) + BN - 1) / BN), n1 = (int)((p.H + BN - 1) / BN);
   const long long PL = p.P * p.L;
   auto lanes_sync = [] {
     __syncwarp();
     asm volatile("bar.sync 1, %0;" ::"r"(SUBSCRIBER_LANES));
   };
+  // 0. the shared experts' GEMM0 tasks, first in the queue: they need nothing from the other ranks
+  if (MOE_SHARED && sl == 0)
+    for (int s = 0; s < p.S; ++s)
+      if (!enqueue_shared(p, s, n0, BN)) break;
   // 1. row counts from every source rank
   for (long long idx = sl; idx < PL; idx += SUBSCRIBER_LANES) {
     Waiter w;
@@ -127,6 +141,7 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     tasks += n0 + n1;
     if (QUEUE_BY_EXPERT) atomicAdd(p.expert_tiles + le, 1);
   }
+  if (MOE_SHARED && sl == 0) tasks += p.S * p.WS * (n0 + n1);
   const int first = first_window<BM>(p, (int)p.rank);
   for (long long r = sl; r < R; r += SUBSCRIBER_LANES)
     tasks += !own_chunk<BM>(p, r / p.CH, (int)(r % p.CH)).empty();

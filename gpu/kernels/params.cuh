@@ -5,6 +5,12 @@
 #include <stdint.h>
 #include <cuda_bf16.h>
 
+// Numbers Python owns (event kinds, gate and activation codes, the gate's work item, a chunk's most
+// shares) arrive as -D flags from gpu/layout.py kernel_constants: one owner for both languages.
+#ifndef MOELAB_EV_GATE
+#error "built without gpu/layout.py's kernel_constants: build with gpu/build.py (build.defines)"
+#endif
+
 // The element type of tokens, expert weights and the rows moved between ranks: float32, or bf16
 // in the kernel built with -DMOE_BF16=1 (gate weights, biases, logits and y stay float32/64).
 #if MOE_BF16
@@ -19,6 +25,24 @@ typedef float elem_t;
 #else
 #define MOE_WGMMA 0
 #endif
+// The layer's features that change a GEMM task, each a build flag (gpu/layout.py compile_options),
+// so a layer without them runs the code it ran before: MOE_GATED, the gated activation's code
+// (MOELAB_ACT_SWIGLU or MOELAB_ACT_SWIGLU_OAI; 0: none), W1's gate and up columns interleaved (column 2j the gate of j, 2j + 1 its up); MOE_SHARED, shared
+// experts as local tasks; MOE_SCALE_BEFORE, a routed row dispatched as its token times its routing
+// weight and combined with weight 1 (Llama 4);
+// MOE_RAGGED, H or W1's columns not a multiple of TILE_N (the last column block stores fewer).
+#ifndef MOE_GATED
+#define MOE_GATED 0
+#endif
+#ifndef MOE_SHARED
+#define MOE_SHARED 0
+#endif
+#ifndef MOE_SCALE_BEFORE
+#define MOE_SCALE_BEFORE 0
+#endif
+#ifndef MOE_RAGGED
+#define MOE_RAGGED 0
+#endif
 
 struct Params {
   // inputs of this rank
@@ -27,10 +51,11 @@ struct Params {
   const double* logit_offset;  // [E]    skew * ln(1 + e), subtracted from the float64 logits
   const double* gate_bias;     // [E]    selection-only bias of the sigmoid_bias gate
   const double* wg_bias;       // [E]    the gate's bias, added to the float64 logits (zeros without router_bias)
-  const elem_t* w1;            // [L][H][I] the local experts' weights (MOE_WGMMA: [L][I][H], K-major)
-  const float* b1;             // [L][I]
-  const elem_t* w2;            // [L][I][H] (MOE_WGMMA: [L][H][I])
-  const float* b2;             // [L][H]
+  const elem_t* w1;            // [L+S][H][I'] the local experts' weights, then the shared ones' (MOE_WGMMA:
+                               //           [L+S][I'][H], K-major); I' = 2I gated (interleaved), else I
+  const float* b1;             // [L+S][I']
+  const elem_t* w2;            // [L+S][I][H] (MOE_WGMMA: [L+S][H][I])
+  const float* b2;             // [L+S][H]
   // outputs of this rank
   float* y;                    // [T][H]
   double* logits;              // [T][E] float64 gate logits (scratch, kept for inspection)
@@ -55,7 +80,7 @@ struct Params {
   uint64_t* sig_comb;          // [E][CH]      GEMM1 column blocks of a returned chunk landed so far
   uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
   // local working state, zeroed before every launch
-  elem_t* hidden;              // [L][P][C][I] GEMM0 output
+  elem_t* hidden;              // [L][P][C][I] GEMM0 output, then [S][T][I] the shared experts'
   double* gate_partial;        // [gate_splits][T][E] the gate's partial logits over a range of H
   int* state;                  // STATE_WORDS ints: barrier, abort, queue tail, ...
   int4* queue;                 // [Q] task descriptors
@@ -74,7 +99,7 @@ struct Params {
   long long* error;            // ERROR_WORDS: the first failed wait
   unsigned long long* tlog;    // [logs][tlog_cap][4] telemetry events
   int* tlog_count;             // [logs] events written (may exceed tlog_cap: dropped)
-  const unsigned char* tmaps;  // bf16: [4][128 B] TMA tensor maps of inbox, hidden, w1, w2 (TMAP_*, gpu/tma.py);
+  const unsigned char* tmaps;  // bf16: [5][128 B] TMA tensor maps of inbox, hidden, w1, w2, x (TMAP_*, gpu/tma.py);
                                //       null in the other builds
   // sizes
   long long T, H, I, E, K, P, L, C;
@@ -89,23 +114,27 @@ struct Params {
   long long staged_blocks;     // processors that send the peers' dispatched chunks on the staged dispatch;
                                //    0: every processor shares every chunk (processor.cuh dispatch_chunks)
   long long gate_splits;       // most blocks one gate item's H may be split over (gate_partial's size)
+  // shared experts and the gated and scaled GEMM0 (the build flags above)
+  elem_t* shared_out;          // [S][T][H]    GEMM1 output of the shared experts (MOE_SHARED)
+  long long S;                 // shared experts: local experts L .. L+S-1 of the weights
+  long long WS;                // tile windows per shared expert: ceil(T / TILE_M)
+  double swiglu_alpha;         // swiglu_oai: act(g, u) = min(g, l) sigmoid(alpha min(g, l)) (clamp(u, -l, l) + 1)
+  double swiglu_limit;         //             l
 };
 
 // the bf16 GEMM's tensor maps in Params.tmaps (gpu/tma.py OPERANDS), 128 bytes each
-enum { TMAP_INBOX = 0, TMAP_HIDDEN = 1, TMAP_W1 = 2, TMAP_W2 = 3, TMAP_BYTES = 128 };
+enum { TMAP_INBOX = 0, TMAP_HIDDEN = 1, TMAP_W1 = 2, TMAP_W2 = 3, TMAP_X = 4, TMAP_BYTES = 128 };
 
 // state[] words
 enum { ST_BARRIER = 0, ST_ABORT = 1, ST_QTAIL = 2, STATE_WORDS = 8 };
 
-// gate_kind / act_kind values (gpu/layout.py GATES / ACTIVATIONS)
+// gate_kind / act_kind values (positions in reference.config GATES / ACTIVATIONS)
 enum {
-  GATE_SOFTMAX_TOPK = 0,
-  GATE_SOFTMAX_TOPK_RENORM = 1,
-  GATE_TOPK_SOFTMAX = 2,
-  GATE_SIGMOID_BIAS = 3,
-  GATE_SIGMOID_TOPK = 4
+  GATE_SOFTMAX_TOPK = MOELAB_GATE_SOFTMAX_TOPK, GATE_SOFTMAX_TOPK_RENORM = MOELAB_GATE_SOFTMAX_TOPK_RENORM,
+  GATE_TOPK_SOFTMAX = MOELAB_GATE_TOPK_SOFTMAX, GATE_SIGMOID_BIAS = MOELAB_GATE_SIGMOID_BIAS,
+  GATE_SIGMOID_TOPK = MOELAB_GATE_SIGMOID_TOPK
 };
-enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
+enum { ACT_RELU = MOELAB_ACT_RELU, ACT_GELU_TANH = MOELAB_ACT_GELU_TANH, ACT_GELU = MOELAB_ACT_GELU, ACT_SILU = MOELAB_ACT_SILU };
 
 // task kinds in queue descriptors: GEMM {kind, local expert, window, col0}, combine {kind, expert, chunk, 0}
 enum { TASK_GEMM0 = 0, TASK_GEMM1 = 1, TASK_COMBINE = 2, TASK_STOP = 3 };
@@ -125,5 +154,8 @@ enum {
   WAIT_SLICE = 10,       // bf16 tile GEMM: slice c of A rows a.. and weight rows b.. (TMA) to land
 };
 
-// telemetry: event kinds (sim.trace KINDS indices) and log roles
-enum { EV_GATE = 0, EV_DISPATCH = 1, EV_GEMM0 = 2, EV_GEMM1 = 3, EV_COMBINE = 4, EV_SIGNAL = 7, EV_WAIT = 8 };
+// telemetry: event kinds (positions of sim.trace KINDS)
+enum {
+  EV_GATE = MOELAB_EV_GATE, EV_DISPATCH = MOELAB_EV_DISPATCH, EV_GEMM0 = MOELAB_EV_GEMM0, EV_GEMM1 = MOELAB_EV_GEMM1,
+  EV_COMBINE = MOELAB_EV_COMBINE, EV_SIGNAL = MOELAB_EV_SIGNAL, EV_WAIT = MOELAB_EV_WAIT
+};

@@ -47,6 +47,44 @@ struct Identity {
   __device__ float operator()(float h) const { return h; }
 };
 
+// The gated activations (MOE_GATED) of a gate column g and its up column u: swiglu, silu(g) u;
+// swiglu_oai (gpt-oss), g clamped above and u on both sides at the limit, g sigmoid(alpha g) (u + 1)
+struct SwiGlu {
+  __device__ float operator()(float g, float u) const { return Activation<ACT_SILU>{}(g) * u; }
+};
+struct SwiGluOai {
+  float alpha, limit;
+  __device__ float operator()(float g, float u) const {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+#if MOE_WGMMA
+    return __fdividef(g, 1.f + expf(-alpha * g)) * (u + 1.f);  // as silu's: no call in gemm_task
+#else
+    return g / (1.f + expf(-alpha * g)) * (u + 1.f);
+#endif
+  }
+};
+#if MOE_GATED == MOELAB_ACT_SWIGLU_OAI
+__device__ __forceinline__ SwiGluOai gated_activation(const Params& p) {
+  return {(float)p.swiglu_alpha, (float)p.swiglu_limit};
+}
+#else
+__device__ __forceinline__ SwiGlu gated_activation(const Params&) { return {}; }
+#endif
+
+// A task's first row of A: a routed window's in inbox (GEMM0) and hidden (GEMM1); a shared
+// expert's window w: its tokens' in x (GEMM0), and its rows of hidden after the routed experts'
+// E x C (GEMM0's output, GEMM1's input)
+template <int BM>
+__device__ __forceinline__ long long task_row(const Params& p, int kind, int le, int w) {
+  if (MOE_SHARED && le >= p.L) return (kind == TASK_GEMM0 ? 0 : p.E * p.C + (le - p.L) * p.T) + (long long)w * BM;
+  return window_row<BM>(p, le, w);
+}
+// GEMM0's first row of hidden for a task whose A starts at row s0
+__device__ __forceinline__ long long hidden_row(const Params& p, int le, long long s0) {
+  return MOE_SHARED && le >= p.L ? p.E * p.C + (le - p.L) * p.T + s0 : s0;
+}
+
 // f(Activation<kind>{}) for the run-time `kind`
 template <class F>
 __device__ __forceinline__ void with_activation(int kind, F f) {
@@ -59,10 +97,24 @@ __device__ __forceinline__ void with_activation(int kind, F f) {
 }
 
 // Row copies by warps: dst row r (H elements) = scale(r) * src(r), or src(r) where scales is null
-// (scales only on float32 rows). Each warp moves ROW_GROUP rows at a time with all of a batch's
+// (bf16 rows scaled in float32 and rounded to nearest even, as the golden stores a scaled row). Each warp moves ROW_GROUP rows at a time with all of a batch's
 // 16-byte loads issued before any store: these copies are bound by load latency, not bandwidth,
 // when each load waits for the one before.
 constexpr int ROW_GROUP = 4, ROW_BATCH = 2;
+// 16 bytes of elem_t times w
+__device__ __forceinline__ float4 scaled(float4 v, float w) {
+#if MOE_BF16
+  __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 f = __bfloat1622float2(b[q]);
+    b[q] = __floats2bfloat162_rn(__fmul_rn(w, f.x), __fmul_rn(w, f.y));
+  }
+  return v;
+#else
+  return make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+#endif
+}
 template <class Src>
 __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const float* scales) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
@@ -89,8 +141,7 @@ __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const
 #pragma unroll
         for (int u = 0; u < ROW_BATCH; ++u)
           if (s[g] && h + 32 * u < H4)
-            d[h + 32 * u] = scales ? make_float4(w[g] * v[g][u].x, w[g] * v[g][u].y, w[g] * v[g][u].z, w[g] * v[g][u].w)
-                                   : v[g][u];
+            d[h + 32 * u] = scales ? scaled(v[g][u], w[g]) : v[g][u];
       }
     }
   }
@@ -100,7 +151,7 @@ __device__ void copy_rows(const Params& p, elem_t* dst, int rows, Src src, const
 // has a share when the chunk slots (E x CH) are fewer than the processors (a block alone copies a
 // 128-row bf16 tile in ~100 us: its loads' latency, not the memory, bounds it), at most
 // DISPATCH_MAX_PARTS; a packed chunk is put by one block. sim/costs.py dispatch_parts mirrors it.
-constexpr int DISPATCH_MAX_PARTS = 4;
+constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;
 __device__ __forceinline__ int dispatch_parts(const Params& p) {
   return p.direct_stores ? (int)max(1LL, min(p.n_proc / (p.E * p.CH), (long long)DISPATCH_MAX_PARTS)) : 1;
 }
@@ -121,9 +172,10 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
   const int share = there ? ceil_div(rows, parts) : rows, r0 = min(rows, part * share), r1 = min(rows, r0 + share);
   const long long from = (long long)e * p.C + c.a;  // the chunk's first slot in row_token and staging
   elem_t* dst = (there ? there : p.staging + from * H) + r0 * H;
+  // scaled before the expert (Llama 4), each row leaves as its token times its routing weight
   copy_rows(p, dst, r1 - r0, [&](int r) {
     return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + from + r0 + r) * H);
-  }, nullptr);
+  }, MOE_SCALE_BEFORE ? p.row_weight + from + r0 : nullptr);
   __syncthreads();
   uint64_t* const landed = p.sig_tile + (long long)le * p.W + w;
   if (there && threadIdx.x == 0) {
@@ -152,10 +204,8 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
 // the dispatch's last round. Staged: blocks 0..R-1 send the peers' chunks one after another, local
 // expert by local expert, in the same order on every GPU with the owners staggered by rank, so the
 // owners' experts complete in waves; blocks R.. store this GPU's own chunks and go on to the tasks
-// that those waves queue while the rest is in flight. Measured on four H200s: the bf16 default
-// layer 0.858 -> 0.794 ms with R = 32 (measurements/gpu/h200x4-experiments-staged-dispatch-*.json);
-// R = 16 (the host's layout.STAGED_BLOCKS) measured faster still at all ten bf16 points on four GPUs,
-// the default 0.786 -> 0.753 ms (h200x4-experiments-staged-senders-*.json).
+// that those waves queue while the rest is in flight (faster than flat at every bf16 point on four
+// H200s; R = the host's layout.STAGED_BLOCKS; measurements: docs/notes/dispatch.md).
 template <int BM>
 __device__ void dispatch_chunks(const Params& p, int tel, int n) {
   const int R = p.P > 1 ? (int)min(p.staged_blocks, (long long)n - 1) : 0;
@@ -221,8 +271,9 @@ using TensorCoreGemm = WgmmaTileGemm<BM, BN, BK, GEMM_STAGES, BLOCK_WARPGROUPS,
 // (GEMM1); the weights are K-major ([L][N][K], params.cuh), so column block col0 of expert le
 // is rows le * N + col0.. of its tensor map
 __device__ __forceinline__ GemmOperands task_operands(const Params& p, bool first, long long s0, int le, int col0) {
-  const long long N = first ? p.I : p.H;
-  return {p.tmaps + (first ? TMAP_INBOX : TMAP_HIDDEN) * TMAP_BYTES, (int)s0,
+  const long long N = first ? gemm0_cols(p) : p.H;
+  const int a = first ? (MOE_SHARED && le >= p.L ? TMAP_X : TMAP_INBOX) : TMAP_HIDDEN;
+  return {p.tmaps + a * TMAP_BYTES, (int)s0,
           p.tmaps + (first ? TMAP_W1 : TMAP_W2) * TMAP_BYTES, (int)(le * N + col0), (int)(first ? p.H : p.I)};
 }
 // the task's tile GEMM; false if a slice never landed
@@ -239,26 +290,33 @@ using TensorCoreGemm = Tf32TileGemm<BM, BN, BK>;
 template <class Gemm>
 __device__ __forceinline__ bool tile_gemm(const Params& p, bool first, long long s0, int rows, int le, int col0,
                                           void* smem, typename Gemm::Acc& acc) {
-  const long long K = first ? p.H : p.I, N = first ? p.I : p.H;
+  const long long K = first ? p.H : p.I, N = first ? gemm0_cols(p) : p.H;
   const elem_t* w = (first ? p.w1 : p.w2) + (long long)le * K * N + col0;
-  Gemm::run((first ? p.inbox : p.hidden) + s0 * K, K, rows, w, N, (int)K, smem, acc);
+  const elem_t* a = first ? (MOE_SHARED && le >= p.L ? p.x : p.inbox) : p.hidden;
+  Gemm::run(a + s0 * K, K, rows, w, N, (int)K, smem, acc);
   return true;
 }
 #endif
-// A task's output tile, element (r, c) = act(acc + bias[c]) at out(r) + c: bf16 (rounded to
+// A task's output tile, element (r, c) = act(acc + bias[c]) at out(r) + c for the columns c < cols;
+// GATED: columns c, c + 1 (gate, up) give act(gate, up) at out(r) + c / 2. bf16 (rounded to
 // nearest even) through shared memory in whole rows (WgmmaTileGemm::store); tf32's and tf32x3's
 // float32 straight from the fragments
-template <class Gemm, class Rows, class Act>
-__device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, void* smem, Rows out,
+template <class Gemm, bool GATED, class Rows, class Act>
+__device__ __forceinline__ void store_tile(const typename Gemm::Acc& acc, int rows, int cols, void* smem, Rows out,
                                            const float* bias, Act act) {
 #if MOE_BF16
-  Gemm::store(acc, rows, smem, out, bias, act);
+  Gemm::template store<GATED>(acc, rows, cols, smem, out, bias, act);
 #else
   Gemm::epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
-    *reinterpret_cast<float2*>(out(r) + c) = make_float2(act(v0 + bias[c]), act(v1 + bias[c + 1]));
+    if (MOE_RAGGED && c >= cols) return;
+    if constexpr (GATED)
+      out(r)[c / 2] = act(v0 + bias[c], v1 + bias[c + 1]);
+    else
+      *reinterpret_cast<float2*>(out(r) + c) = make_float2(act(v0 + bias[c]), act(v1 + bias[c + 1]));
   });
 #endif
 }
+
 
 // A GEMM0 or GEMM1 task of a tensor-core kernel, as the reference's bf16 or tf32 path computes
 // it: float32 accumulation, bias and activation in float32. bf16: bf16 operands, the activation
@@ -277,15 +335,22 @@ __device__ TENSOR_TASK void gemm_task(const Params& p, int kind, long long s0, i
   // one GEMM for both kinds (one copy of the main loop in the code), two epilogues
   const bool first = kind == TASK_GEMM0;
   if (!tile_gemm<Gemm>(p, first, s0, rows, le, col0, smem, acc)) return;
-  const float* b = (first ? p.b1 : p.b2) + (long long)le * (first ? p.I : p.H) + col0;
+  const long long N = first ? gemm0_cols(p) : p.H;
+  const int cols = (int)min((long long)BN, N - col0);  // fewer in a ragged last column block
+  const float* b = (first ? p.b1 : p.b2) + (long long)le * N + col0;
   if (first) {
+    const ConsecutiveRows to{p.hidden + hidden_row(p, le, s0) * p.I + (MOE_GATED ? col0 / 2 : col0), p.I};
+#if MOE_GATED
+    store_tile<Gemm, true>(acc, rows, cols, smem, to, b, gated_activation(p));
+#else
     with_activation(act, [&](auto activate) {
-      store_tile<Gemm>(acc, rows, smem, ConsecutiveRows{p.hidden + s0 * p.I + col0, p.I}, b, activate);
+      store_tile<Gemm, false>(acc, rows, cols, smem, to, b, activate);
     });
+#endif
     fence_async_global();  // GEMM1 tasks read these rows through the TMA (the async proxy)
   } else {
     const SourceRows to = out1();
-    store_tile<Gemm>(acc, rows, smem, [&](int r) { return to(r) + col0; }, b, Identity{});
+    store_tile<Gemm, false>(acc, rows, cols, smem, [&](int r) { return to(r) + col0; }, b, Identity{});
   }
 }
 #else
@@ -297,10 +362,28 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
   float acc[Gemm::TM][Gemm::TN];
   // one GEMM for both kinds (one copy of the main loop in the code), two epilogues
   const bool first = kind == TASK_GEMM0;
-  const long long K = first ? p.H : p.I, N = first ? p.I : p.H;
-  Gemm::run((first ? p.inbox : p.hidden) + s0 * K, K, rows, (first ? p.w1 : p.w2) + (long long)le * K * N + col0, N,
+  const long long K = first ? p.H : p.I, N = first ? gemm0_cols(p) : p.H;
+  const elem_t* a = first ? (MOE_SHARED && le >= p.L ? p.x : p.inbox) : p.hidden;
+  Gemm::run(a + s0 * K, K, rows, (first ? p.w1 : p.w2) + (long long)le * K * N + col0, N,
             (int)K, reinterpret_cast<float*>(smem), acc);
   if (first) {
+    const long long h0 = hidden_row(p, le, s0);
+#if MOE_GATED
+    // a thread's columns come in even-odd pairs (its groups of CG are even: layout checks TN)
+    const auto act = gated_activation(p);
+#pragma unroll
+    for (int i = 0; i < Gemm::TM; ++i) {
+      int r = Gemm::row_of(i);
+      if (r >= rows) continue;
+#pragma unroll
+      for (int j = 0; j < Gemm::TN; j += 2) {
+        int c = col0 + Gemm::col_of(j);
+        if (MOE_RAGGED && c >= N) continue;
+        const float* b = p.b1 + (long long)le * N + c;
+        p.hidden[(h0 + r) * p.I + c / 2] = act(acc[i][j] + b[0], acc[i][j + 1] + b[1]);
+      }
+    }
+#else
     with_activation((int)p.act_kind, [&](auto activate) {
 #pragma unroll
       for (int i = 0; i < Gemm::TM; ++i) {
@@ -309,10 +392,12 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
 #pragma unroll
         for (int j = 0; j < Gemm::TN; ++j) {
           int c = col0 + Gemm::col_of(j);
-          p.hidden[(s0 + r) * p.I + c] = activate(acc[i][j] + p.b1[(long long)le * p.I + c]);
+          if (MOE_RAGGED && c >= N) continue;
+          p.hidden[(h0 + r) * p.I + c] = activate(acc[i][j] + p.b1[(long long)le * N + c]);
         }
       }
     });
+#endif
   } else {
     const SourceRows to = out1();
 #pragma unroll
@@ -323,6 +408,7 @@ __device__ void gemm_task(const Params& p, int kind, long long s0, int rows, int
 #pragma unroll
       for (int j = 0; j < Gemm::TN; ++j) {
         int c = col0 + Gemm::col_of(j);
+        if (MOE_RAGGED && c >= N) continue;
         out[c] = acc[i][j] + p.b2[(long long)le * p.H + c];
       }
     }
@@ -352,7 +438,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   __shared__ elem_t* dst_base[MAX_TILE_SOURCES];
   __shared__ bool dst_direct[MAX_TILE_SOURCES];
   const int me = blockIdx.x, tid = threadIdx.x;
-  const int n0 = (int)(p.I / BN), n1 = (int)(p.H / BN);
+  const int n0 = (int)((gemm0_cols(p) + BN - 1) / BN), n1 = (int)((p.H + BN - 1) / BN);
   // The scheduler sends a busy processor its next command (MAILBOX_SLOTS), so it is usually there
   // when a task's work is done: warp 1 takes it then, its two dependent loads (mailbox, queue) in
   // flight while thread 0's fence and atomics finish the task. Taken after them, they left ~2 us
@@ -365,7 +451,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
 #if MOE_WGMMA
     if (ahead && (next.x == TASK_GEMM0 || next.x == TASK_GEMM1))
       TensorCoreGemm<BM, BN, BK>::prime(
-          task_operands(p, next.x == TASK_GEMM0, window_row<BM>(p, next.y, next.z), next.y, next.w), smem);
+          task_operands(p, next.x == TASK_GEMM0, task_row<BM>(p, next.x, next.y, next.z), next.y, next.w), smem);
 #endif
   };
   if (tid == 0) {
@@ -391,7 +477,9 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       }
       task_seq = got;
     }
-    if (tid == 0 && task.x == TASK_GEMM1) {
+    if (MOE_SHARED && tid == 0 && task.x == TASK_GEMM1 && task.y >= p.L) {
+      dst_base[0] = p.shared_out + (task.y - p.L) * p.T * p.H;  // a shared expert's rows stay here
+    } else if (tid == 0 && task.x == TASK_GEMM1) {
       const int le = task.y, s_first = window_first_source<BM>(p, task.z);
       for (int s = s_first; s <= window_last_source<BM>(p, task.z); ++s) {
         elem_t* home = p.combox + (p.rank * p.L + le) * p.C * p.H;
@@ -414,7 +502,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       elem_t* rows_at = p.combox + s0 * p.H;
       copy_rows(
           p, rows_at, c.b - c.a, [&](int r) { return reinterpret_cast<const float4*>(rows_at + (long long)r * p.H); },
-          p.row_weight + s0);
+          MOE_SCALE_BEFORE ? nullptr : p.row_weight + s0);  // scaled before the expert: weight 1 here
 #endif
       // (bf16: the returned bf16 rows are weighted in float32 by the final combine; this task only
       // marks the chunk's arrival, which the scheduler waits for before it stops the processors)
@@ -429,12 +517,14 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       continue;
     }
     const int le = tk.y, tile = tk.z, col0 = tk.w;
-    const int rows = __ldcg(p.window_rows + le * p.W + tile);
-    const long long s0 = window_row<BM>(p, le, tile);
+    const bool shared = MOE_SHARED && le >= p.L;  // a shared expert's tile: this rank's tokens tile * BM..
+    const int rows = shared ? (int)min((long long)BM, p.T - tile * BM) : __ldcg(p.window_rows + le * p.W + tile);
+    const long long s0 = task_row<BM>(p, tk.x, le, tile);
     // the destinations are worked out after the GEMM, so that they hold no registers through it
     // (built before it, the float32 layer was 4% slower, one H200); the bf16 task, which must call
     // nothing, is handed them
     auto out1 = [&] {
+      if (MOE_SHARED && shared) return SourceRows{dst_base, tile * BM, 1 << 30, 0, (int)p.H};  // one source: all rows
       return SourceRows{dst_base, tile * BM, (int)p.stride, window_first_source<BM>(p, tile), (int)p.H};
     };
 #if MOE_WGMMA
@@ -445,12 +535,15 @@ __device__ void processor(const Params& p, int tel, void* smem) {
 #endif
     __syncthreads();
     take_ahead(seq);
-    const long long tile_id = le * p.W + tile;
+    // a shared expert's tiles are counted after the routed experts' L x W
+    const long long tile_id = shared ? p.L * p.W + (le - p.L) * p.WS + tile : le * p.W + tile;
     if (tid == 0) {
       __threadfence();
       if (tk.x == TASK_GEMM0) {
         last = atomicAdd(p.tile_done0 + tile_id, 1) == n0 - 1;
-        if (last && QUEUE_BY_EXPERT) {
+        if (last && shared) {
+          enqueue(p, TASK_GEMM1, le, tile, n1, BN);
+        } else if (last && QUEUE_BY_EXPERT) {
           // the tile's GEMM0 tasks (seen done by the count) before the expert's count: the task
           // ending the expert's last tile sees every tile's hidden rows written
           __threadfence();
@@ -464,7 +557,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       }
     }
     __syncthreads();
-    if (tk.x == TASK_GEMM1) {
+    if (tk.x == TASK_GEMM1 && !shared) {
       // each chunk's source counts GEMM1 column blocks: its combine task starts once all n1 have
       // landed. A stored chunk counts this task in; a chunk in outbuf is put home by the last task.
       bool fenced = false;
@@ -502,17 +595,21 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       __syncthreads();  // every thread is done with the destinations before thread 0 fills the next task's
     }
     if (tid == 0) {
-      log_event(p, tel, me, tk.x == TASK_GEMM0 ? EV_GEMM0 : EV_GEMM1, t0, now_ns(), (int)(p.rank * p.L + le),
-                window_first_source<BM>(p, tile), rows, tile, col0);
+      // a shared expert is expert E + s, as in the plan
+      log_event(p, tel, me, tk.x == TASK_GEMM0 ? EV_GEMM0 : EV_GEMM1, t0, now_ns(),
+                shared ? (int)(p.E + le - p.L) : (int)(p.rank * p.L + le),
+                shared ? (int)p.rank : window_first_source<BM>(p, tile), rows, tile, col0);
       st_release_gpu(p.mailbox_done + me, seq);
     }
   }
 }
 
 #if MOE_BF16
-// y[t] = sum over kept choices j = 0..k-1, in that order, of weight_j * returned row_j: the bf16
+// y[t] = sum over kept choices j = 0..k-1, in that order, of weight_j * returned row_j, then the
+// shared experts' rows (choices k..k+S-1, weight 1): the bf16
 // rows widened to float32, each product rounded to float32 and then added (no fused multiply-add),
-// as the reference's ordered sum of float32 contributions.
+// as the reference's ordered sum of float32 contributions. (Scaled before the expert, a routed
+// row's weight is 1 here.)
 __device__ void combine_tokens(const Params& p, int tel) {
   const uint64_t t0 = now_ns();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
@@ -527,8 +624,11 @@ __device__ void combine_tokens(const Params& p, int tel) {
       if (s >= 0) {
         const long long r = (long long)__ldcg(p.expert + t * p.K + lane) * p.C + s;
         mine = reinterpret_cast<const uint4*>(p.combox + r * p.H);
-        w_mine = __ldcg(p.row_weight + r);
+        w_mine = MOE_SCALE_BEFORE ? 1.f : __ldcg(p.row_weight + r);
       }
+    } else if (MOE_SHARED && lane < p.K + p.S) {
+      mine = reinterpret_cast<const uint4*>(p.shared_out + ((lane - p.K) * p.T + t) * p.H);
+      w_mine = 1.f;
     }
     float4* out = reinterpret_cast<float4*>(p.y + t * p.H);
     for (int h = lane; h < H8; h += 32 * BATCH) {
@@ -537,7 +637,7 @@ __device__ void combine_tokens(const Params& p, int tel) {
       for (int u = 0; u < BATCH; ++u)
 #pragma unroll
         for (int q = 0; q < 8; ++q) acc[u][q] = 0.f;
-      for (int j = 0; j < p.K; ++j) {  // choice order: the fixed order of the golden
+      for (int j = 0; j < p.K + (MOE_SHARED ? p.S : 0); ++j) {  // choice order: the fixed order of the golden
         const uint4* row = reinterpret_cast<const uint4*>(__shfl_sync(0xffffffffu, (unsigned long long)mine, j));
         const float w = __shfl_sync(0xffffffffu, w_mine, j);
         if (!row) continue;
@@ -567,7 +667,8 @@ __device__ void combine_tokens(const Params& p, int tel) {
   if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_COMBINE, t0, now_ns(), -1, (int)p.rank, 0, -1, 0);
 }
 #else
-// y[t] = sum over kept choices j = 0..k-1, in that order, of the weighted returned rows.
+// y[t] = sum over kept choices j = 0..k-1, in that order, of the weighted returned rows, then the
+// shared experts' rows (choices k..k+S-1, weight 1).
 __device__ void combine_tokens(const Params& p, int tel) {
   const uint64_t t0 = now_ns();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
@@ -580,13 +681,15 @@ __device__ void combine_tokens(const Params& p, int tel) {
       int s = __ldcg(p.slot + t * p.K + lane);
       if (s >= 0)
         mine = reinterpret_cast<const float4*>(p.combox + ((long long)__ldcg(p.expert + t * p.K + lane) * p.C + s) * p.H);
+    } else if (MOE_SHARED && lane < p.K + p.S) {
+      mine = reinterpret_cast<const float4*>(p.shared_out + ((lane - p.K) * p.T + t) * p.H);
     }
     float4* out = reinterpret_cast<float4*>(p.y + t * p.H);
     for (int h = lane; h < H4; h += 32 * BATCH) {
       float4 acc[BATCH];
 #pragma unroll
       for (int u = 0; u < BATCH; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int j = 0; j < p.K; ++j) {  // choice order: the fixed order of the golden
+      for (int j = 0; j < p.K + (MOE_SHARED ? p.S : 0); ++j) {  // choice order: the fixed order of the golden
         const float4* row = reinterpret_cast<const float4*>(__shfl_sync(0xffffffffu, (unsigned long long)mine, j));
         if (!row) continue;
         float4 v[BATCH];

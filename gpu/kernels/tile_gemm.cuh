@@ -1,33 +1,17 @@
-// The tile GEMM of a processor task: acc[BM x BN] = A[rows x K] . B[K x BN], float32 SIMT.
+// The tile GEMM of a processor task: acc[BM x BN] = A[rows x K] . B[K x BN], float32 SIMT: the
+// float32 kernel's (the bf16 and tf32x3 kernels' is WgmmaTileGemm, tile_gemm_wgmma.cuh; the tf32
+// option's Tf32TileGemm).
 // 128 threads as 16 (rows) x 8 (columns); each thread holds a (BM/16) x (BN/8) register block, its
 // columns in groups of four spaced 32 apart, so the eight threads that share a 16-byte shared-memory
 // read of B touch 128 contiguous bytes (one wavefront, no bank conflict), and its rows in groups of
 // four spaced 64 apart (one 16-byte read of A each), so a tile of 64 rows or fewer keeps every warp
-// busy on the first group alone: the task's time follows its warps' own pace, not the SM's FLOPs
-// (a 64-row task took 97% of a 128-row one's time when its rows were two warps' whole blocks).
-// One H100, in the layers: 64-row tasks 225 -> 150 us, the 2K-token layer 3.76 -> 2.59 ms; full
-// tiles unchanged per task, the full-tile layers 0.3-2% slower.
+// busy on the first group alone and skips the second.
 // K is walked in BK-deep slices. The weights (B, streamed from HBM: the long wait) come through
 // B_STAGES cp.async stages, B_STAGES - 1 slices ahead of the multiply; A (the tokens, in L2) is
 // loaded one slice ahead into registers and stored transposed, so a thread's rows are one 16-byte
-// read per k. Rows >= `rows` are neither loaded (the loads are predicated) nor read (stored as
-// zero). A zero default, then the load, made ptxas wait on the A loads' scoreboard before each
-// zeroing in the microbenchmark's build of this code (not in the megakernel's): a slice's four
-// loads went one round trip after another (Nsight Compute: 71% of its warps' unissued samples)
-// and its tasks ran 36-57% longer than the layer's. Loading min(m, rows - 1) instead cost the
-// 1K/2K layers 4-6%; a zero-initialised ra, spills. Against the old form in the layer this one
-// costs full tiles 0-1.6% and the 1K/2K layers 3% (one H100, side by side).
-// Threads whose rows are all past `rows` skip the arithmetic; a tile of 64 rows or fewer skips the
-// second row group on every thread.
-// The float32 kernel's GEMM; the bf16 kernel's is WgmmaTileGemm (tile_gemm_wgmma.cuh), the tf32
-// option's Tf32TileGemm.
-// Measured on one H100 against the two register-staged stages before it: layers from 4K tokens
-// 11-13% faster, 1K 3% faster, 2K 3% slower. A through the same ring as well (each thread
-// transposing its own chunks) took 1K 12% down but 2K 8% and the rest 6-9% up.
-// (A cp.async 4-stage variant with row-major A tiles measured 8% slower per task on H100 at
-// 247-255 registers, and slower on short tiles: a thread's rows were eight reads a k step.
-// Splitting a short tile's k steps over its idle warps (2e21fdc, H100) took the 1K- and 2K-token
-// layers 6% and 12% down but the rest 2-4% up, with 12 bytes of spills at 255 registers.)
+// read per k. Rows >= `rows` are neither loaded (the loads are predicated: a zero default would make
+// ptxas serialize them) nor read (stored as zero); threads whose rows are all past `rows` skip the
+// arithmetic. The measurements behind this shape and the variants it beat: docs/notes/tile-gemm.md.
 #pragma once
 #include <cuda_bf16.h>
 

@@ -2,47 +2,27 @@
 // (K contiguous) and B given as its BN x K transpose (the expert weights are kept K-major for it,
 // params.cuh), on Hopper's warpgroup tensor cores, for two kinds of operands (Operands below): bf16
 // as stored (the bf16 kernel), or float32 split into TF32 parts, three products per pair (3xTF32,
-// the tf32x3 kernel: float32's accuracy at tensor-core rates). The bf16 GEMM: each of the block's
-// WGS warpgroups takes a band of the tile's columns (BN / WGS of them, all BM rows) or, where a
-// warpgroup's registers cannot hold all the rows of half the columns, a band of 64 rows (all BN
-// columns), and each 16-deep k step is one wgmma.m64nNk16 per 64 rows and 128 columns (or fewer) of
-// its band, reading both operands straight from shared memory (no fragment registers, and no
-// per-warp operand copies). Two warpgroups on a 128 x 256 tile read each A slice once for both (one
-// block per SM): 85 FLOPs per byte copied from L2 against 64 at 128 x 128; three on 192 x 256 (one
-// per 64 rows, 384 threads of at most 168 registers) make it 112, yet its layers were 8-36% slower
-// than 128 x 256's (d27f1e2; the L2 is not what binds 128 x 256). At 128 x 128 (two blocks per SM)
-// the L2 binds the grid at 78% of its throughput, the tensor pipe at 41%; 128 x 256, the bench tile
-// since 4cee2cb, keeps the L2 at 73% and the tensor pipe at 42%, its warps waiting on the stages'
-// barriers, and its layers are 1-7% faster (Nsight Compute and side by side, one H100;
-// docs/gpu-measurements.md).
+// the tf32x3 kernel: float32's accuracy at tensor-core rates).
+// Each of the block's WGS warpgroups takes a band of the tile's columns (BN / WGS of them, all BM
+// rows) or, where a warpgroup's registers cannot hold all the rows of half the columns, a band of 64
+// rows (all BN columns); each 16-deep k step is one wgmma.m64nNk16 per 64 rows and 128 columns (or
+// fewer) of its band, both operands read straight from shared memory. Why two warpgroups on the
+// 128 x 256 bench tile: they read each A slice once for both (docs/notes/tile-gemm.md).
 // K is walked in slices 128 bytes deep (64 bf16 or 32 floats: one swizzle line per operand row)
 // that the tensor memory accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES
-// from the room a block's share of the SM leaves), AHEAD slices ahead of the wgmmas: one
-// thread asks for a slice's boxes (64 A rows each, BN weight rows) from the operands' tensor maps
-// (gpu/tma.py) and the stage's mbarrier counts its bytes in; every thread waits on that barrier,
-// not on copies of its own. Slice kt's wgmmas are committed as one group and run on while the
-// wgmmas of slice kt - 1 are waited for, whose stage then takes the next slice (bf16; tf32x3:
-// split_slices).
-// (Before, every thread issued 16-byte cp.async copies: 16 a slice at 128 x 128, plus their
-// addresses, a wait and a barrier more per slice.) The stages' barriers are set once per block and
-// their phases carried from task to task, and a task's first AHEAD slices are asked for as the
-// task before it ends, once the processor has taken the command that names it (prime): they land
-// during that task's bookkeeping and the call, where each task used to set its barriers, meet, and
-// only then ask. Side by side on one H100 the layers with 8 and 16 experts were 2-3% faster, the
-// others within their spread (-1 to +1%). Naming the next task earlier, so that its slices could
-// come in during the epilogue, takes a third mailbox slot (MAILBOX_SLOTS, os.cuh): every float32
-// layer was 3.6-5.4% slower with it, and the bf16 ones no faster. Taking the next command (already
-// in the second slot) as the multiply ends and asking for its slices then, the epilogue staged 64
-// rows at a time from the last stage on, clear of them, made every bf16 layer slower on one H200
-// (b048a91 with 55dfffc, side by side with 86a63ed): the 64-row epilogue alone 0.3-3.6% (the
-// default 0.756 -> 0.776 ms), asking before it 4.5-8.5% in all (0.812; 8 experts 0.674 -> 0.730).
-// The copy engine writes wgmma's 128-byte-swizzled K-major layout itself: 8-row groups of 1024
-// bytes, 16-byte chunk c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a
-// tensor-core read takes at once fall in 8 distinct bank groups (the unswizzled layout, 8 rows of
-// one chunk 128 bytes apart, measured 2-2.6x slower per task). Only the 64-row blocks of A that
-// hold a row are copied and multiplied (short tiles cost less); rows past `rows` inside one (or
-// past the operand's end, which the TMA fills with zeros) compute garbage that the epilogue never
-// stores (a row of the product depends on that row of A only).
+// from the room a block's share of the SM leaves), AHEAD slices ahead of the wgmmas: one thread asks
+// for a slice's boxes (64 A rows each, BN weight rows) from the operands' tensor maps (gpu/tma.py)
+// and the stage's mbarrier counts its bytes in; every thread waits on that barrier. Slice kt's
+// wgmmas are committed as one group and run on while the wgmmas of slice kt - 1 are waited for,
+// whose stage then takes the next slice (bf16; tf32x3: split_slices). The stages' barriers are set
+// once per block, their phases carried from task to task, and a task's first AHEAD slices are asked
+// for as the task before it ends (prime), so they land during its bookkeeping.
+// The TMA writes wgmma's 128-byte-swizzled K-major layout: 8-row groups of 1024 bytes, 16-byte chunk
+// c of row r at chunk c ^ (r % 8) of its 128-byte line, so the 8 rows a tensor-core read takes at
+// once fall in 8 distinct bank groups. Only the 64-row blocks of A that hold a row are copied and
+// multiplied (short tiles cost less); rows past `rows` inside one (or past the operand's end, which
+// the TMA fills with zeros) compute garbage that the epilogue never stores (a row of the product
+// depends on that row of A only).
 // Accumulator element q of 8-column group j of wgmma n of 64-row block mb is row mb*64 + 16*warp +
 // lane/4 + 8*(q/2), column 128n + 8j + 2*(lane%4) + q%2 (wgmma's D fragment; warp within the
 // warpgroup, rows and columns from its band's first).
@@ -491,8 +471,10 @@ struct WgmmaTileGemm {
   // 5-9 us of a 128 x 256 task, now 2.5-3.6, clocked inside the task on one H100.) A row is 8
   // floats longer than the tile's, so the 4 rows a half-warp's 8-byte fragment stores fall on take
   // 32 banks.
-  template <class Rows, class Act>
-  __device__ static void store(const Acc& acc, int rows, void* smem, Rows out, const float* bias, Act act) {
+  // Only the columns < cols are stored (a ragged last column block: a multiple of 4). GATED: the
+  // columns come in (gate, up) pairs, and columns c, c + 1 give act(gate, up) at out(r) + c / 2.
+  template <bool GATED, class Rows, class Act>
+  __device__ static void store(const Acc& acc, int rows, int cols, void* smem, Rows out, const float* bias, Act act) {
     constexpr int ROW_FLOATS = BN + 8, QUADS = BN / 4;
     static_assert(BM * ROW_FLOATS * 4 <= STAGES * STAGE_BYTES && THREADS % QUADS == 0,
                   "the float32 tile fits the stages, and every thread keeps its 4 columns");
@@ -502,13 +484,19 @@ struct WgmmaTileGemm {
     });
     __syncthreads();
     const int tid = thread_index(), c = 4 * (tid % QUADS);
+    if (c >= cols) return;
     const float4 b = *reinterpret_cast<const float4*>(bias + c);
     for (int r = tid / QUADS; r < rows; r += THREADS / QUADS) {
       const float4 v = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
-      const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
-      *reinterpret_cast<uint2*>(out(r) + c) =
-          make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+      if constexpr (GATED) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(act(v.x + b.x, v.y + b.y), act(v.z + b.z, v.w + b.w));
+        *reinterpret_cast<unsigned*>(out(r) + c / 2) = *reinterpret_cast<const unsigned*>(&h);
+      } else {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
+        *reinterpret_cast<uint2*>(out(r) + c) =
+            make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+      }
     }
   }
 

@@ -7,6 +7,10 @@
 #pragma once
 #include "common.cuh"
 
+// Columns of GEMM0's output in W1: 2I where gated (the gate and up columns interleaved, column c
+// of a task giving column c / 2 of `hidden`), else I
+__device__ __forceinline__ long long gemm0_cols(const Params& p) { return MOE_GATED ? 2 * p.I : p.I; }
+
 // Slots [a, b) of the (source s, local expert) block of n rows that lie in window w (a >= b: none).
 struct Chunk {
   int a, b;
