@@ -78,8 +78,9 @@ def estimate(cfg: Config, job: str) -> Estimate:
         raise ValueError(f"job {job!r} is not one of {', '.join(JOBS)}")
     n_tok, h, e = cfg.ranks * cfg.tokens, cfg.hidden, cfg.experts
     scores = n_tok * e
-    # routing: float32 tokens and their float64 copy, a few float64 (token, expert) tables, the plan
-    route_bytes = n_tok * h * 12 + scores * 8 * 4 + n_tok * cfg.top_k * 48
+    # routing, one rank at a time (reference.route_config): its float32 tokens and their float64
+    # copy, a few float64 (token, expert) tables; every rank's choices; the plan
+    route_bytes = cfg.tokens * h * 12 + cfg.tokens * e * 8 * 4 + n_tok * cfg.top_k * 48
     route_s = (n_tok * h / NORMALS_PER_S + 2 * n_tok * h * e / GATE_FLOPS_PER_S + scores * ROUTE_NS_PER_SCORE * 1e-9
                + cfg.ranks * ROUTE_S_PER_RANK)
     tasks, _ = _work(cfg)
