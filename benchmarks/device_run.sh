@@ -14,6 +14,9 @@
 #   put-D      the same sweep with every tile put by one block (dispatched by one block, returned by
 #              GEMM1's last task: the kernel's path where a peer is not load/store reachable),
 #              untraced: the direct stores measured against it
+#   validate   the validation set's layers (reference/validation_set.py) at the bf16 bench tile on the GPU
+#              counts given, a telemetry trace each (PREFIXtrace-val-NN-pP.npz, for `moelab compare`), no torch
+#              timing: under 3 minutes on 1, 2 and 4 GPUs (tests/test_validation_set.py's estimate)
 #   stream     the bf16 GEMM's TMA ring streaming the 128-expert layer's weights with no GEMM
 #              (benchmarks/weight_stream.cu: the bound on a task whose slice comes from HBM alone)
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
@@ -78,14 +81,22 @@ EOF
       # shellcheck disable=SC2086  # GPUS is a list of counts
       timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
         --dispatch $path "${apart[@]}" --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
+    validate)
+      # shellcheck disable=SC2086  # GPUS is a list of counts
+      timeout 300 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite validate --dtypes bfloat16 --prefix "$PREFIX" \
+        --out "$R/validate" --timeout 280 2>&1 | tee "$R/validate.txt" ;;
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;
-    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3) or stream"
+    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3),"\
+         "validate or stream"
        exit 2 ;;
   esac
 done
 tar -czf "$OUT/results.tar.gz" -C "$R" .
 tail -n 3 "$R/pytest.txt" 2>/dev/null
 for part in "$@"; do [[ $part == bench-* || $part == store-* || $part == put-* || $part == apart-* ]] && tail -n 24 "$R/${part}.txt"; done
+for part in "$@"; do
+  [[ $part == validate ]] && { grep -E "not run|FAILED" "$R/validate.txt" | head -n 20; tail -n 40 "$R/validate.txt"; }
+done
 exit 0

@@ -97,6 +97,14 @@ def tile_options(dtype: str, world: int) -> dict[str, int]:
     return layout.compile_options(flashmoe(world, dtype))
 
 
+def fit_layers(world: int, dtype: str) -> list[Config]:
+    """The fit set: every layer whose in-kernel pieces the calibration measures and fits (the gate points,
+    the scheduler's layers, the in-layer layers and the return layer), none of which the validation
+    set (reference/validation_set.py) may hold."""
+    changes = [dict(tokens=t, experts=e) for t, e in GATE_POINTS] + [SCHED_CONFIG, SCHED_SMALL, *IN_LAYERS]
+    return [flashmoe(world, dtype, **c) for c in changes + ([IN_LAYER_RETURN] if world > 1 else [])]
+
+
 def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
     cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
