@@ -1,5 +1,7 @@
 """`moelab compare`: one measured run against its prediction, or every committed run as a table
-(`--all`), optionally written as docs/validation.md (`--markdown`)."""
+(`--all`), optionally written as docs/validation.md (`--markdown`), or the validation set's runs and
+their bars (`--validation`). Exits 1 where a run with a recorded commit misses a bound (or, with
+`--validation`, where a bar is not met) unless `--no-fail`; 2 on a bad option or file."""
 
 from __future__ import annotations
 
@@ -12,14 +14,14 @@ from reference import ConfigError
 from reference.cli import path_ending
 
 from . import compare as cmp
-from . import validation
+from . import heldout, validation
 from .calibrate import CalibrationError
 from .hardware import HardwareError
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     try:
-        if args.all:
+        if args.all or args.validation:
             return _all(args)
         if not args.measured:
             raise cmp.CompareError("measured", None, "a measured-run file (--measured FILE) or --all")
@@ -47,25 +49,44 @@ def _one(args) -> int:
     if args.png:
         say(f"drawing {args.png}")
         cmp.picture(c, args.png)
-    return 0
+    return _verdict([c], args)
+
+
+def _verdict(comparisons: list, args) -> int:
+    """1 where a run held to the bounds (one with a recorded commit) misses one, unless --no-fail."""
+    missed = [c.run.name for c in comparisons if c.run.commit and not c.ok]
+    if missed:
+        print(f"moelab compare: {len(missed)} of {len(comparisons)} run(s) miss a bound: {', '.join(missed)}",
+              file=sys.stderr)
+    return 1 if missed and not args.no_fail else 0
 
 
 def _all(args) -> int:
     runs = cmp.measured_runs()
+    compared = [r for r in runs if heldout.is_validation(r)] if args.validation else runs
+    if not compared and args.validation:
+        print("moelab compare: no validation layer is measured (benchmarks/device_run.sh ... validate)",
+              file=sys.stderr)
+        return 0 if args.no_fail else 1
     if not runs:
         raise cmp.CompareError("measured", str(cmp.MEASUREMENTS / "gpu"), "a folder holding measured runs")
     predict = cmp.Predictor()
     comparisons = []
-    for i, run in enumerate(runs, 1):
+    for i, run in enumerate(compared, 1):
         if not args.quiet:
-            print(f"[{i}/{len(runs)}] {run.name}", file=sys.stderr, flush=True)
+            print(f"[{i}/{len(compared)}] {run.name}", file=sys.stderr, flush=True)
         comparisons.append(cmp.compare(run, args.hardware, runs=runs, predict=predict))
     if args.markdown:
         Path(args.markdown).write_text(validation.markdown(comparisons))
         print(f"wrote {args.markdown}")
     for c in comparisons:
         print(cmp.table(c) + "\n")
-    return 0
+    if args.validation:
+        verdicts = heldout.bars(comparisons)
+        for b in verdicts:
+            print(b.text())
+        return 0 if args.no_fail or all(b.ok for b in verdicts) else 1
+    return _verdict(comparisons, args)
 
 
 def register(sub) -> None:
@@ -83,6 +104,11 @@ def register(sub) -> None:
     p.add_argument("--png", metavar="FILE", type=path_ending(".png"), help="draw both timelines into one picture")
     p.add_argument("--markdown", metavar="FILE", type=path_ending(".md"),
                    help="with --all: write the error table and findings (docs/validation.md)")
+    p.add_argument("--validation", action="store_true",
+                   help="the validation set's measured runs (reference/validation_set.py) and the bars they are held "
+                        "to per GPU kind: every latency within 10%%, mean |error| at most 5%%, every phase within 20%%")
+    p.add_argument("--no-fail", action="store_true",
+                   help="exit 0 where a run misses a bound or a bar is not met (report only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_compare)

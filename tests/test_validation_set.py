@@ -4,12 +4,14 @@ a committed run measured, and the device part that measures it (`validate`) fits
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
 from gpu import cases, microbench
+from moelab.cli import main
 from reference import Config, validation_set
-from sim import compare
+from sim import compare, heldout
 
 LAYERS = validation_set.layers()
 
@@ -108,3 +110,63 @@ def test_the_whole_set_measures_in_three_minutes():
     total = call_fixed + sum(each)
     assert 0 < call_fixed < 120 and max(each) < 10
     assert total < DEVICE_BUDGET_S, f"{total:.0f} s estimated (each layer {min(each):.1f} to {max(each):.1f} s)"
+
+
+def _comparison(cfg: Config, latency_error: float, phase_errors: dict[str, float]) -> compare.Comparison:
+    """A made-up comparison of `cfg` with these errors (bounds as compare sets them)."""
+    run = compare.MeasuredRun(Path(f"h100x4-trace-{cfg.name}-p{cfg.ranks}.npz"), cfg, None, "NVIDIA H100", 132)
+    rows = [compare._row("layer latency (ms)", 1 + latency_error, 1.0, compare.LATENCY_BOUND)]
+    rows += [compare._row(f"{ph} busy (ms per block)", 1 + e, 1.0, compare.PHASE_BOUND)
+             for ph, e in phase_errors.items()]
+    return compare.Comparison(run, None, None, {}, {}, rows)
+
+
+def test_a_run_is_a_validation_layer_only_with_the_sets_shape():
+    cfg = cases.in_dtype(LAYERS[0], "bfloat16")
+    assert heldout.is_validation(_comparison(cfg, 0, {}).run)
+    assert not heldout.is_validation(_comparison(cfg.replace(tokens=cfg.tokens + 256), 0, {}).run)
+    assert not heldout.is_validation(_comparison(cfg.replace(name="flashmoe"), 0, {}).run)
+
+
+def test_the_bars_count_latency_mean_and_phases():
+    layers = [cases.in_dtype(c, "bfloat16") for c in LAYERS[: heldout.MIN_LAYERS]]
+    good = [_comparison(c, 0.04 * (-1) ** i, {"gemm0": 0.1}) for i, c in enumerate(layers)]
+    (b,) = heldout.bars(good)
+    assert (b.gpu, b.layers, b.latency_within, b.ok) == ("h100", heldout.MIN_LAYERS, heldout.MIN_LAYERS, True)
+    assert b.mean_abs_error == pytest.approx(0.04)
+    mean_off = [_comparison(c, 0.08, {}) for c in layers]  # each within 10%, the mean not within 5%
+    assert not heldout.bars(mean_off)[0].ok
+    one_phase = good[:-1] + [_comparison(layers[-1], 0.0, {"dispatch": -0.25})]
+    (b,) = heldout.bars(one_phase)
+    assert not b.ok and b.phase_misses == [(one_phase[-1].run.name, "dispatch", pytest.approx(-0.25))]
+    assert not heldout.bars(good[:-1])[0].ok, "fewer layers than the bars need"
+    assert heldout.bars([_comparison(layers[0].replace(name="flashmoe"), 0.5, {})]) == []
+
+
+def test_compare_validation_exits_non_zero_until_the_bars_are_met(capsys):
+    measured = [r for r in compare.measured_runs() if heldout.is_validation(r)]
+    if measured:
+        pytest.skip("validation layers are measured: test_the_validation_bars holds them")
+    assert main(["compare", "--validation", "--quiet"]) == 1
+    assert "no validation layer is measured" in capsys.readouterr().err
+    assert main(["compare", "--validation", "--quiet", "--no-fail"]) == 0
+
+
+# (run, quantity) misses of the measured validation layers, each with its cause: strict both ways,
+# as tests/test_compare_measured.py's KNOWN_MISSES
+VALIDATION_MISSES: dict[tuple[str, str], str] = {}
+
+
+@pytest.mark.slow
+def test_the_validation_bars():
+    runs = compare.measured_runs()
+    measured = [r for r in runs if heldout.is_validation(r)]
+    if not measured:
+        pytest.skip("no validation layer measured yet (benchmarks/device_run.sh ... validate)")
+    predict = compare.Predictor()
+    comparisons = [compare.compare(r, runs=runs, predict=predict) for r in measured]
+    misses = {(c.run.name, r[0].split(" ")[0]) for c in comparisons for r in c.rows if r[5] is False}
+    assert misses == set(VALIDATION_MISSES), "\n".join(b.text() for b in heldout.bars(comparisons))
+    verdicts = heldout.bars(comparisons)
+    if not all(b.ok for b in verdicts):
+        pytest.xfail("; ".join(b.text() for b in verdicts))
