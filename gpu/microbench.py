@@ -14,7 +14,8 @@ fails or a job cut short still leaves the others:
 - put: put-with-signal per block vs message size and issuing blocks, to this GPU and to the peer;
 - pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size
   (put and pingpong move bytes whatever the dtype: the bf16 job leaves them to the float32 one);
-- gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts;
+- gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts, and at GATE_TOPK_POINTS
+  over top_k too (the selection's k passes over the logits, from shared and from global memory);
 - dispatch / combine: dispatch_tile over the routed tiles of the gate's 64-expert layers (1K to
   16K tokens: less or more than the L2 in flight; each share's world, since on two GPUs the
   local shares run beside the NVLink ones), and the per-token ordered combine of the FlashMoE
@@ -60,6 +61,9 @@ KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatc
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
 SHARING = (1, 2, 8)  # tiles per expert that share each weight slice, in the GEMM microbenchmark
 GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
+# (tokens, experts, top_k): the gate alone at other top_k, logits in shared memory (64 experts) and in
+# global memory (128), one or two items a unit: the selection's time per logit (costs.gate_select_reads)
+GATE_TOPK_POINTS = ((8192, 64, 8), (4096, 64, 6), (6144, 128, 8), (12288, 128, 4))
 PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
 # blocks x bytes in flight from 16 KiB to the full grid's 264 MiB, densest around the L2 (50 MiB)
 PUT_BLOCKS = (1, 8, 16, 32, 64, 128)  # and the full grid
@@ -102,12 +106,14 @@ def fit_layers(world: int, dtype: str) -> list[Config]:
     the scheduler's layers, the in-layer layers and the return layer), none of which the validation
     set (reference/validation_set.py) may hold."""
     changes = [dict(tokens=t, experts=e) for t, e in GATE_POINTS] + [SCHED_CONFIG, SCHED_SMALL, *IN_LAYERS]
+    changes += [dict(tokens=t, experts=e, top_k=k) for t, e, k in GATE_TOPK_POINTS]
     return [flashmoe(world, dtype, **c) for c in changes + ([IN_LAYER_RETURN] if world > 1 else [])]
 
 
 def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
     cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
+    cfgs += [flashmoe(world, dtype, tokens=t, experts=e, top_k=k) for t, e, k in GATE_TOPK_POINTS]
     cfgs += [flashmoe(world, dtype, **SCHED_CONFIG), flashmoe(world, dtype, **SCHED_SMALL),
              flashmoe(world, dtype, tokens=max(IN_LAYER_TOKENS)), flashmoe(world, dtype, **IN_LAYER_SHARING)]
     return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
@@ -329,11 +335,12 @@ def tlog_events(layer: Layer, kind: int) -> list[tuple[int, float, int, int]]:
 
 
 def sec_layer_pieces(b: Bench, results: dict, save) -> None:
-    """Gate over GATE_POINTS; dispatch on its 64-expert layers; combine on the FlashMoE default."""
+    """Gate over GATE_POINTS and GATE_TOPK_POINTS; dispatch and combine on GATE_POINTS' 64-expert layers."""
     s = b.s
     results["gate"], results["dispatch"], results["combine"] = [], [], []
-    for tokens, experts in GATE_POINTS:
-        cfg = flashmoe(s.world, b.dtype, tokens=tokens, experts=experts)
+    for tokens, experts, top_k in [(t, e, None) for t, e in GATE_POINTS] + list(GATE_TOPK_POINTS):
+        cfg = flashmoe(s.world, b.dtype, tokens=tokens, experts=experts, **({"top_k": top_k} if top_k else {}))
+        pieces = top_k is None and experts == 64  # the dispatch and the combine at the FlashMoE default's k
         # the dispatch timed share by share, every chunk shared by the processors at once: the rate
         # the simulator's cost of a stored share is fitted to, whichever order a path gives them
         layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=1), dispatch="store")
@@ -342,7 +349,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
             ns, grid = gate_time(b, layer)
             results["gate"].append({"tokens": tokens, "experts": experts, "hidden": H, "top_k": cfg.top_k,
                                     "grid": grid, "ns": ns})
-            if experts == 64:
+            if pieces:
                 layer.run()  # routing, counts and rows in place for dispatch and combine
                 for _ in range(2):
                     with b.torch.cuda.stream(s.torch_stream):
@@ -368,7 +375,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                             "rows": stats([e[3] for e in sel]), "bytes_per_row": H * b.elem_bytes,
                             "ns_per_tile": stats([e[1] for e in sel]),
                             "ns_per_row": stats([e[1] / max(e[3], 1) for e in sel])})
-            if experts == 64:  # the ordered combine at four layer sizes, the FlashMoE default's first
+            if pieces:  # the ordered combine at four layer sizes, the FlashMoE default's first
                 with b.torch.cuda.stream(s.torch_stream):
                     layer._work32.zero_()
                 b.launch("mb_combine", layer.grid, ptr(layer._params))

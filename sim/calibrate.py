@@ -41,8 +41,9 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   all blocks' bytes the L2 holds and HBM's for the rest, on the same in-layer layers (the rows
   GEMM1 just wrote); files without them fit the microbenchmark at 1K-16K tokens with no fixed
   time and the copies' knee;
-- gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
-  and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
+- gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns, gate_select_smem_ns, gate_select_global_ns:
+  least squares of the gate phase over tokens, experts and top_k against the kernel's work items, top-k
+  selections and slot scans (sim.costs.gate_ns; a selection figure only where the points vary top_k);
 - handoff_ns: the processors' median gap between tasks, from the megakernel's telemetry on a
   12K-token layer (its shortest arrival-to-first-task delay is printed beside the preset's
   subscriber_ns, not fitted: that delay waits for a processor too);
@@ -607,7 +608,10 @@ def _fixed_and_rates(points: list[tuple[str, float, float, float]]) -> tuple[flo
 
 
 def _fit_gate(f: Fit, raw: dict, units: int, wgs: int, origin: str) -> None:
-    """The gate phase on `units` workers (blocks x their `wgs` warpgroups, costs.gate_units)."""
+    """The gate phase on `units` workers (blocks x their `wgs` warpgroups, costs.gate_units). The
+    top-k selection's time per logit (from shared or from global memory) is fitted only where the
+    points vary top_k among layers whose logits are read from that memory: the E-dependent costs
+    of points of one top_k (the softmax, the row counts) are no selection's."""
     pts = _need(raw, "gate", "gate phase times")
     if len(pts) < 4:
         raise CalibrationError("gate", len(pts), "at least 4 (tokens, experts) points")
@@ -616,26 +620,37 @@ def _fit_gate(f: Fit, raw: dict, units: int, wgs: int, origin: str) -> None:
         grid = g["grid"] * wgs if "grid" in g else units
         slots = costs.slot_scan(g["tokens"], g["top_k"], g["experts"], grid)
         split = float(costs.gate_splits(g["tokens"], g["hidden"], grid) > 1)
-        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0, split))
+        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0, split,
+                     *costs.gate_select_reads(g["tokens"], g["top_k"], g["experts"], grid)))
     a = np.array(rows, np.float64)
     y = np.array([g["ns"] for g in pts])
+    names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
+             "gate_select_global_ns")
+    how = ("time = H spanned per unit x a + slot scan x b + c + (H split over units) x d + logits considered by "
+           "a selecting lane from shared memory x e and from global memory x f (costs.gate_work, costs.slot_scan, "
+           "costs.gate_select_reads)")
+    keep = np.ones(a.shape[1], bool)
+    unfitted = {}
+    for col, memory in ((4, "shared"), (5, "global")):
+        ks = sorted({g["top_k"] for g, row in zip(pts, a) if row[col]})
+        if len(ks) < 2:
+            keep[col] = False
+            unfitted[names[col]] = (f"{origin}: none (no gate point with its logits in {memory} memory varies top_k: "
+                                    f"{ks or 'none there'})")
     # a figure the least squares wants negative is dropped and the rest fitted again (the slot
     # scans of the bf16 128 x 256 build: as many per unit at 8 as at 64 and 128 experts, whose
     # gate times differ by the selection alone); clipping it instead threw the others off by 20%
-    keep = np.ones(a.shape[1], bool)
     while True:
         coef = np.zeros(a.shape[1])
         coef[keep], *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
         if (coef >= 0).all():
             break
         keep &= coef >= 0
-    names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns")
     for name, c in zip(names, coef):
-        f.set(name, float(c), f"{origin}: gate phase over {len(pts)} (tokens, experts) points, least squares of "
-              "time = H spanned per unit x a + slot scan x b + c + (H split over units) x d (costs.gate_work, "
-              "costs.slot_scan)")
+        f.set(name, float(c), unfitted.get(name) or f"{origin}: gate phase over {len(pts)} (tokens, experts, top_k) "
+              f"points, least squares of {how}")
     for g, row in zip(pts, a):
-        f.check(f"gate T={g['tokens']} E={g['experts']} (ns)", g["ns"], float(row @ coef))
+        f.check(f"gate T={g['tokens']} E={g['experts']} k={g['top_k']} (ns)", g["ns"], float(row @ coef))
 
 
 def _fit_scheduler(f: Fit, raw: dict, hw, origin: str) -> None:

@@ -280,6 +280,8 @@ def test_simulated_gate_item_is_the_kernels():
     assert (const["GATE_TOKENS"], const["GATE_EXPERTS"]) == (costs.GATE_TOKENS, costs.GATE_EXPERTS)
     assert (const["GATE_DEPTH"], const["GATE_MAX_SPLITS"]) == (costs.GATE_DEPTH, costs.GATE_MAX_SPLITS)
     assert (const["GATE_TOKENS"], const["GATE_MAX_SPLITS"]) == (layout.GATE_TOKENS, layout.GATE_MAX_SPLITS)
+    assert const["GATE_SMEM_LOGITS"] == costs.GATE_SMEM_LOGITS
+    assert f"static_assert(SELECT_LANES == {costs.SELECT_LANES}," in text
 
 
 def test_simulated_dispatch_shares_are_the_kernels():
