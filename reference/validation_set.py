@@ -14,8 +14,8 @@ The distribution (`draw`): per GPU count in GPU_COUNTS, PER_GPU_COUNT layers of
 - tokens per GPU log-uniform in TOKENS_RANGE, multiples of 256; skew uniform in [0, SKEW_MAX] in
   quarters; capacity factor from CAPACITY; a router from GATES_DRAWN; expert biases with
   probability BIAS;
-- redrawn until a GPU's expert weights fit WEIGHT_BYTES_MAX and its expert FLOPs FLOPS_MAX, so each
-  layer measures in a few seconds and simulates in seconds.
+- redrawn until a GPU's expert weights fit WEIGHT_BYTES_MAX, its expert FLOPs FLOPS_MAX and its slots'
+  rows SLOT_BYTES_MAX, so each layer measures in a few seconds and simulates in seconds.
 Every layer is bf16 (the build the bench tile and its calibration cover); the tile shape is the
 bench's (gpu.cases.in_dtype), not part of the set. The committed list is the draw of SEED: a test
 holds them equal, so changing the distribution means committing a new list (and measuring it).
@@ -50,6 +50,9 @@ GATES_DRAWN = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_b
 BIAS = 0.25
 WEIGHT_BYTES_MAX = 3 << 30  # a GPU's expert weights
 FLOPS_MAX = 4e12  # a GPU's expert FLOPs at its routed rows (T k), about 8 ms of bf16 tensor cores
+# a GPU's E x C slots of H elements (without dropping C is T): the kernel holds four such buffers in
+# NVSHMEM's heap (gpu/layout.py Sizes.symmetric_bytes), sized for a GPU count's largest layer
+SLOT_BYTES_MAX = 2 << 30
 DTYPE = "bfloat16"
 PATH = Path(__file__).with_name("validation_set.json")
 
@@ -62,6 +65,11 @@ def weight_bytes(cfg: Config) -> int:
 def flops(cfg: Config) -> float:
     """A GPU's expert FLOPs if every routed row is kept (T k rows, two GEMMs, GEMM0 twice as wide gated)."""
     return 2.0 * cfg.tokens * cfg.top_k * cfg.hidden * cfg.ffn * (3 if cfg.gated else 2)
+
+
+def slot_bytes(cfg: Config) -> int:
+    """A GPU's slots for the rows of every (source, expert) block: E x C rows of H elements."""
+    return cfg.experts * cfg.slots * cfg.hidden * cfg.dtype_bytes
 
 
 def _log_uniform(rng: np.random.Generator, lo: int, hi: int, step: int) -> int:
@@ -88,7 +96,7 @@ def _one(rng: np.random.Generator, name: str, ranks: int) -> Config:
                      activation="swiglu" if gated else str(rng.choice(PLAIN_ACTIVATIONS)),
                      bias=bool(rng.random() < BIAS), skew=float(round(4 * rng.uniform(0, SKEW_MAX)) / 4),
                      dtype=DTYPE, ranks=ranks)
-        if weight_bytes(cfg) <= WEIGHT_BYTES_MAX and flops(cfg) <= FLOPS_MAX:
+        if weight_bytes(cfg) <= WEIGHT_BYTES_MAX and flops(cfg) <= FLOPS_MAX and slot_bytes(cfg) <= SLOT_BYTES_MAX:
             return cfg
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu import cases, microbench
+from gpu import cases, microbench, spawn
 from moelab.cli import main
 from reference import Config, validation_set
 from sim import compare, heldout
@@ -51,6 +51,7 @@ def test_the_set_spans_the_distribution():
             assert v.WIDTH_RANGE[0] <= w <= v.WIDTH_RANGE[1] + v.FULL_STEP and w % v.WIDTH_STEP == 0
         assert 0 <= c.skew <= v.SKEW_MAX and c.dtype == "bfloat16"
         assert v.weight_bytes(c) <= v.WEIGHT_BYTES_MAX and v.flops(c) <= v.FLOPS_MAX
+        assert v.slot_bytes(c) <= v.SLOT_BYTES_MAX
     assert {c.gated for c in LAYERS} == {True, False}
     assert {v.ragged(c) for c in LAYERS} == {True, False}
     assert {c.capacity_factor for c in LAYERS} == set(v.CAPACITY)
@@ -77,6 +78,8 @@ def test_no_validation_layer_is_a_committed_runs_layer():
 def test_the_device_part_runs_every_layer_the_kernel_supports_at_the_bench_tile():
     for p in validation_set.GPU_COUNTS:
         run, refused = cases.validation_cases(p, "h100x4-")
+        # NVSHMEM's heap is sized for a GPU count's largest layer (four slot buffers and signals)
+        assert spawn.symmetric_heap_bytes(run) < 10 * validation_set.SLOT_BYTES_MAX
         assert len(run) + len(refused) == validation_set.PER_GPU_COUNT
         assert all(why for _, why in refused)
         for case in run:
