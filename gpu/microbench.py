@@ -12,6 +12,8 @@ fails or a job cut short still leaves the others:
   megakernel's grid, for full and short tiles;
 - copy: copy_rows gathers of one tile (128 rows of H elements) per block, 1 block to the full grid;
 - put: put-with-signal per block vs message size and issuing blocks, to this GPU and to the peer;
+- copy_nvlink: copy_rows of one tile per block straight into the peer's memory (the staged dispatch's
+  senders' stores, before their fence), 1 to 2 x STAGED_BLOCKS blocks (two or more GPUs);
 - pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size
   (put and pingpong move bytes whatever the dtype: the bf16 job leaves them to the float32 one);
 - gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts, and at GATE_TOPK_POINTS
@@ -55,7 +57,8 @@ from . import build, cases, layout, spawn, tma
 from .runtime import Inputs, Layer, Session, allow_dynamic_smem
 
 DTYPES = ("float32", "bfloat16", "tf32x3")  # the builds (gpu.cases.PRECISIONS): tf32x3 is float32 data
-SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler", "in_layer")  # in the order they run
+SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler", "in_layer",
+            "copy_nvlink")  # in the order they run
 BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
@@ -65,6 +68,8 @@ GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192
 # global memory (128), one or two items a unit: the selection's time per logit (costs.gate_select_reads)
 GATE_TOPK_POINTS = ((8192, 64, 8), (4096, 64, 6), (6144, 128, 8), (12288, 128, 4))
 PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
+# blocks copying rows into the peer at once: one alone (a sender's own rate) to twice the staged senders
+COPY_NVLINK_BLOCKS = tuple(sorted({1, 2, 4, 8, layout.STAGED_BLOCKS, 2 * layout.STAGED_BLOCKS}))
 # blocks x bytes in flight from 16 KiB to the full grid's 264 MiB, densest around the L2 (50 MiB)
 PUT_BLOCKS = (1, 8, 16, 32, 64, 128)  # and the full grid
 PING_SIZES = (0, 4 << 10, 64 << 10, 1 << 20)
@@ -234,6 +239,39 @@ def sec_copy(b: Bench, grid: int) -> list[dict]:
             per = b.clocks(ns)[:blocks] / reps
             out.append({"blocks": blocks, "rows": rows, "bytes": rows * H * b.elem_bytes, "scaled": scaled,
                         "ns_per_copy": stats(per)})
+    return out
+
+
+def sec_copy_nvlink(b: Bench) -> list[dict] | None:
+    """Rank 0's blocks gather 128-row tiles (copy_rows, as a dispatch share) straight into rank 1's
+    memory through its NVSHMEM mapping; time per copy, without the fence that ends a share (its
+    round trip, pingpong's). None on one GPU."""
+    import nvshmem.core as nvshmem
+    import nvshmem.core.interop.torch as symmetric
+
+    s = b.s
+    if s.world < 2:
+        return None
+    src_rows, rows, reps, most = 16384, 128, 4, max(COPY_NVLINK_BLOCKS)
+    src = b.randn(src_rows, H, dtype=b.elem)
+    ns = b.zeros(most)
+    out = []
+    with b.torch.cuda.stream(s.torch_stream):
+        buf = symmetric.tensor((most * rows * H * b.elem_bytes // 4,), dtype=b.torch.float32)
+    try:
+        s.barrier()
+        s.sync()
+        if s.rank == 0:
+            there = symmetric.get_peer_tensor(buf, 1)
+            for blocks in COPY_NVLINK_BLOCKS:
+                b.launch("mb_copy", blocks, ptr(src), np.int32(src_rows), ptr(there), np.int32(rows), np.int32(H),
+                         np.uint64(0), np.int32(reps), ptr(ns))
+                out.append({"peer": "nvlink", "blocks": blocks, "rows": rows, "bytes": rows * H * b.elem_bytes,
+                            "ns_per_copy": stats(b.clocks(ns)[:blocks] / reps)})
+        s.barrier()
+        s.sync()
+    finally:
+        nvshmem.free_tensor(buf)
     return out
 
 
@@ -587,7 +625,8 @@ def main(argv: list[str]) -> int:
     sections = [("layer_pieces", lambda: sec_layer_pieces(bench, results, save)),
                 ("gemm", lambda: sec_gemm(bench, grid)), ("copy", lambda: sec_copy(bench, grid)),
                 ("put", lambda: sec_put(bench, grid)), ("pingpong", lambda: sec_pingpong(bench)),
-                ("scheduler", lambda: sec_scheduler(bench)), ("in_layer", lambda: sec_in_layer(bench))]
+                ("scheduler", lambda: sec_scheduler(bench)), ("in_layer", lambda: sec_in_layer(bench)),
+                ("copy_nvlink", lambda: sec_copy_nvlink(bench))]
     for name, run in sections:
         if name not in wanted or (dtype != "float32" and name in BYTE_SECTIONS):
             continue

@@ -13,6 +13,9 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   (sim.costs.overlapped), least squares over tile heights (GEMM0 and GEMM1): the megakernel's own
   tasks on the in_layer layers, or, in files without them, the microbenchmark's at the
   megakernel's grid; task_overhead_ns is 0 (each measurement times a whole task body);
+- copy_nvlink_ns_per_byte: copy_rows of a tile into the NVLink peer's memory by one block alone (the
+  staged dispatch's senders; checked at up to 32 blocks against its rate or their port share), 0
+  where not measured;
 - l2_knee_bytes, copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by
   1 to all blocks at once: time per byte = alone while the bytes all blocks move at once fit in
   the L2 (up to the knee), + extra x beyond / (beyond + half) for the bytes beyond it;
@@ -386,12 +389,26 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str, dtype: str) -> Non
         best = max(remote, key=lambda p: p["aggregate_gbps"])
         f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth "
               f"to the peer ({best['blocks']} blocks x {best['bytes']} B)")
+    into_peer = [] if alone else [c for c in raw.get("copy_nvlink") or [] if c.get("blocks")]
+    one = next((c for c in into_peer if c["blocks"] == 1), None)
+    if one:
+        f.set("copy_nvlink_ns_per_byte", one["ns_per_copy"]["median"] / one["bytes"],
+              f"{origin}: copy_rows of one {one['bytes']} B tile into the NVLink peer's memory by 1 block alone "
+              "(a staged dispatch sender's stores, before its fence)")
+    else:
+        f.set("copy_nvlink_ns_per_byte", 0.0, f"{origin}: not measured (no copy_rows into a peer): a staged sender "
+              "stores at copy_rows' own rate")
     # the build's blocks per SM too (a local share queues behind the NVLink ones only beside another
     # block) and the measured NVLink latency (a share stored into the peer ends with a round trip)
     hw_moves = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
         "blocks_per_sm", "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes",
         "put_local_ns_per_byte", "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte",
-        "nvlink_gbps") + (("nvlink_latency_ns",) if "nvlink_latency_ns" in f.values else ())})
+        "copy_nvlink_ns_per_byte", "nvlink_gbps") + (("nvlink_latency_ns",) if "nvlink_latency_ns" in f.values
+                                                     else ())})
+    for c in into_peer:  # each block at its own rate or its share of the port
+        f.check(f"copy_rows {c['bytes']} B into the peer, {c['blocks']} blocks (ns)", c["ns_per_copy"]["median"],
+                c["bytes"] * costs.port_ns_per_byte(hw_moves.copy_nvlink_ns_per_byte, c["blocks"],
+                                                    hw_moves.nvlink_gbps))
     for c in copies:
         inflight = c["blocks"] * c["bytes"]
         f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",

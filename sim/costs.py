@@ -367,8 +367,10 @@ def nvlink_share_ns(hw: Hardware, nbytes: float, inflight: float, over: dict[int
     """A dispatch share stored into the NVLink peer: its bytes at the block's copy rate and the
     port's share, then its fence, which waits for the peer to acknowledge the last of them (a round
     trip). The block's copy loop, not a put's: on four H200s 32 staged senders stored 11.3 GB/s
-    each, the port's share, where one block's put moves 9.7."""
-    rate = hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte
+    each, the port's share, where one block's put moves 9.7; with 16 senders 16 GB/s each, under
+    their port share (23) and copy_rows' local rate: the block's own rate into a peer
+    (copy_nvlink_ns_per_byte) where measured, else copy_rows'."""
+    rate = hw.copy_nvlink_ns_per_byte or hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte
     return nbytes * port_ns_per_byte(rate, over.get(NVLINK, 1), hw.nvlink_gbps) + 2 * hw.nvlink_latency_ns
 
 

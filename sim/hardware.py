@@ -98,6 +98,9 @@ class Hardware:
     put_local_extra_ns_per_byte: float  # the same extra for puts (their stores load the GPU's memory the same way)
     put_local_half_bytes: float  # and its half point
     put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
+    # one block alone gathering token rows straight into an NVLink peer's memory (copy_rows' loop, the
+    # staged dispatch's senders; 0: at copy_rows' own rate)
+    copy_nvlink_ns_per_byte: float
     # a GEMM1 task storing its output rows into an NVLink peer (the tile's source), beyond the same
     # task's time for a tile of its own GPU, per byte
     return_store_ns_per_byte: float
@@ -287,7 +290,8 @@ _H100 = {
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
-                                         "put_nvlink_ns_per_byte", "return_store_ns_per_byte",
+                                         "put_nvlink_ns_per_byte", "copy_nvlink_ns_per_byte",
+                                         "return_store_ns_per_byte",
                                          "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
                                          "dispatch_store_knee_bytes", "tile_combine_fixed_ns",

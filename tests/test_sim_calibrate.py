@@ -19,7 +19,8 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             l2_knee_bytes=float(KNEES[33]),
             copy_ns_per_byte=0.04, copy_extra_ns_per_byte=0.13, copy_half_bytes=float(HALVES[50]),
             put_local_ns_per_byte=0.08, put_local_extra_ns_per_byte=0.2, put_local_half_bytes=float(HALVES[25]),
-            put_nvlink_ns_per_byte=0.1, nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0,
+            put_nvlink_ns_per_byte=0.1, copy_nvlink_ns_per_byte=0.06, nvlink_gbps=380.0, reduce_ns_per_byte=0.25,
+            gate_item_ns_per_h=350.0,
             gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, gate_select_smem_ns=40.0,
             gate_select_global_ns=300.0, handoff_ns=5000.0,
             nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
@@ -67,6 +68,10 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
            for size in (1 << 18, 1 << 20)]
     for p in put:
         p["aggregate_gbps"] = p["blocks"] * p["bytes"] / p["ns_per_put"]["median"]
+    copy_nvlink = [{"peer": "nvlink", "blocks": b, "rows": 128, "bytes": tile,
+                    "ns_per_copy": _stat(tile * costs.port_ns_per_byte(t["copy_nvlink_ns_per_byte"], b,
+                                                                       t["nvlink_gbps"]))}
+                   for b in (1, 2, 4, 8, 16, 32)]
     # the store path's shares at four layer sizes on one GPU (fitted); on two, half the shares go
     # to the peer and the local ones queue behind them (checks); a tile of the put path (a check)
     dispatch = [{"tokens": 64 * r, "world": 1, "peer": "self", "path": "store", "shares": 256,
@@ -91,7 +96,7 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
     return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "world": 2,
             "tile": {"TILE_M": 128, "TILE_N": 64, **tile_k},
             "occupancy": {"megakernel_grid": blocks, "n_proc": blocks - 1, "sms": 132},
-            "gemm": gemm, "copy": copy, "put": put, "dispatch": dispatch, "gate": gate,
+            "gemm": gemm, "copy": copy, "put": put, "copy_nvlink": copy_nvlink, "dispatch": dispatch, "gate": gate,
             "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263, "bytes_per_value": nb,
                          "ns_per_block": _stat(per_block * t["reduce_ns_per_byte"])}],
             "scheduler": {"tasks": 4096, "gap_ns": _stat(t["handoff_ns"]), "task_ns": _stat(task(128)),
@@ -426,3 +431,18 @@ def test_a_top_8_gate_reads_its_logits_eight_times_from_global_memory_past_64_ex
     assert costs.gate_select_reads(16384, 2, 64, units) == (2 * 2 * 16, 0)  # 512 items on 264 units
     cfg = presets.get("flashmoe").replace(tokens=4096, experts=128, dtype="bfloat16")
     assert costs.gate_ns(hw, cfg.replace(top_k=8)) - costs.gate_ns(hw, cfg) == pytest.approx(6 * 32 * 300.0)
+
+
+def test_a_sender_stores_into_the_peer_at_its_measured_rate_or_its_port_share(tmp_path):
+    raw = synthetic()
+    fitted = calibrate.fit(raw, "h200-sxm", "synthetic")
+    assert fitted.values["copy_nvlink_ns_per_byte"] == pytest.approx(TRUE["copy_nvlink_ns_per_byte"])
+    assert all(abs(m - p) <= 1e-6 * m for point, m, p in fitted.residuals if "into the peer" in point)
+    without = calibrate.fit({k: v for k, v in raw.items() if k != "copy_nvlink"}, "h200-sxm", "synthetic")
+    assert without.values["copy_nvlink_ns_per_byte"] == 0.0 and "not measured" in without.sources[
+        "copy_nvlink_ns_per_byte"]
+    hw = hardware.PRESETS["h200-sxm"].replace(copy_ns_per_byte=0.03, nvlink_gbps=380.0, nvlink_latency_ns=0.0)
+    mib = float(1 << 20)
+    assert costs.nvlink_share_ns(hw, mib, mib, {NVLINK: 16}) == pytest.approx(mib * 16 / 380.0)  # the port's share
+    slow = hw.replace(copy_nvlink_ns_per_byte=0.0625)  # 16 GB/s a block, under its share (23.75)
+    assert costs.nvlink_share_ns(slow, mib, mib, {NVLINK: 16}) == pytest.approx(mib * 0.0625)
