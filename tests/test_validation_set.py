@@ -121,6 +121,7 @@ def _comparison(cfg: Config, latency_error: float, phase_errors: dict[str, float
     rows = [compare._row("layer latency (ms)", 1 + latency_error, 1.0, compare.LATENCY_BOUND)]
     rows += [compare._row(f"{ph} busy (ms per block)", 1 + e, 1.0, compare.PHASE_BOUND)
              for ph, e in phase_errors.items()]
+    rows.append(compare._row("SM utilization", 0.5, 0.6, None))
     return compare.Comparison(run, None, None, {}, {}, rows)
 
 
@@ -144,6 +145,16 @@ def test_the_bars_count_latency_mean_and_phases():
     assert not b.ok and b.phase_misses == [(one_phase[-1].run.name, "dispatch", pytest.approx(-0.25))]
     assert not heldout.bars(good[:-1])[0].ok, "fewer layers than the bars need"
     assert heldout.bars([_comparison(layers[0].replace(name="flashmoe"), 0.5, {})]) == []
+
+
+def test_the_report_gives_each_measured_layer_and_the_bars():
+    measured = _comparison(cases.in_dtype(LAYERS[0], "bfloat16"), -0.12, {"gate": 0.05, "dispatch": -0.3})
+    page = heldout.markdown([measured])
+    row = next(line for line in page.splitlines() if line.startswith(f"| {LAYERS[0].name} |"))
+    assert "| h100 |" in row and "-12.0% **miss**" in row and "-30.0% **miss**" in row and "+5.0% |" in row
+    assert "h100: 1 layers measured (bars need 24)" in page and "NOT met" in page
+    assert sum(line.startswith("| val-") for line in page.splitlines()) == len(LAYERS)
+    assert "calibration-h100.json" in page and "(2, 8192, 64)" in page  # the fit set, as calibrated
 
 
 def test_compare_validation_exits_non_zero_until_the_bars_are_met(capsys):
