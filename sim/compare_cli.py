@@ -62,6 +62,8 @@ def _verdict(comparisons: list, args) -> int:
 
 
 def _all(args) -> int:
+    if args.validation and args.markdown:
+        raise cmp.CompareError("markdown", args.markdown, "with --all, not --validation (the page gives every run)")
     runs = cmp.measured_runs()
     compared = [r for r in runs if heldout.is_validation(r)] if args.validation else runs
     if not compared and args.validation:
@@ -106,7 +108,8 @@ def register(sub) -> None:
                    help="with --all: write the error table and findings (docs/validation.md)")
     p.add_argument("--validation", action="store_true",
                    help="the validation set's measured runs (reference/validation_set.py) and the bars they are held "
-                        "to per GPU kind: every latency within 10%%, mean |error| at most 5%%, every phase within 20%%")
+                        f"to per GPU kind: every latency within {100 * cmp.LATENCY_BOUND:.0f}%%, mean |error| at most "
+                        f"{100 * heldout.MEAN_BOUND:.0f}%%, every phase within {100 * cmp.PHASE_BOUND:.0f}%%")
     p.add_argument("--no-fail", action="store_true",
                    help="exit 0 where a run misses a bound or a bar is not met (report only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
