@@ -1,15 +1,16 @@
 """Which GPU benchmark runs the Benchmarks page offers, and their rows. The rows are
 benchmarks/bench_gpu.py's table (one definition for the device run's printout and the page); the
-weights' roofline is sim.metrics'."""
+weights' roofline and each point's layer roofline are sim.metrics'."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from benchmarks.bench_gpu import TABLE_HEAD, ceilings_of, table_rows
 from reference import Config
+from reference.files import FileError, read_json
 from sim import metrics
+from sim.compare import read_summary
 
 from .compare_data import measurements_dir
 
@@ -20,17 +21,16 @@ def summaries(folder: Path | None = None) -> list[Path]:
     out = []
     for path in sorted(((folder or measurements_dir()) / "gpu").glob("*.json")):
         try:
-            d = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(d, dict) and "meta" in d and any("kernel_ms" in r for r in d.get("results", [])
-                                                       if isinstance(r, dict)):
+            d = read_summary(path)
+        except FileError:
+            continue  # another kind of JSON (experiments, microbenchmarks): not a summary
+        if any("kernel_ms" in r for r in d["results"]):
             out.append(path)
     return out
 
 
 def load(path: Path) -> tuple[dict, list[dict]]:
-    d = json.loads(Path(path).read_text())
+    d = read_summary(path)
     return d["meta"], d["results"]
 
 
@@ -39,7 +39,7 @@ def stream_gbps(gpu: str, folder: Path | None = None) -> float | None:
     the rate for runs from before the benchmark measured its GPU's memory; None where none was."""
     rates = []
     for path in ((folder or measurements_dir()) / "gpu").glob("*weight-stream.json"):
-        d = json.loads(path.read_text())
+        d = read_json(path, "benchmarks/weight_stream.py's result: an object with \"gpu\" and \"variants\"")
         if d.get("gpu") == gpu:
             rates += [v["weight_gbps"] for v in d.get("variants", [])]
     return max(rates) if rates else None
@@ -51,10 +51,24 @@ def config_of(result: dict) -> Config:
 
 def rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
     """One record per benchmark point: the table's columns, and the kept rows an expert."""
-    table = table_rows(results, ceilings_of(meta), gbps)
-    per_expert = {r["name"]: r["kept_rows"] / config_of(r).experts
-                  for r in results if "kernel_ms" in r}
+    measured = [r for r in results if "kernel_ms" in r]
+    table = table_rows(measured, ceilings_of(meta), gbps, meta.get("nvlink_gbps"))
+    per_expert = {r["name"]: r["kept_rows"] / config_of(r).experts for r in measured}
     return [{**dict(zip(TABLE_HEAD, row)), "rows an expert": per_expert[row[0]]} for row in table]
+
+
+def torch_only_rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
+    """The table's records of the layers the kernel does not run yet, timed in torch alone."""
+    alone = [r for r in results if "kernel_skipped" in r]
+    keep = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+            "loop torch ms", "roofline ms", "bound")
+    table = table_rows(alone, ceilings_of(meta), gbps, meta.get("nvlink_gbps"))
+    return [{k: v for k, v in zip(TABLE_HEAD, row) if k in keep} for row in table]
+
+
+def skipped(results: list[dict]) -> list[str]:
+    """The points the run did not time, each with its reason."""
+    return [f"{r['name']}: {r['skipped']}" for r in results if "skipped" in r]
 
 
 def roofline_curves(meta: dict, results: list[dict], gbps: float, per_expert: list[float]) -> dict[str, tuple]:

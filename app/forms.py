@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from reference import Config, ConfigError, presets
+from reference import Config, ConfigError, budget, presets
+from reference.budget import BudgetError
 from reference.config import DTYPES
 
 DEFAULT_PRESET = "small"  # simulates in about a second: the app must be fast to start
@@ -69,9 +70,10 @@ def _load_preset(form: str) -> None:
 
 
 def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options: bool = False,
-                   ) -> tuple[Config | None, SimOptions | None]:
+                   job: str = "route") -> tuple[Config | None, SimOptions | None]:
     """Draw the form `form` (starting from `preset`); the config it holds (None, with the error
-    shown, when it is not valid), and the simulator's options when `sim_options`."""
+    shown, when it is not valid or too large for the page's `job`, reference.budget.JOBS), and
+    the simulator's options when `sim_options`."""
     if f"{form}.preset" not in st.session_state:
         st.session_state[f"{form}.preset"] = preset
         _load_preset(form)
@@ -125,6 +127,7 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
                            "store (every block shares every chunk at once), or put (one block packs and puts each "
                            "chunk)")
         bar.number_input("staged senders", key="sim.staged_blocks", min_value=1, step=1,
+                         max_value=hardware.get(st.session_state["sim.hardware"]).processors - 1,
                          disabled=st.session_state["sim.dispatch"] != "staged",
                          help=f"blocks that send the peers' chunks on the staged dispatch (the kernel's: "
                               f"{costs.STAGED_BLOCKS})")
@@ -133,10 +136,15 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
                              st.session_state["sim.baseline"], None if queue == KERNEL_QUEUE else queue,
                              st.session_state["sim.dispatch"], int(st.session_state["sim.staged_blocks"]))
     try:
-        return build_config(form), options
+        cfg = build_config(form)
+        budget.check(cfg, job, flag=None)
+        return cfg, options
     except ConfigError as e:
         (slots.get(e.field) or bar).error(str(e))
         st.error(f"The config is not valid: {e}")
+        return None, options
+    except BudgetError as e:
+        st.error(f"The config is too large for the app: {e}")
         return None, options
 
 

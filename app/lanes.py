@@ -2,7 +2,8 @@
 
 Rows: one per (GPU, role, lane), per GPU in the order processor blocks, scheduler, subscriber,
 proxy, NIC, links (a link's lane is its peer rank). A role with more lanes on one GPU than
-`ROW_CAPS` allows is drawn as groups of consecutive lanes ("SMs 0-8"): 132 SM rows per GPU
+`ROW_CAPS` allows is drawn as groups of consecutive lanes ("blocks 0-32"): a processor row is
+one of the kernel's processor blocks, not an SM (a GPU runs several per SM), and 500 rows per GPU
 would be unreadable long before they are slow.
 
 Bars: while the time window holds at most `max_bars` intervals and every row is one lane, each
@@ -23,7 +24,7 @@ from sim.trace import KIND, KINDS, ROLES, Trace
 
 ROLE_ORDER = ("processor", "scheduler", "subscriber", "proxy", "nic", "link")
 ROW_CAPS = {"processor": 16, "scheduler": 2, "subscriber": 4, "proxy": 2, "nic": 2, "link": 8}
-_LABEL = {"processor": ("SM", "SMs"), "scheduler": ("scheduler", "schedulers"),
+_LABEL = {"processor": ("block", "blocks"), "scheduler": ("scheduler", "schedulers"),
           "subscriber": ("subscriber", "subscribers"), "proxy": ("proxy", "proxies"),
           "nic": ("NIC", "NICs"), "link": ("link→", "links→")}
 # the bound on bars drawn: in headless Chromium on 2 cores (benchmarks/bench_app_render.py)

@@ -5,6 +5,7 @@
     python benchmarks/bench_gpu.py --gpus 1 2 --suite checks bench --dtypes tf32
     python benchmarks/bench_gpu.py --gpus 1 --suite bench --dtypes bfloat16 --tile 128x256x64
     python benchmarks/bench_gpu.py --gpus 1 2 4 --suite validate --prefix h100x4-
+    python benchmarks/bench_gpu.py --gpus 4 2 1 --suite matrix --dtypes bfloat16 tf32x3 --estimate
 
 `checks`: small configs against the float64 golden (fresh seeds, skewed routing, all tokens to one
 expert, capacity dropping, T not a multiple of tile_m, E = P and E = 8P, every gate and
@@ -23,7 +24,13 @@ tf32x3's is float32's, the ceiling of its dtype at its accuracy. The memory's ra
 too (torch copy and sum), and each point gets the GEMM phase's best share of the ceiling where
 every expert weight has to come from memory once (weights_bound): the roofline the GEMM phase's
 bar meets on layers of few rows per expert; `GEMM phase % roofline` is the phase's share of the
-lesser of that bound and the ceiling (roofline_share).
+lesser of that bound and the ceiling (roofline_share). Every point is timed beside the torch
+layers of gpu/baseline.py (dropless with a grouped GEMM and with one matmul per expert, padded) and
+set against its roofline (sim.metrics.layer_roofline, at the measured ceiling, memory rate and
+NVLink rate of GPU 0 to its peers). `matrix`: the zoo's models (their kernel twins where the kernel
+lacks what they need, and the models in torch alone) at --tokens per GPU and FlashMoE's sweeps;
+--estimate lists its points, the skipped ones with the reason, and a guess of its time, without a
+GPU; --compact writes the run as one small JSON and its table.
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -45,21 +52,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu import UnsupportedConfig, check_supported, spawn  # noqa: E402
+from gpu.baseline import padded_bytes  # noqa: E402
 from gpu.cases import (  # noqa: E402
+    MATRIX_TOKENS,
     PRECISIONS,
     baseline_precision,
     bench_cases,
     bf16_check_cases,
     check_cases,
     in_dtype,
+    matrix_cases,
     sit_out_case,
     tf32_check_cases,
     tf32x3_check_cases,
     validation_cases,
 )
+from gpu.layout import Sizes  # noqa: E402
 from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
-from sim import metrics  # noqa: E402
+from reference.weights import ffn_in_width  # noqa: E402
+from sim import hardware, metrics  # noqa: E402
 from sim.trace import DISPATCH_PATHS  # noqa: E402
 
 
@@ -116,6 +128,41 @@ def memory_gbps() -> float:
     return gbps
 
 
+def nvlink_gbps(gpus: int) -> float | None:
+    """Measured rate of GPU 0 to all its peers at once, GB/s it sends: 256 MiB copied to each of
+    GPUs 1 .. gpus-1 together, one stream each (the pace of a layer's dispatch and returns at
+    best); None on one GPU, or where the copies fail (the error is printed)."""
+    import torch
+
+    if gpus < 2:
+        return None
+
+    def measure() -> float:
+        n = 2**26
+        src = torch.rand(n, device="cuda:0")
+        dsts = [torch.empty(n, device=f"cuda:{g}") for g in range(1, gpus)]
+        streams = [torch.cuda.Stream(device="cuda:0") for _ in dsts]
+        times = []
+        for i in range(13):
+            t = time.perf_counter()
+            for dst, stream in zip(dsts, streams):
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+            for g in range(gpus):
+                torch.cuda.synchronize(g)
+            if i >= 3:
+                times.append(time.perf_counter() - t)
+        return 4 * n * (gpus - 1) / sorted(times)[len(times) // 2] / 1e9
+
+    try:
+        return measure()
+    except Exception as e:  # the table then has no NVLink bound, not no table
+        print(f"NVLink rate not measured: {type(e).__name__}: {e}", flush=True)
+        return None
+    finally:
+        torch.cuda.empty_cache()
+
+
 def flops(r: dict) -> float:
     """Expert FLOPs of one layer call over all ranks: 2 GEMMs of 2 H I per kept row."""
     c = r["config"]
@@ -166,46 +213,186 @@ def run_meta(args_line: str) -> dict:
             "nvcc": (out(["nvcc", "--version"]).splitlines() or ["unknown"])[-1]}
 
 
+# the matrix's guess of a run's time (matrix_point_seconds, matrix_plan), from each point's roofline at the H100's
+# datasheet rates: the kernel at KERNEL_OVER_ROOFLINE times it, the torch layers at TORCH_OVER_ROOFLINE
+# times it plus TORCH_FIXED_MS (the host's read of the counts, the launches), the per-expert loop
+# LOOP_MS_PER_EXPERT more an expert; POINT_SECONDS to set a point up, SPAWN_SECONDS (and
+# SPAWN_SECONDS_PER_GPU a process) to start the processes of a GPU count, CEILINGS_SECONDS to
+# measure the rates. One H100, six points of Qwen3-30B-A3B's and gpt-oss-120b's twins at 1K and 4K
+# tokens, bf16 and tf32x3: 0.9-2.1 s a point, 21 s the run
+KERNEL_OVER_ROOFLINE, TORCH_OVER_ROOFLINE, TORCH_FIXED_MS, LOOP_MS_PER_EXPERT = 3.0, 3.0, 1.0, 0.03
+POINT_SECONDS, SPAWN_SECONDS, SPAWN_SECONDS_PER_GPU, CEILINGS_SECONDS = 1.0, 8.0, 4.0, 6.0
+MEMORY_SHARE = 0.85  # of a GPU's memory a point may plan to take
+
+
+def matrix_bytes(cfg: Config, kernel: bool = True) -> int:
+    """Device memory one GPU takes for a matrix point, at least: the kernel's NVSHMEM buffers
+    (gpu.layout.Sizes; not for a torch-only point), its local and shared experts' weights (float32
+    too for a torch-only point, as drawn) and the dropless torch layer's rows (k T rows of H six
+    times, of I' twice). The padded layer is measured against the free memory by the worker."""
+    eb = Sizes.of(cfg).elem_bytes
+    per_expert = cfg.hidden * (ffn_in_width(cfg) + cfg.ffn)
+    weights = (cfg.local_experts + cfg.shared_experts) * per_expert * (eb if kernel else eb + 4)
+    rows = cfg.tokens * cfg.top_k * (6 * cfg.hidden + 2 * ffn_in_width(cfg)) * eb
+    return (Sizes.of(cfg).symmetric_bytes if kernel else 0) + weights + rows
+
+
+def matrix_skip(cfg: Config, gpu_gb: float, kernel: bool = True) -> str | None:
+    """Why the matrix does not run a point (None: it runs): the kernel does not support it, its
+    column blocks would be ragged, or it does not fit a GPU of `gpu_gb` GB (a torch-only point
+    (kernel false): only the last)."""
+    if kernel:
+        try:
+            check_supported(cfg)
+        except UnsupportedConfig as e:
+            return f"not in the kernel: {e}"
+        if cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n:
+            return f"H {cfg.hidden} and I {cfg.ffn} are not multiples of tile_n {cfg.tile_n} (ragged column blocks)"
+    need = matrix_bytes(cfg, kernel)
+    if need > MEMORY_SHARE * gpu_gb * 1e9:
+        return f"needs {need / 1e9:.0f} GB a GPU, more than {MEMORY_SHARE:.0%} of {gpu_gb:g} GB"
+    return None
+
+
+def matrix_point_seconds(cfg: Config, gpu_gb: float, kernel: bool = True, hw_name: str = "h100-sxm") -> float:
+    """The guess of one matrix point's time (see KERNEL_OVER_ROOFLINE): 13 timed and warm-up
+    launches with and without telemetry and four more (none for a torch-only point), 14 calls of
+    each torch layer."""
+    hw = hardware.get(hw_name)
+    even = [[cfg.tokens * cfg.top_k // cfg.experts] * cfg.experts] * cfg.ranks
+    roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.gemm_precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
+    torch_ms = TORCH_OVER_ROOFLINE * roof + TORCH_FIXED_MS
+    dt = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
+    padded = 0.0
+    if padded_bytes(cfg, dt) < MEMORY_SHARE * gpu_gb * 1e9 - matrix_bytes(cfg, kernel):
+        padded = TORCH_OVER_ROOFLINE * roof * cfg.experts * cfg.slots / max(1, cfg.tokens * cfg.top_k)
+    ms = 30 * KERNEL_OVER_ROOFLINE * roof * kernel + 14 * (2 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT
+                                                         + padded)
+    return POINT_SECONDS + ms / 1e3
+
+
+def matrix_plan(gpus: list[int], dtypes: list[str], layers: list[str], tokens: list[int], flashmoe: bool,
+                gpu_gb: float, torch_models: bool = True) -> tuple[dict[int, list[dict]], list[dict], float]:
+    """The matrix's cases per GPU count (gpu.cases.matrix_cases), the points it skips (results with
+    `skipped`) and the guess of the whole run's seconds."""
+    cases, skipped, seconds = {}, [], CEILINGS_SECONDS
+    for p in gpus:
+        cases[p] = []
+        for dt in dtypes:
+            for c in matrix_cases(p, dt, layers, tokens, flashmoe, torch_models):
+                cfg, kernel = Config.from_dict(c["config"]), not c.get("torch_only")
+                why = matrix_skip(cfg, gpu_gb, kernel)
+                if why:
+                    skipped.append({"name": c["name"], "config": c["config"], "skipped": why})
+                else:
+                    cases[p].append(c)
+                    seconds += matrix_point_seconds(cfg, gpu_gb, kernel)
+        seconds += SPAWN_SECONDS + SPAWN_SECONDS_PER_GPU * p if cases[p] else 0.0
+    return cases, skipped, seconds
+
+
+def compact(results: list[dict], meta: dict) -> list[dict]:
+    """Results without the per-iteration times, profiles, tracebacks and the run's meta they repeat:
+    the matrix's committed JSON."""
+    def kept(k, v):
+        return not k.endswith(("_all", "_profile")) and k != "traceback" and not (k in meta and meta[k] == v)
+
+    return [{k: v for k, v in r.items() if kept(k, v)} for r in results]
+
+
 def roofline_share(gemm_pct: float, bound_pct: float) -> float:
     """The GEMM phase (% of the ceiling) as a share (%) of the most that point allows: the ceiling,
     or the weights' bound where that is lower (weights_bound)."""
     return 100 * gemm_pct / min(100.0, bound_pct)
 
 
-TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "kernel ms", "torch ms (same dtype)", "speedup", "TFLOP/s",
-              "% ceil", "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
+TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+              "loop torch ms", "speedup", "roofline ms", "bound", "kernel / roofline", "TFLOP/s", "% ceil",
+              "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
               "overlap eff T(2)/T(N)", "telemetry +%", "rel err vs torch")
 
 
-def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None) -> list[tuple]:
-    """One row (TABLE_HEAD) per bench point: the kernel against the torch layer of its own dtype, its rate as a
-    share of that dtype's ceiling, the GEMM phase's rate (GEMM FLOPs over the GEMM task time per
-    processor block, from telemetry) as a share of it, the most the GPUs' memory allows it
-    (weights_bound, at `gbps`; blank without) and the GEMM phase's share of the lesser of that and
-    the ceiling (roofline_share), and FlashMoE's overlap efficiency T(2) / T(N)
-    (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too."""
+def torch_ms(r: dict, kind: str) -> float | str:
+    """A point's time of the torch layer of `kind` in its precision (gpu.baseline.KINDS): blank where
+    the run did not time it, the reason where it skipped it."""
+    dt = baseline_precision(Config.from_dict(r["config"]))
+    key = f"torch_{dt}" if kind == "padded" else f"torch_{kind}_{dt}"
+    return r.get(f"{key}_ms", r.get(f"{key}_skipped", ""))
+
+
+def speedup(r: dict) -> float:
+    """Torch's time over the kernel's: the faster dropless layer's (grouped GEMM or one matmul per
+    expert) where the run timed them, else (runs from before them) the padded layer's."""
+    times = [t for t in (torch_ms(r, "dropless"), torch_ms(r, "loop")) if isinstance(t, float)]
+    t = min(times) if times else torch_ms(r, "padded")
+    return t / r["kernel_ms"] if isinstance(t, float) else 0.0
+
+
+def roofline_tflops(precision: str, ceilings: dict[str, float]) -> float:
+    """The matmul ceiling of a GEMM precision for the roofline: tf32x3's is the faster way to
+    float32's accuracy, float32's ceiling or a third of TF32's (three TF32 products a product)."""
+    if precision == "tf32x3" and "tf32" in ceilings:
+        return max(ceilings["float32"], ceilings["tf32"] / 3)
+    return ceilings[precision]
+
+
+def roofline(r: dict, ceilings: dict[str, float], gbps: float | None, nvlink: float | None) -> dict | None:
+    """The point's roofline (sim.metrics.layer_roofline) at the run's measured rates; None where the
+    result has no send counts (runs from before them), no memory rate, or moves NVLink bytes no
+    rate was measured for."""
+    cfg = Config.from_dict(r["config"])
+    if "send_counts" not in r or gbps is None:
+        return None
+    try:
+        return metrics.layer_roofline(cfg, r["send_counts"], roofline_tflops(cfg.gemm_precision, ceilings), gbps,
+                                      nvlink)
+    except ValueError:
+        return None
+
+
+def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None,
+               nvlink: float | None = None) -> list[tuple]:
+    """One row (TABLE_HEAD) per bench point: the kernel against the torch layers of its own dtype
+    (dropless, padded, dropless with one matmul per expert; `speedup` over the faster dropless one), its
+    roofline (roofline(), at the memory rate `gbps` and NVLink rate `nvlink`; blank without) and the
+    kernel's time over it, its rate as a share of that dtype's ceiling, the GEMM phase's rate (GEMM
+    FLOPs over the GEMM task time per processor block, from telemetry) as a share of it, the most
+    the GPUs' memory allows it (weights_bound, at `gbps`; blank without) and the GEMM phase's share
+    of the lesser of that and the ceiling (roofline_share), and FlashMoE's overlap efficiency
+    T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too. A point
+    the run skipped (result with `skipped`) gets its reason in the kernel's column."""
     def precision(r):
         return Config.from_dict(r["config"]).gemm_precision
-
-    def baseline(r):
-        return baseline_precision(Config.from_dict(r["config"]))
 
     on_two = {(r["config"]["name"], precision(r)): r["kernel_ms"]
               for r in all_results if "kernel_ms" in r and r["config"]["ranks"] == 2}
     rows = []
     for r in all_results:
+        c = r.get("config", {})
+        if "skipped" in r:
+            rows.append((r["name"], precision(r), c["ranks"], c["tokens"], c["experts"], c["top_k"],
+                         f"skipped: {r['skipped']}", *[""] * (len(TABLE_HEAD) - 7)))
+            continue
+        if "kernel_skipped" in r:  # a layer the kernel does not run: the torch layers and the roofline
+            roof = roofline(r, ceilings, gbps, nvlink)
+            rows.append((r["name"], precision(r), c["ranks"], c["tokens"], c["experts"], c["top_k"],
+                         r["kernel_skipped"], torch_ms(r, "dropless"), torch_ms(r, "padded"), torch_ms(r, "loop"), "",
+                         "" if roof is None else roof["ms"], "" if roof is None else roof["bound"],
+                         *[""] * (len(TABLE_HEAD) - 13)))
+            continue
         if "kernel_ms" not in r:
             continue
-        c = r["config"]
         dt = precision(r)
         ceil = ceilings[dt] * c["ranks"]
         tf = flops(r) / (r["kernel_ms"] * 1e-3) / 1e12
         gemm_tf = flops(r) / (r["gemm_ms_per_proc"] * 1e-3) / 1e12 if r.get("gemm_ms_per_proc") else 0.0
-        torch_ms = r.get(f"torch_{baseline(r)}_ms", 0.0)
         two = on_two.get((c["name"], dt))
         gemm_pct, bound = 100 * gemm_tf / ceil, None if gbps is None else weights_bound(r, ceilings[dt], gbps)
-        rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], r["kernel_ms"], torch_ms,
-                     torch_ms / r["kernel_ms"], tf, 100 * tf / ceil, gemm_pct,
+        roof = roofline(r, ceilings, gbps, nvlink)
+        rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], c["top_k"], r["kernel_ms"],
+                     torch_ms(r, "dropless"), torch_ms(r, "padded"), torch_ms(r, "loop"), speedup(r),
+                     "" if roof is None else roof["ms"], "" if roof is None else roof["bound"],
+                     "" if roof is None else r["kernel_ms"] / roof["ms"], tf, 100 * tf / ceil, gemm_pct,
                      "" if bound is None else bound, "" if bound is None else roofline_share(gemm_pct, bound),
                      100 * r.get("sm_utilization", 0.0),
                      "" if two is None else metrics.overlap_efficiency(two, r["kernel_ms"]),
@@ -213,8 +400,9 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
     return rows
 
 
-def table(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None) -> str:
-    return format_table(TABLE_HEAD, table_rows(all_results, ceilings, gbps))
+def table(all_results: list[dict], ceilings: dict[str, float], gbps: float | None = None,
+          nvlink: float | None = None) -> str:
+    return format_table(TABLE_HEAD, table_rows(all_results, ceilings, gbps, nvlink))
 
 
 def ceiling_text(ceilings: dict[str, float]) -> str:
@@ -224,7 +412,22 @@ def ceiling_text(ceilings: dict[str, float]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1])
-    ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout", "validate"])
+    ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout", "matrix",
+                                                                          "validate"])
+    ap.add_argument("--layers", nargs="+", default=[*presets.ZOO, "flashmoe"], choices=[*presets.ZOO, "flashmoe"],
+                    help="the matrix's layers: zoo models (reference.presets.ZOO; their kernel twins, "
+                         "gpu.cases.kernel_twin, where the kernel lacks what they need) and FlashMoE's token and "
+                         "expert sweeps")
+    ap.add_argument("--tokens", nargs="+", type=int, default=list(MATRIX_TOKENS),
+                    help="the matrix's tokens per GPU of the zoo models")
+    ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU: the matrix skips points that "
+                    f"would take more than {MEMORY_SHARE:.0%} of it")
+    ap.add_argument("--no-torch-models", action="store_true", help="leave out the matrix's torch-only points: "
+                    "the zoo models the kernel runs as twins, timed in torch as they are")
+    ap.add_argument("--estimate", action="store_true", help="print the matrix's points, what it skips and the "
+                    "guess of its time, and stop (no GPU needed)")
+    ap.add_argument("--compact", type=Path, metavar="FILE.json", help="also write the run as one compact JSON "
+                    "(no per-iteration times, profiles) and its table beside it (FILE.txt)")
     ap.add_argument("--points", default="sweep", choices=["default", "sweep", "tiles"])
     ap.add_argument("--out", default="artifacts/gpu")
     ap.add_argument("--timeout", type=float, default=560.0, help="wall-clock limit per GPU count, seconds")
@@ -256,6 +459,19 @@ def main() -> int:
                     tile_m=args.tile[0], tile_n=args.tile[1], tile_k=args.tile[2]))
             except (UnsupportedConfig, ConfigError) as e:
                 ap.error(f"--tile {'x'.join(map(str, args.tile))} for {dt}: {e}")
+    mplan, mskipped = {}, []
+    if "matrix" in args.suite:
+        layers = [x for x in args.layers if x != "flashmoe"]
+        mplan, mskipped, guess = matrix_plan(args.gpus, args.dtypes, layers, args.tokens, "flashmoe" in args.layers,
+                                             args.gpu_gb, not args.no_torch_models)
+        print(f"matrix: {sum(map(len, mplan.values()))} points on {args.gpus} GPU(s), {len(mskipped)} skipped; "
+              f"about {guess:.0f} s (a guess from the roofline at H100 datasheet rates)", flush=True)
+        if args.estimate:
+            guesses = [(c["name"], matrix_point_seconds(Config.from_dict(c["config"]), args.gpu_gb,
+                                                        not c.get("torch_only"))) for p in args.gpus for c in mplan[p]]
+            rows = [(name, f"{seconds:.1f}") for name, seconds in guesses]
+            print(format_table(("point", "guess s"), rows + [(r["name"], r["skipped"]) for r in mskipped]))
+            return 0
     why = spawn.unmet(max(args.gpus))
     if why:
         ap.error(why)
@@ -265,7 +481,9 @@ def main() -> int:
         meta[key] = ceiling_tflops(dt)
     ceilings = ceilings_of(meta)
     meta["memory_gbps"] = gbps = memory_gbps()
-    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s", flush=True)
+    meta["nvlink_gbps"] = nvlink = nvlink_gbps(max(args.gpus))
+    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s; NVLink of one GPU "
+          f"to its peers {'-' if nvlink is None else f'{nvlink:.0f}'} GB/s", flush=True)
     seed = int.from_bytes(os.urandom(4), "little")
     meta["seed"] = seed
     everything = []
@@ -291,6 +509,7 @@ def main() -> int:
                 print(f"gpus={p}: {name} not run: {why}", flush=True)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
+        cases += mplan.get(p, [])
         for c in cases:
             c["meta"] = meta
         out = Path(args.out) / f"gpus-{p}"
@@ -301,6 +520,7 @@ def main() -> int:
             print(f"gpus={p}: {e}", flush=True)
             results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else []
         everything += results
+    everything += mskipped
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.json").write_text(json.dumps({"meta": meta, "results": everything}, indent=1,
                                                             default=str))
@@ -314,8 +534,13 @@ def main() -> int:
                 "telemetry_same_output", "sm_utilization", "raised", "seconds_to_raise", "error", "failed")
         print(r["name"], {k: r[k] for k in keys if k in r}, flush=True)
     print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}, "
-          f"ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s")
-    print(table(everything, ceilings, gbps))
+          f"ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s, NVLink {nvlink or '-'} GB/s")
+    text = table(everything, ceilings, gbps, nvlink)
+    print(text)
+    if args.compact:
+        args.compact.parent.mkdir(parents=True, exist_ok=True)
+        args.compact.write_text(json.dumps({"meta": meta, "results": compact(everything, meta)}, default=str) + "\n")
+        args.compact.with_suffix(".txt").write_text(text + "\n")
     return 0
 
 

@@ -17,6 +17,13 @@
 #   validate   the validation set's layers (reference/validation_set.py) at the bf16 bench tile on the GPU
 #              counts given, a telemetry trace each (PREFIXtrace-val-NN-pP.npz, for `moelab compare`), no torch
 #              timing: under 3 minutes on 1, 2 and 4 GPUs (tests/test_validation_set.py's estimate)
+#   matrix     the benchmark matrix: the zoo twins at 1K, 4K and 16K tokens per GPU and FlashMoE's sweeps,
+#              bf16 and tf32x3, on the GPU counts given, each point beside the dropless, padded and
+#              per-expert-loop torch layers and against its roofline (untraced); its compact JSON and
+#              table are matrix.json and matrix.txt. MATRIX_ARGS picks a subset (e.g. "--layers
+#              qwen3-30b-a3b --tokens 4096"); `python benchmarks/bench_gpu.py --suite matrix --estimate`
+#              here lists the points, the skipped ones and the guess of the time; MATRIX_TIMEOUT (420 s)
+#              bounds the run, whose points then past it are missing from the table
 #   stream     the bf16 GEMM's TMA ring streaming the 128-expert layer's weights with no GEMM
 #              (benchmarks/weight_stream.cu: the bound on a task whose slice comes from HBM alone)
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
@@ -85,17 +92,24 @@ EOF
       # shellcheck disable=SC2086  # GPUS is a list of counts
       timeout 300 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite validate --dtypes bfloat16 --prefix "$PREFIX" \
         --out "$R/validate" --timeout 280 2>&1 | tee "$R/validate.txt" ;;
+    matrix)
+      # shellcheck disable=SC2086  # GPUS and MATRIX_ARGS are lists
+      timeout $(( ${MATRIX_TIMEOUT:-420} + 40 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite matrix \
+        --dtypes bfloat16 tf32x3 --out "$R/matrix" --compact "$R/matrix.json" --timeout "${MATRIX_TIMEOUT:-420}" \
+        $MATRIX_ARGS 2>&1 | tee "$R/matrix-log.txt"
+      cp "$R/matrix.json" "$R/matrix.txt" "$OUT/" 2>/dev/null ;;
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;
     *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3),"\
-         "validate or stream"
+         "matrix, validate or stream"
        exit 2 ;;
   esac
 done
 tar -czf "$OUT/results.tar.gz" -C "$R" .
 tail -n 3 "$R/pytest.txt" 2>/dev/null
 for part in "$@"; do [[ $part == bench-* || $part == store-* || $part == put-* || $part == apart-* ]] && tail -n 24 "$R/${part}.txt"; done
+[[ " $* " == *" matrix "* ]] && cat "$R/matrix.txt" 2>/dev/null
 for part in "$@"; do
   [[ $part == validate ]] && { grep -E "not run|FAILED" "$R/validate.txt" | head -n 20; tail -n 40 "$R/validate.txt"; }
 done

@@ -2,11 +2,11 @@
 
     python benchmarks/prebuild_cubins.py            # then carry .cache with the call
 
-Collects the compile-time options (tile shape, GEMM precision) of every GPU test case and benchmark point
-on 1, 2, 4 and 8 GPUs, the validation set's layers (the `validate` part), plus the calibration
-microbenchmarks, and builds them into .cache/moelab/cubins (the folder benchmarks/device_env.sh points
-MOELAB_CACHE to), two at a time, and removes the folder's other cubins (stale keys), since the carried
-folder is capped at 64 MiB.
+Collects the compile-time options (tile shape, GEMM precision) of every GPU test case, benchmark point,
+benchmark matrix point and validation layer (the `validate` part) on 1, 2, 4 and 8 GPUs, plus the
+calibration microbenchmarks, and builds them into .cache/moelab/cubins (the folder
+benchmarks/device_env.sh points MOELAB_CACHE to), two at a time, and removes the folder's other cubins
+(stale keys), since the carried folder is capped at 64 MiB.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu import build, cases, layout, microbench  # noqa: E402
-from reference import Config  # noqa: E402
+from reference import Config, presets  # noqa: E402
 
 
 def wanted() -> list[tuple[dict, str]]:
@@ -35,6 +35,8 @@ def wanted() -> list[tuple[dict, str]]:
         for dtype in cases.PRECISIONS:
             for points in ("sweep", "tiles"):
                 todo += cases.bench_cases(p, points, dtype=dtype)
+        for dtype in cases.MATRIX_DTYPES:
+            todo += cases.matrix_cases(p, dtype, presets.ZOO, cases.MATRIX_TOKENS)
         todo += cases.validation_cases(p)[0]
     opts = {tuple(sorted(layout.compile_options(Config(**c["config"])).items())) for c in todo}
     units = [(dict(o), "moe.cu") for o in sorted(opts)]

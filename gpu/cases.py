@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from reference import Config, plan, presets, validation_set
 
-from .layout import UnsupportedConfig, check_supported
+from . import layout
 
 # the kernel's max rel. error against the golden of its precision (gpu.worker.golden_path), by
 # Config.gemm_precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
@@ -177,6 +177,56 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
         [put_return_case(f"check-tf32x3-put_return-p{p}", {**base, **dict(cases)["t_not_multiple_tile128"]})]
 
 
+def tie_experts(cfg: Config, wg, gate_bias, wg_bias) -> None:
+    """Tie experts in pairs, in place (NumPy arrays or torch tensors alike): expert E-1-e gets expert
+    e's gate column and biases, for e < E / 4, so every token scores each pair equally (with skew 0),
+    and mirrored whole groups score equally where a quarter of E is whole groups."""
+    e = cfg.experts
+    for src in range(e // 4):
+        wg[:, e - 1 - src] = wg[:, src]
+        gate_bias[e - 1 - src] = gate_bias[src]
+        wg_bias[e - 1 - src] = wg_bias[src]
+
+
+# every router of the real models' layers (reference/routing.py), each on random inputs and on
+# inputs with tied experts and groups (tie_experts): E up to 256, k up to 8
+ROUTERS = {
+    "mixtral": dict(experts=8, top_k=2, gate="softmax_topk_renorm"),
+    "qwen3": dict(experts=128, top_k=8, gate="softmax_topk"),
+    "deepseek_v2": dict(experts=64, top_k=6, gate="softmax_topk", n_group=8, topk_group=3, routed_scaling=16.0),
+    "deepseek_v3": dict(experts=256, top_k=8, gate="sigmoid_bias", n_group=8, topk_group=4, routed_scaling=2.5),
+    "deepseek_v3_small_groups": dict(experts=16, top_k=4, gate="sigmoid_bias", n_group=4, topk_group=2),
+    "llama4": dict(experts=16, top_k=1, gate="sigmoid_topk"),
+    "sigmoid_topk_k4": dict(experts=32, top_k=4, gate="sigmoid_topk", routed_scaling=1.5),
+    "gpt_oss": dict(experts=32, top_k=4, gate="topk_softmax", router_bias=True),
+}
+
+
+def router_check_cases(p: int, seed: int) -> list[dict]:
+    """The gate phase against the golden's routing for every router of ROUTERS, random and tied
+    (check-router-NAME[-ties]-pP), in float32 and, for two of them, bf16 (check-router-bf16-...)."""
+    base = dict(tokens=200, hidden=128, ffn=64, capacity_factor=1.0, activation="relu", bias=True, ranks=p,
+                gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed)
+    bf16 = dict(dtype="bfloat16", tile_k=64)
+    todo = [(f"{n}{'-ties' if ties else ''}", {**base, **router}, ties)
+            for n, router in ROUTERS.items() for ties in (False, True)]
+    todo += [(f"bf16-{n}-ties", {**base, **ROUTERS[n], **bf16}, True) for n in ("deepseek_v3", "gpt_oss")]
+    return [{"name": f"check-router-{n}-p{p}", "config": config, "inputs": "reference", "golden": True,
+             "ties": ties} for n, config, ties in todo if config["experts"] % p == 0]
+
+
+def moe_layer_cases(p: int, seed: int) -> list[dict]:
+    """gpu.MoELayer called three times with new tokens, each call against the golden: a Mixtral-style
+    router in float32 and in bf16, gpt-oss' router with its bias (moe-layer-NAME-pP)."""
+    base = dict(tokens=160, hidden=128, ffn=64, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed,
+                gate="softmax_topk_renorm")
+    todo = {"float32": {}, "bf16": dict(dtype="bfloat16", tile_k=64),
+            "gpt_oss_router": dict(ROUTERS["gpt_oss"], experts=8 * p, bias=False)}
+    return [{"name": f"moe-layer-{n}-p{p}", "config": {**base, **ch}, "calls": 3, "seed": seed}
+            for n, ch in todo.items()]
+
+
 def sit_out_case(p: int) -> dict:
     cfg = dict(tokens=256, hidden=128, ffn=256, experts=4 * p, top_k=2, ranks=p, tile_m=64, tile_n=32, tile_k=8)
     return {"name": f"sit-out-p{p}", "config": cfg, "sit_out": p - 1, "timeout_ms": 300.0}
@@ -268,6 +318,94 @@ def bench_cases(p: int, points: str, prefix: str = "", dtype: str = "float32", t
     return cases
 
 
+MATRIX_TOKENS = (1024, 4096, 16384)  # tokens per GPU of the zoo's layers
+MATRIX_DTYPES = ("bfloat16", "tf32x3")
+
+
+# what a kernel twin changes for each field the kernel refuses (gpu.layout.check_supported)
+TWIN_CHANGES = {"activation": dict(activation="silu"), "shared_experts": dict(shared_experts=0),
+                "scale_before_expert": dict(scale_before_expert=False), "n_group": dict(n_group=1, topk_group=1)}
+
+
+def kernel_twin(cfg: Config) -> Config:
+    """The layer with what the kernel does not compute yet taken out, field by field as
+    gpu.layout.check_supported names them (TWIN_CHANGES: a non-gated SiLU for a gated activation,
+    no shared experts, ...), named NAME-twin; a refusal it has no change for is left for the
+    caller to report."""
+    twin = cfg
+    for _ in range(len(TWIN_CHANGES)):
+        try:
+            layout.check_supported(twin)
+            break
+        except layout.UnsupportedConfig as e:
+            if e.field not in TWIN_CHANGES:
+                break
+            twin = twin.replace(**TWIN_CHANGES[e.field])
+    return twin.replace(name=f"{cfg.name}-twin")
+
+
+def zoo_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
+    """A zoo model's layer (reference.presets.ZOO) at `tokens` per GPU on `p` GPUs, as the bench runs
+    precision `dtype`."""
+    if model not in presets.ZOO:
+        raise ValueError(f"matrix layer {model!r} is not known: one of {', '.join(presets.ZOO)}")
+    name = f"{model}-{tokens // 1024}k" if tokens % 1024 == 0 else f"{model}-{tokens}"
+    cfg = presets.ZOO[model].replace(name=name, tokens=tokens, ranks=p, dtype="float32", tf32=False, tf32x3=False)
+    return in_dtype(cfg, dtype)
+
+
+def kernel_refuses(cfg: Config) -> str | None:
+    """Why the kernel does not run `cfg` (gpu.layout.check_supported), None where it does."""
+    try:
+        layout.check_supported(cfg)
+    except layout.UnsupportedConfig as e:
+        return str(e)
+    return None
+
+
+def matrix_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
+    """zoo_layer, or its kernel_twin where the kernel does not support the layer itself, at a tile
+    the kernel runs it at."""
+    cfg = zoo_layer(model, tokens, p, dtype)
+    if kernel_refuses(cfg):
+        cfg = kernel_twin(cfg)
+    # gpt-oss' 2880 columns: the widest bf16 tile whose column blocks divide H and I (64)
+    if dtype == "bfloat16" and (cfg.hidden % cfg.tile_n or cfg.ffn % cfg.tile_n):
+        n = max((n for n in layout.BF16_TILE_N if cfg.hidden % n == 0 and cfg.ffn % n == 0), default=cfg.tile_n)
+        cfg = cfg.replace(tile_n=n)
+    return cfg
+
+
+def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torch_models: bool = True) -> list[dict]:
+    """The benchmark matrix's cases on `p` GPUs in precision `dtype`: each zoo model of `layers` at
+    each of `tokens` per GPU (matrix_layer), then (with `flashmoe`) FlashMoE's token and expert
+    sweeps; each timed beside the torch layers of its precision (padded, dropless, dropless
+    per-expert loop), untraced. With `torch_models`, each zoo model the kernel runs as its twin
+    also as it is, in the torch layers alone (case "torch_only"). Names:
+    matrix-MODEL-Tk[-twin][-bf16|-tf32x3]-pP."""
+    tag = PRECISIONS[dtype][1]
+    configs = [matrix_layer(model, t, p, dtype) for model in layers for t in tokens]
+    if flashmoe:
+        configs += [in_dtype(c.replace(ranks=p), dtype) for c in presets.SWEEPS["tokens"] + presets.SWEEPS["experts"]
+                    if c.experts % p == 0]
+    # one point keeps torch profiler tables of its torch layers (in the run's summary.json): where
+    # their time goes on the fine-grained top-8 layer
+    profiled = "qwen3-30b-a3b-4k"
+    cases = [{"name": f"matrix-{c.name}{tag}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1,
+              "bench": True, "baselines": [baseline_precision(c)], "warmup": 3, "iters": 10, "trace": None,
+              "profile": c.name.removesuffix("-twin") == profiled} for c in dict.fromkeys(configs)]
+    if torch_models:  # the models the kernel runs as twins, in torch as they are
+        for model in layers:
+            for t in tokens:
+                c = zoo_layer(model, t, p, dtype)
+                why = kernel_refuses(c)
+                if why:
+                    cases.append({"name": f"matrix-{c.name}{tag}-p{p}", "config": c.to_dict(), "seed": 1,
+                                  "torch_only": f"not in the kernel: {why}", "baselines": [baseline_precision(c)],
+                                  "warmup": 3, "iters": 10})
+    return cases
+
+
 def validation_cases(p: int, prefix: str = "") -> tuple[list[dict], list[tuple[str, str]]]:
     """The validation set's layers on `p` GPUs as bench cases at the bf16 bench tile, each traced
     (`prefix` + trace-val-NN-pP.npz) and checked against the torch layer, timed beside no torch
@@ -277,8 +415,8 @@ def validation_cases(p: int, prefix: str = "") -> tuple[list[dict], list[tuple[s
     for c in validation_set.layers(ranks=p):
         c = in_dtype(c, "bfloat16")
         try:
-            check_supported(c)
-        except UnsupportedConfig as e:
+            layout.check_supported(c)
+        except layout.UnsupportedConfig as e:
             refused.append((c.name, str(e)))
             continue
         run.append(c)

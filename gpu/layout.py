@@ -18,7 +18,6 @@ from pathlib import Path
 from reference import Config, ConfigError, plan
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
-GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias")  # params.cuh order
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu")  # params.cuh order
 WARPGROUP_THREADS = 128  # a block is one warpgroup, or two for the bf16 128 x 256 tile (warpgroups())
 OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
@@ -26,6 +25,7 @@ MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in r
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
 GATE_TOKENS, GATE_MAX_SPLITS = 32, 8  # gate.cuh: tokens per gate item, most blocks one item's H is split over
 MAX_TOP_K = 16
+MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a bit each in a mask)
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
 STAGED_BLOCKS = 16  # processors that send the peers' chunks on the staged dispatch (processor.cuh dispatch_chunks)
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
@@ -101,10 +101,14 @@ def check_supported(cfg: Config) -> None:
                                 + " (swiglu is not in the kernel yet)")
     if cfg.shared_experts:
         raise UnsupportedConfig("shared_experts", cfg.shared_experts, "0 (shared experts are not in the kernel yet)")
-    if cfg.gate not in GATES:
-        raise UnsupportedConfig("gate", cfg.gate, "one of " + ", ".join(GATES))
     if cfg.top_k > MAX_TOP_K:
         raise UnsupportedConfig("top_k", cfg.top_k, f"at most {MAX_TOP_K}")
+    if cfg.n_group > MAX_GROUPS:
+        raise UnsupportedConfig("n_group", cfg.n_group, f"at most {MAX_GROUPS}")
+    if cfg.scale_before_expert:
+        raise UnsupportedConfig("scale_before_expert", cfg.scale_before_expert,
+                                "false (a token scaled by its routed weight before its expert is not in the "
+                                "kernel yet)")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
     elif cfg.gemm_precision == "tf32x3":

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reference import Config, weights
-from reference.config import is_positive_int
+from reference.config import GATES, is_positive_int  # GATES: params.cuh GATE_* order
 from sim.trace import DISPATCH_PATHS
 
 from . import build, errors, layout, telemetry, tma
@@ -136,14 +136,16 @@ class Session:
 
 @dataclass
 class Inputs:
-    """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset and gate_bias
-    (E,) float64, and the local experts' w1 (L, H, I), b1 (L, I), w2 (L, I, H), b2 (L, H).
-    For a bfloat16 config x, w1 and w2 are bf16 and wg, b1, b2 float32 rounded to bf16 values."""
+    """One rank's operands as device tensors: x (T, H), wg (H, E), logit_offset, gate_bias and wg_bias
+    (E,) float64 (wg_bias: the gate's bias added to its logits, zeros without router_bias), and the
+    local experts' w1 (L, H, I), b1 (L, I), w2 (L, I, H), b2 (L, H).
+    For a bfloat16 config x, w1 and w2 are bf16 and wg, wg_bias, b1, b2 hold bf16-rounded values."""
 
     x: object
     wg: object
     logit_offset: object
     gate_bias: object
+    wg_bias: object
     w1: object
     b1: object
     w2: object
@@ -163,6 +165,7 @@ class Inputs:
 
         return cls(x=t(weights.tokens(cfg, rank)), wg=t(wg), logit_offset=t(logit_offset(cfg)),
                    gate_bias=t(gate_bias.astype(np.float64)),
+                   wg_bias=t(weights.router_bias(cfg).astype(np.float64)),
                    **{name: t(np.stack([ex[i] for ex in experts])) for i, name in enumerate(("w1", "b1", "w2", "b2"))}
                    ).as_dtype(cfg.dtype)
 
@@ -185,6 +188,7 @@ class Inputs:
         return cls(x=n((cfg.tokens, h), 1.0), wg=n((h, e), h ** -0.5, gshared),
                    logit_offset=torch.from_numpy(logit_offset(cfg)).to(dev),
                    gate_bias=n((e,), 0.1, gshared).double(),
+                   wg_bias=(n((e,), 0.1, gshared) if cfg.router_bias else torch.zeros(e, device=dev)).double(),
                    w1=n((L, h, i), h ** -0.5), b1=zeros(L, i) if zeros else n((L, i), 0.1),
                    w2=n((L, i, h), i ** -0.5), b2=zeros(L, h) if zeros else n((L, h), 0.1)).as_dtype(cfg.dtype)
 
@@ -197,8 +201,8 @@ class Inputs:
             return self
         bf = torch.bfloat16
         return Inputs(x=self.x.to(bf), wg=self.wg.to(bf).float(), logit_offset=self.logit_offset,
-                      gate_bias=self.gate_bias, w1=self.w1.to(bf), b1=self.b1.to(bf).float(), w2=self.w2.to(bf),
-                      b2=self.b2.to(bf).float())
+                      gate_bias=self.gate_bias, wg_bias=self.wg_bias.to(bf).double(), w1=self.w1.to(bf),
+                      b1=self.b1.to(bf).float(), w2=self.w2.to(bf), b2=self.b2.to(bf).float())
 
 
 def logit_offset(cfg: Config) -> np.ndarray:
@@ -276,14 +280,15 @@ class Layer:
                 at += n
         self.buffers = b
         sizes = dict(T=s.T, H=s.H, I=s.I, E=s.E, K=s.K, P=s.P, L=s.L, C=s.C, W=s.W, CH=s.CH, stride=s.stride,
-                     rank=session.rank, gate_kind=layout.GATES.index(cfg.gate),
+                     rank=session.rank, gate_kind=GATES.index(cfg.gate),
                      act_kind=layout.ACTIVATIONS.index(cfg.activation),
                      n_proc=self.n_proc, queue_cap=s.queue_cap, tlog_cap=telemetry_cap,
                      timeout_ns=int(timeout_ms * 1e6), direct_stores=int(dispatch != "put"),
                      staged_blocks=staged_blocks if dispatch == "staged" else 0,
-                     gate_splits=splits)
-        tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "w1", "b1", "w2",
-                                                          "b2")}}
+                     gate_splits=splits, n_group=cfg.n_group, topk_group=cfg.topk_group,
+                     routed_scaling=int(np.float64(cfg.routed_scaling).view(np.int64)))  # a double's bits
+        tensors = {**b, **{k: getattr(inputs, k) for k in ("x", "wg", "logit_offset", "gate_bias", "wg_bias",
+                                                          "w1", "b1", "w2", "b2")}}
         self._check_inputs(tensors)
         if cfg.gemm_precision in layout.WGMMA_PRECISIONS:
             # the bf16 and tf32x3 kernels read their expert weights K-major (both wgmma operands from
@@ -310,12 +315,13 @@ class Layer:
         import torch
 
         s = self.sizes
-        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,), w1=(s.L, s.H, s.I),
+        want = dict(x=(s.T, s.H), wg=(s.H, s.E), logit_offset=(s.E,), gate_bias=(s.E,),
+                    wg_bias=(s.E,), w1=(s.L, s.H, s.I),
                     b1=(s.L, s.I), w2=(s.L, s.I, s.H), b2=(s.L, s.H))
         elem = torch.bfloat16 if self.cfg.dtype == "bfloat16" else torch.float32
         for name, shape in want.items():
             v = t[name]
-            dtype = torch.float64 if name in ("logit_offset", "gate_bias") else \
+            dtype = torch.float64 if name in ("logit_offset", "gate_bias", "wg_bias") else \
                 elem if name in ("x", "w1", "w2") else torch.float32
             if tuple(v.shape) != shape or v.dtype != dtype or not v.is_contiguous() or not v.is_cuda:
                 raise ValueError(f"input {name}: {tuple(v.shape)} {v.dtype} is not allowed: a contiguous CUDA "

@@ -4,9 +4,13 @@
 
 A case is a dict: name, config (Config fields), inputs ("reference": the reference's seeded
 inputs, or "random": drawn on the GPU), and what to do: "golden" (compare routing and output
-with reference.golden, small configs), "baseline" (compare with the torch layer), "telemetry"
+with reference.golden, small configs), "baseline" (compare with the dropless torch layer), "telemetry"
 (run with telemetry on and off, compare, decode the trace), "bench" (time the kernel and the
-torch baselines), "profile" (a torch profiler table of one baseline call per dtype), "sit_out"
+torch layers of gpu.baseline.KINDS, or those of "torch_layers"; the padded one is skipped where
+its buffers do not fit), "torch_only" (the reason the kernel does not run the layer: the torch
+layers alone), "profile" (a torch profiler table of one baseline call per dtype), "ties" (the
+inputs' experts tied in pairs, cases.tie_experts, the golden's too), "calls" (run gpu.MoELayer that many
+times on new tokens instead, each call checked against the golden), "sit_out"
 (this rank does not launch: the others must time out and raise), timeout_ms, "dispatch" (how
 the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), "staged_blocks"
 (its senders, layout.STAGED_BLOCKS by default), and "meta" (the
@@ -28,9 +32,8 @@ import numpy as np
 
 from reference import Config, golden, routing, weights
 
-from . import errors, telemetry
-from .baseline import TorchLayer
-from .cases import baseline_precision
+from . import baseline, errors, telemetry
+from .cases import baseline_precision, tie_experts
 from .layout import STAGED_BLOCKS
 from .runtime import Inputs, Layer, Session
 
@@ -57,11 +60,16 @@ def golden_path(cfg: Config) -> str:
     return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
 
 
-def check_golden(cfg: Config, ys: list, routes: list) -> dict:
+def check_golden(cfg: Config, ys: list, routes: list, ties: bool = False, w: weights.Weights | None = None) -> dict:
     """Kernel routing and output of every rank against the reference's golden of its precision
     (the routing of a bf16 config is the reference's of the bf16-rounded tokens and gate weights);
-    where that golden is not float64, the output against float64 too (rel_err_float64)."""
-    w = weights.draw(cfg)
+    where that golden is not float64, the output against float64 too (rel_err_float64). Of the
+    inputs `w` (default: the config's seeded ones; with `ties`, their experts tied as
+    cases.tie_experts ties them, as the kernel ran them)."""
+    if w is None:
+        w = weights.draw(cfg)
+        if ties:
+            tie_experts(cfg, w.wg, w.gate_bias, w.wg_bias)
     r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     y_gold = golden.dense(cfg, w, r, golden_path(cfg))
     expert = np.stack([x["expert"] for x in routes])
@@ -181,17 +189,126 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
     return trace
 
 
-def run_case(session: Session, case: dict, out_dir: Path) -> dict:
+def run_moe_layer_case(session: Session, case: dict) -> dict:
+    """gpu.MoELayer given the reference's weights of all E experts as torch tensors, called
+    case["calls"] times with new random tokens drawn on the GPU (bf16 ones for a bfloat16 config);
+    rank 0 checks every call's routing and output against the golden of those tokens."""
+    import dataclasses
+
+    import torch
+
+    from .moe_layer import MoELayer
+
+    cfg = Config.from_dict(case["config"])
+    w = weights.draw(cfg)
+    dev = torch.device("cuda", session.local_rank)
+
+    def t(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+
+    given = {"wg": t(w.wg), "w1": t(w.w1[: cfg.experts]), "w2": t(w.w2[: cfg.experts])}
+    if cfg.bias:
+        given.update(b1=t(w.b1[: cfg.experts]), b2=t(w.b2[: cfg.experts]))
+    if cfg.router_bias:
+        given["wg_bias"] = t(w.wg_bias)
+    if cfg.gate == "sigmoid_bias":
+        given["gate_bias"] = t(w.gate_bias)
+    res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, "calls": []}
+    layer = MoELayer(cfg, given, timeout_ms=case.get("timeout_ms", 5000.0), on=session)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(case.get("seed", 0) * 1_000_003 + session.rank)
+    try:
+        for _ in range(case["calls"]):
+            x = torch.randn(cfg.tokens, cfg.hidden, generator=gen, device=dev)
+            y = layer.forward(x.to(torch.bfloat16) if cfg.dtype == "bfloat16" else x)
+            xs, ys, routes = zip(*_gather(session, (x.cpu().numpy(), y.cpu().numpy(), layer.routing())))
+            if session.rank == 0:
+                res["calls"].append(check_golden(cfg, list(ys), list(routes), w=dataclasses.replace(w, x=np.stack(xs))))
+    finally:
+        layer.close()
+    return res
+
+
+def max_over_ranks(session: Session, times: list[float]) -> np.ndarray:
+    """Per iteration, the slowest rank's time (collective)."""
+    return np.array(_gather(session, times)).max(axis=0)
+
+
+def time_torch(session: Session, cfg: Config, inputs, case: dict, res: dict) -> None:
+    """Time the torch layers of the case (gpu.baseline.KINDS, or its "torch_layers") in each of its
+    "baselines" precisions into res: the padded layer's as torch_DT_ms (skipped, with the reason,
+    where its buffers do not fit the free memory), the others as torch_KIND_DT_ms; the per-expert
+    loop in the first precision only. Collective."""
     import torch
     import torch.distributed as dist
+
+    warm, iters = case.get("warmup", 3), case.get("iters", 10)
+    token = torch.ones(1, device=inputs.x.device)
+
+    def nccl_barrier():
+        with torch.cuda.stream(session.torch_stream):
+            dist.all_reduce(token)
+
+    for i, dt in enumerate(case.get("baselines", ["float32"])):
+        for kind in [k for k in case.get("torch_layers", list(baseline.KINDS)) if i == 0 or k != "loop"]:
+            key = f"torch_{dt}" if kind == "padded" else f"torch_{kind}_{dt}"
+            if kind == "padded" and not all(_gather(session, baseline.padded_bytes(cfg, dt)
+                                                    < 0.9 * torch.cuda.mem_get_info()[0])):
+                res[f"{key}_skipped"] = f"{baseline.padded_bytes(cfg, dt) / 1e9:.1f} GB of buffers do not fit"
+                continue
+            b = baseline.make(kind, cfg, inputs, session.rank, dt)
+            with torch.cuda.stream(session.torch_stream):
+                bt = max_over_ranks(session, timed(session, around(session.torch_stream, b.forward), warm, iters,
+                                                   nccl_barrier))
+            res[f"{key}_ms"] = float(np.median(bt))
+            res[f"{key}_ms_all"] = bt.tolist()
+            if case.get("profile") and kind != "loop":
+                try:  # every rank runs it (the all-to-alls need all); a profiler fault costs the table only
+                    res[f"{key}_profile"] = profile_table(session, b.forward)
+                except Exception as e:
+                    res[f"{key}_profile"] = f"profiler failed: {type(e).__name__}: {e}"
+            del b
+            torch.cuda.empty_cache()
+
+
+def torch_only(session: Session, cfg: Config, case: dict, res: dict) -> dict:
+    """A layer the kernel does not compute (case["torch_only"]: why): the torch layers alone, on
+    inputs drawn on the GPU (gpu.baseline.random_inputs), and the dropless layer's send counts (the
+    roofline's). Collective."""
+    import torch
+
+    with torch.cuda.stream(session.torch_stream):
+        inputs = baseline.random_inputs(cfg, session.rank, case.get("seed", 0),
+                                        torch.device("cuda", torch.cuda.current_device()))
+        if baseline_precision(cfg) == "bfloat16":  # the weights once in bf16, not copied by every layer
+            inputs.x, inputs.w1, inputs.w2 = (t.to(torch.bfloat16) for t in (inputs.x, inputs.w1, inputs.w2))
+        expert, _, slot = baseline.DroplessLayer(cfg, inputs, session.rank, baseline_precision(cfg)).route()
+    mine = np.bincount(expert[slot >= 0].cpu().numpy(), minlength=cfg.experts)
+    res["send_counts"] = np.stack(_gather(session, mine)).tolist()
+    res["kept_rows"] = int(np.sum(res["send_counts"]))
+    res["kernel_skipped"] = case["torch_only"]
+    time_torch(session, cfg, inputs, case, res)
+    del inputs
+    torch.cuda.empty_cache()
+    return res
+
+
+def run_case(session: Session, case: dict, out_dir: Path) -> dict:
+    import torch
 
     cfg = Config.from_dict(case["config"])
     dispatch = case.get("dispatch", "staged")
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
                  "dispatch": dispatch, "staged_blocks": case.get("staged_blocks", STAGED_BLOCKS)}
     t0 = time.perf_counter()
+    if case.get("torch_only"):
+        torch_only(session, cfg, case, res)
+        res["seconds"] = time.perf_counter() - t0
+        return res
     inputs = Inputs.reference(cfg, session.rank) if case.get("inputs", "reference") == "reference" \
         else Inputs.random(cfg, session.rank, case.get("seed", 0))
+    if case.get("ties"):
+        tie_experts(cfg, inputs.wg, inputs.gate_bias, inputs.wg_bias)
     layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0),
                   dispatch=dispatch, staged_blocks=res["staged_blocks"])
     res["grid"], res["n_proc"] = layer.grid, layer.n_proc
@@ -212,7 +329,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         rt = layer.routing()
         ys, routes = zip(*_gather(session, (y, rt)))
         if case.get("golden") and session.rank == 0:
-            res.update(check_golden(cfg, list(ys), list(routes)))
+            res.update(check_golden(cfg, list(ys), list(routes), case.get("ties", False)))
         # determinism and telemetry: the same output bit for bit with telemetry on (ranks lined up
         # first, so that the trace shows the layer, not the host's skew between the ranks)
         layer.poison()
@@ -221,9 +338,10 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         res["telemetry_same_output"] = all(_gather(session, bool(np.array_equal(layer.output(), y))))
         send_counts = np.stack([r["counts"] for r in routes])
         res["kept_rows"] = int(send_counts.sum())  # rows the experts computed, over all ranks
+        res["send_counts"] = send_counts.tolist()  # (P, E): the layer's roofline (sim.metrics.layer_roofline)
         trace = last_trace(session, layer, cfg, send_counts, res)
         if case.get("baseline_check") or case.get("bench"):
-            base = TorchLayer(cfg, inputs, session.rank, baseline_precision(cfg))
+            base = baseline.DroplessLayer(cfg, inputs, session.rank, baseline_precision(cfg))
             yb, eb, wb, sb = base.forward()
             same_route = bool(torch.equal(eb.cpu(), torch.from_numpy(rt["expert"])) and
                               torch.equal(sb.cpu(), torch.from_numpy(rt["slot"])))
@@ -234,20 +352,16 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
         if case.get("bench"):
             warm, iters = case.get("warmup", 3), case.get("iters", 10)
 
-            def max_over_ranks(times):
-                allt = np.array(_gather(session, times))
-                return allt.max(axis=0)
-
             def lined_up():
                 # the last launch checked, then the ranks' launches lined up: the kernel's own
                 # start wait does not time host skew between the ranks
                 layer.check()
                 session.line_up()
 
-            kern = max_over_ranks(timed(session, lambda ev: layer.launch(events=ev), warm, iters, lined_up))
+            kern = max_over_ranks(session, timed(session, lambda ev: layer.launch(events=ev), warm, iters, lined_up))
             layer.check()
-            kern_tel = max_over_ranks(timed(session, lambda ev: layer.launch(True, events=ev), warm, iters,
-                                            lined_up))
+            kern_tel = max_over_ranks(session, timed(session, lambda ev: layer.launch(True, events=ev), warm, iters,
+                                                     lined_up))
             layer.check()
             res["warmup"], res["iters"] = warm, iters
             res["kernel_ms"] = float(np.median(kern))
@@ -258,32 +372,13 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
             trace = last_trace(session, layer, cfg, send_counts, res)
             if trace is not None:
                 trace.meta["launch"] = "the last of the timed telemetry launches"
-            token = torch.ones(1, device=inputs.x.device)
-
-            def nccl_barrier():
-                with torch.cuda.stream(session.torch_stream):
-                    dist.all_reduce(token)
-
-            for dt in case.get("baselines", ["float32"]):
-                b = TorchLayer(cfg, inputs, session.rank, dt)
-                with torch.cuda.stream(session.torch_stream):
-                    bt = max_over_ranks(timed(session, around(session.torch_stream, b.forward), warm, iters,
-                                              nccl_barrier))
-                res[f"torch_{dt}_ms"] = float(np.median(bt))
-                res[f"torch_{dt}_ms_all"] = bt.tolist()
-                if case.get("profile"):
-                    try:  # every rank runs it (the call's all-to-alls need all); a profiler fault costs the table only
-                        res[f"torch_{dt}_profile"] = profile_table(session, b.forward)
-                    except Exception as e:
-                        res[f"torch_{dt}_profile"] = f"profiler failed: {type(e).__name__}: {e}"
-                del b
+            time_torch(session, cfg, inputs, case, res)
         res["seconds"] = time.perf_counter() - t0
         if trace is not None and case.get("trace"):
             keep = ("name", "grid", "n_proc", "sm_utilization", "gemm_ms_per_proc", "warmup", "iters", "kernel_ms",
-                    "kernel_ms_all", "kernel_telemetry_ms", "kernel_telemetry_ms_all", "torch_float32_ms",
-                    "torch_float32_ms_all", "torch_bfloat16_ms", "torch_bfloat16_ms_all", "torch_tf32_ms",
-                    "torch_tf32_ms_all", "vs_baseline_rel_err", "rel_err")
-            trace.meta.update({k: res[k] for k in keep if k in res})
+                    "kernel_ms_all", "kernel_telemetry_ms", "kernel_telemetry_ms_all", "vs_baseline_rel_err", "rel_err")
+            trace.meta.update({k: v for k, v in res.items() if k in keep or (k.startswith("torch_") and
+                                                                          not k.endswith("_profile"))})
             trace.meta.update(case.get("meta", {}))
             trace.save(out_dir / case["trace"])
             res["trace"] = case["trace"]
@@ -301,15 +396,15 @@ def main(argv: list[str]) -> int:
     results = []
     for case in job["cases"]:
         try:
-            res = run_case(session, case, out_dir)
+            res = run_moe_layer_case(session, case) if case.get("calls") else run_case(session, case, out_dir)
         except Exception as e:  # reported per case; a broken session stops the job
             res = {"name": case["name"], "failed": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"[rank {session.rank}] case {case['name']} failed: {res['failed']}", file=sys.stderr, flush=True)
         if session.rank == 0:
             results.append(res)
             (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
-            print(json.dumps({k: v for k, v in res.items() if k not in ("config", "kernel_ms_all", "traceback")},
-                             default=str), flush=True)
+            quiet = ("config", "kernel_ms_all", "traceback", "send_counts")
+            print(json.dumps({k: v for k, v in res.items() if k not in quiet}, default=str), flush=True)
         if "failed" in res and "Timeout" in res["failed"]:
             break
     session.close()

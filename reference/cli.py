@@ -9,8 +9,9 @@ import time
 
 import numpy as np
 
-from . import golden, plan, presets, routing, weights
-from .config import Config, ConfigError, field_names
+from . import budget, golden, golden_file, hf, plan, presets, routing, weights
+from .config import Config, ConfigError, field_names, to_toml
+from .files import check_output, finite_number
 from .numerics import PATHS
 
 
@@ -18,7 +19,7 @@ def add_config_args(p: argparse.ArgumentParser, default: str = presets.DEFAULT) 
     """--config NAME|FILE, --gpus N and --set FIELD=VALUE, shared by every subcommand."""
     p.add_argument("--config", default=default,
                    help=f"a preset name (see `moelab configs`) or a .toml/.json file (default: {default})")
-    p.add_argument("--gpus", type=int, metavar="N", help="override the number of ranks (GPUs)")
+    p.add_argument("--gpus", type=positive_int, metavar="N", help="override the number of ranks (GPUs)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set tokens=1024 (repeatable); fields: "
                         + ", ".join(field_names()))
@@ -61,6 +62,39 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a whole number of at least 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not finite_number(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a finite number > 0")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (NaN, inf and negatives refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not finite_number(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a finite number >= 0")
+    return value
+
+
 def _parse_value(text: str):
     low = text.lower()
     if low in ("true", "false"):
@@ -87,15 +121,35 @@ class Progress:
 
 
 def cmd_configs(args: argparse.Namespace) -> int:
-    rows = [(c.name, c.tokens, c.hidden, c.ffn, c.experts, c.top_k,
+    if args.from_hf:
+        return _from_hf(args)
+    if args.out or args.tokens or args.ranks:
+        raise ConfigError("--out/--tokens/--ranks", "given", "only with --from-hf")
+    rows = [(c.name, c.tokens, c.hidden, c.ffn, c.experts, c.top_k, c.shared_experts,
              "none" if c.capacity_factor is None else f"{c.capacity_factor:g}", c.ranks, c.nodes,
-             c.gate, c.activation, c.dtype) for c in presets.PRESETS.values()]
-    head = ("name", "T/rank", "H", "I", "E", "k", "cf", "GPUs", "nodes", "gate", "act", "dtype")
+             c.gate, c.activation, c.dtype, presets.SOURCES[c.name]) for c in presets.PRESETS.values()]
+    head = ("name", "T/rank", "H", "I", "E", "k", "shared", "cf", "GPUs", "nodes", "gate", "act", "dtype", "source")
     if args.json:
         print(json.dumps([dict(zip(head, r)) for r in rows], indent=2))
         return 0
     print(format_table(head, rows))
     print("\nsweeps: " + "; ".join(f"{k}: {', '.join(c.name for c in v)}" for k, v in presets.SWEEPS.items()))
+    return 0
+
+
+def _from_hf(args: argparse.Namespace) -> int:
+    """`configs --from-hf`: a Config from a Hugging Face config.json, printed (TOML, or JSON) or saved."""
+    if args.out:  # before reading: a bad path fails now
+        check_output(args.out, (".toml", ".json"))
+    run = {k: v for k, v in (("tokens", args.tokens), ("ranks", args.ranks)) if v is not None}
+    cfg = hf.from_hf(args.from_hf, **run)
+    if args.out:
+        cfg.save(args.out)
+        print(f"wrote {args.out} ({cfg.name}); run it with --config {args.out}", file=sys.stderr)
+    elif args.json:
+        print(json.dumps(cfg.to_dict(), indent=2))
+    else:
+        print(to_toml(cfg.to_dict()), end="")
     return 0
 
 
@@ -125,15 +179,6 @@ def compute(cfg: Config, progress: Progress, paths=PATHS) -> dict:
     return out
 
 
-def save_golden(cfg: Config, result: dict, path: str) -> None:
-    w, r, tp = result["weights"], result["routing"], result["plan"]
-    np.savez_compressed(
-        path, config=json.dumps(cfg.to_dict()), plan_summary=json.dumps(tp.summary()),
-        **{f"w_{k}": getattr(w, k) for k in ("x", "wg", "gate_bias", "w1", "b1", "w2", "b2", "wg_bias")},
-        route_expert=r.expert, route_weight=r.weight, route_slot=r.slot,
-        **{k: v for k, v in result.items() if k.startswith("y_")})
-
-
 # float32 and bf16 results may move by a rounding step with another BLAS; semantics changes move
 # them by O(1). Inputs and routing must match exactly.
 TOLERANCES = {"routing": 0.0, "routing_weight": 1e-15, "float64": 1e-12, "float32": 1e-6,
@@ -145,45 +190,46 @@ def tolerance_of(quantity: str) -> float:
     return 0.0 if quantity.startswith("inputs:") else TOLERANCES[quantity.split(":")[-1]]
 
 
-def check_golden(path: str, progress: Progress) -> dict:
-    """Recompute a golden file from its stored inputs and from its config's seed; max rel. errors."""
-    with np.load(path) as f:
-        data = {k: f[k] for k in f.files}
-    cfg = Config.from_dict(json.loads(str(data["config"])))
-    stored = weights.Weights(**{k[2:]: data[k] for k in data if k.startswith("w_")})
-    fresh = compute(cfg, progress, paths=[k[2:] for k in data if k.startswith("y_")])
+def check_golden(path: str, progress: Progress, go_on: bool = False) -> dict:
+    """Recompute a golden file from its stored inputs and from its config's seed; max rel. errors.
+    Past budget.LONG_S it refuses unless `go_on`."""
+    g = golden_file.load(path)
+    cfg, stored, stored_r = g.config, g.weights, g.routing
+    progress(f"checking the golden of {cfg.name}: {budget.check(cfg, 'golden', go_on).text()}")
+    fresh = compute(cfg, progress, paths=list(g.outputs))
     errors = {}
-    for k in data:
-        if k.startswith("w_"):
-            errors[f"inputs:{k[2:]}"] = golden.max_rel_error(getattr(fresh["weights"], k[2:]), data[k])
+    for k in golden_file.WEIGHTS:
+        errors[f"inputs:{k}"] = golden.max_rel_error(getattr(fresh["weights"], k), getattr(stored, k))
     r = fresh["routing"]
-    errors["routing"] = float(not (np.array_equal(r.expert, data["route_expert"])
-                                   and np.array_equal(r.slot, data["route_slot"])))
-    errors["routing_weight"] = golden.max_rel_error(r.weight, data["route_weight"])
-    stored_r = routing.Routing(data["route_expert"], data["route_weight"], data["route_slot"])
-    for k in data:
-        if k.startswith("y_"):
-            progress(f"recomputing {k[2:]} from the stored inputs")
-            recomputed = golden.dense(cfg, stored, stored_r, k[2:])
-            errors[f"output:{k[2:]}"] = golden.max_rel_error(recomputed, data[k])
-            errors[f"regenerated:{k[2:]}"] = golden.max_rel_error(fresh[k], data[k])
+    errors["routing"] = float(not (np.array_equal(r.expert, stored_r.expert) and np.array_equal(r.slot, stored_r.slot)))
+    errors["routing_weight"] = golden.max_rel_error(r.weight, stored_r.weight)
+    for path, y in g.outputs.items():
+        progress(f"recomputing {path} from the stored inputs")
+        errors[f"output:{path}"] = golden.max_rel_error(golden.dense(cfg, stored, stored_r, path), y)
+        errors[f"regenerated:{path}"] = golden.max_rel_error(fresh[f"y_{path}"], y)
     return {"config": cfg.name, "errors": errors}
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
     progress = Progress(not args.quiet)
     if args.check:
-        report = check_golden(args.check, progress)
+        if args.out:
+            raise ConfigError("--out", args.out, "not given with --check (--check reads a golden, --out writes one)")
+        report = check_golden(args.check, progress, args.long)
         rows = [(q, err, tolerance_of(q) if args.tolerance is None else args.tolerance)
                 for q, err in sorted(report["errors"].items())]
-        bad = [q for q, err, tol in rows if err > tol]
+        bad = [q for q, err, tol in rows if not err <= tol]
         if args.json:
             print(json.dumps({**report, "mismatches": bad}, indent=2))
         else:
             print(format_table(("quantity", "max rel. error", "tolerance"), rows))
             print("OK" if not bad else "MISMATCH: " + ", ".join(bad))
         return 0 if not bad else 1
+    if args.out:
+        check_output(args.out, (".npz",))
     cfg = config_from_args(args)
+    est = budget.check(cfg, "golden", args.long)
+    progress(f"golden of {cfg.name}: {est.text()}")
     result = compute(cfg, progress)
     tp = result["plan"]
     progress("tile walk, float64")
@@ -194,7 +240,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
                   for p in PATHS if p != "float64"}}
     if args.out:
         progress(f"writing {args.out}")
-        save_golden(cfg, result, args.out)
+        golden_file.save(args.out, cfg, result["weights"], result["routing"], tp.summary(),
+                         {k[2:]: v for k, v in result.items() if k.startswith("y_")})
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -205,19 +252,36 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("configs", help="list the preset configurations",
-                       description="List the named presets with their key numbers, and the sweeps.")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = sub.add_parser("configs", help="list the preset configurations, or build one from a Hugging Face config",
+                       description="List the named presets with their key numbers and sources, and the sweeps; "
+                                   "with --from-hf, build a config from a Hugging Face model's config.json (on disk, "
+                                   "no network) and print it as TOML or save it as a file the other commands take "
+                                   "(--config FILE).")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table (or TOML)")
+    p.add_argument("--from-hf", metavar="PATH/config.json", help="a Hugging Face config.json, " + hf.FAMILIES_HELP)
+    p.add_argument("--out", metavar="FILE.toml", type=path_ending(".toml", ".json"),
+                   help="with --from-hf: save the config to this .toml (or .json) file")
+    p.add_argument("--tokens", type=positive_int, metavar="T",
+                   help=f"with --from-hf: tokens per GPU (default {hf.DEFAULTS['tokens']})")
+    p.add_argument("--ranks", type=positive_int, metavar="P",
+                   help=f"with --from-hf: GPUs (default {hf.DEFAULTS['ranks']})")
     p.set_defaults(func=cmd_configs)
 
     p = sub.add_parser("golden", help="run the golden MoE forward (NumPy) on a config",
                        description="Compute the golden MoE layer (dense formula in float64, float32, "
-                                   "emulated bf16 and TF32, plus the tile walk) and optionally save it.")
+                                   "emulated bf16 and TF32, plus the tile walk) and optionally save it. The "
+                                   "memory and time it needs are estimated first: past the free memory it "
+                                   "stops, past a few minutes it asks for --long.",
+                       epilog="exit status: 0 done (with --check: every quantity within its tolerance), "
+                              "1 --check found a mismatch, 2 a bad option, config or file.")
     add_config_args(p)
-    p.add_argument("--out", metavar="FILE.npz", help="write inputs, weights, routing and outputs")
+    p.add_argument("--out", metavar="FILE.npz", type=path_ending(".npz"),
+                   help="write inputs, weights, routing and outputs to exactly this .npz")
     p.add_argument("--check", metavar="FILE.npz",
                    help="recompute a saved golden and report the max relative errors")
-    p.add_argument("--tolerance", type=float,
+    p.add_argument("--long", action="store_true", help=f"go on with a config estimated to take over "
+                                                        f"{budget.LONG_S:.0f} s (the default, flashmoe, takes minutes)")
+    p.add_argument("--tolerance", type=non_negative_float,
                    help="--check fails above this max relative error (default: exact inputs and "
                         "routing, 1e-12 float64, 1e-6 float32 and tf32, 5e-3 bfloat16)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

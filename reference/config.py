@@ -14,6 +14,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from .files import FileError, check_output, parse_json, read_text
+
 # routers (reference/routing.py has each one's formula and the model families that use it)
 GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias", "sigmoid_topk")
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu", "swiglu", "swiglu_oai")
@@ -157,6 +159,9 @@ class Config:
             raise ConfigError("ranks", self.ranks,
                               f"at most gpus_per_node = {self.gpus_per_node}, or a multiple of it "
                               "(whole nodes)")
+        if self.gated and self.tile_n % 2:
+            raise ConfigError("tile_n", self.tile_n, f"even with activation {self.activation!r} (a GEMM0 task's "
+                              "tile_n weight columns are half its columns' gate, half their up)")
         # tile_n need not divide H or I: the last column block of a GEMM is ragged
         for f in ("hidden", "ffn"):
             if getattr(self, f) % self.tile_k:
@@ -220,14 +225,9 @@ class Config:
         return {f: getattr(self, f) for f in field_names()}
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
+        path = check_output(path, (".toml", ".json"))
         d = self.to_dict()
-        if path.suffix == ".json":
-            path.write_text(json.dumps(d, indent=2) + "\n")
-        elif path.suffix == ".toml":
-            path.write_text(_to_toml(d))
-        else:
-            raise ConfigError("path", str(path), "a file ending in .toml or .json")
+        path.write_text(json.dumps(d, indent=2) + "\n" if path.suffix == ".json" else to_toml(d))
 
     @classmethod
     def from_dict(cls, d: dict) -> Config:
@@ -246,27 +246,33 @@ class Config:
 
     @classmethod
     def load(cls, path: str | Path) -> Config:
+        """A config file: a TOML table or a JSON object of the flat fields (at least one)."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError("path", str(path), "an existing .toml or .json file")
-        text = path.read_text()
-        try:
-            if path.suffix == ".json":
-                d = json.loads(text)
-            elif path.suffix == ".toml":
+        expected = "a .toml or .json config file of fields: " + ", ".join(field_names()[:6]) + ", ..."
+        if path.suffix not in (".toml", ".json"):
+            raise FileError(path, "has the wrong suffix", expected)
+        text = read_text(path, expected)
+        if path.suffix == ".json":
+            d = parse_json(path, text, expected)
+        else:
+            try:
                 d = tomllib.loads(text)
-            else:
-                raise ConfigError("path", str(path), "a file ending in .toml or .json")
-        except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError("path", str(path), f"a well-formed {path.suffix[1:].upper()} file ({e})") from e
-        return cls.from_dict(d)
+            except tomllib.TOMLDecodeError as e:
+                raise FileError(path, f"is not well-formed TOML ({e})", expected) from e
+        if not d:
+            raise FileError(path, "holds no config fields", expected)
+        try:
+            return cls.from_dict(d)
+        except ConfigError as e:  # the field's error, saying which file holds it
+            raise ConfigError(e.field, e.value, f"{e.allowed} (in {path})") from e
 
 
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Config)]
 
 
-def _to_toml(d: dict) -> str:
+def to_toml(d: dict) -> str:
+    """A flat table of config fields as TOML text (None as "none", as Config.load reads it)."""
     lines = []
     for k, v in d.items():
         if v is None:

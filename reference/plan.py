@@ -20,15 +20,18 @@ neither derives routing on its own. Everything is a plain NumPy array:
 - rows: each row's token, choice and weight. The weight is the combine weight, or with
   cfg.scale_before_expert (a routed row) the factor its token row is multiplied by before GEMM0,
   its output then combined with weight 1 (golden.py).
-- tasks: per tile, ceil(ffn / tile_n) GEMM0 tasks (a column block of I: x W1 + b1, activation)
-  and ceil(hidden / tile_n) GEMM1 tasks (a column block of H: h W2 + b2), every block tile_n
-  columns wide but the last, which holds the rest (task_col0, task_cols); a gated activation's
-  GEMM0 task computes both its block's gate columns and the matching up columns (W1's columns c
-  and I + c) and writes act(gate, up): twice the weight columns and FLOPs of its output columns
+- tasks: per tile, GEMM0 tasks (a column block of I: x W1 + b1, activation) and GEMM1 tasks (a
+  column block of H: h W2 + b2), every block block_width columns wide but the last, which holds
+  the rest (column_blocks of them; task_col0, task_cols). A task multiplies tile_n columns of its
+  weight matrix: a gated activation's GEMM0 task, a block of tile_n / 2 columns of I, computes
+  their gate columns and the matching up columns (W1's columns c and I + c, tile_n in all) and
+  writes act(gate, up): twice the weight columns and FLOPs of its output columns
   (weight_columns), GEMM1 reading I. Per chunk one combine task at its source (weighted
   accumulation of the returned rows). FLOPs and HBM bytes per task.
 - transfers: per chunk one dispatch (source -> owner) and one combine (owner -> source) transfer,
-  with the bytes moved and the link class (local copy, NVLink inside a node, network).
+  with the bytes moved and the link class (local copy, NVLink inside a node, network). A shared
+  expert's chunk has no dispatch: its tile is at its tokens' own rank and reads them in place (its
+  tile w holds tokens w * tile_m ..), ready once the gate is done; its return is a local one.
 """
 
 from __future__ import annotations
@@ -121,9 +124,16 @@ class TilePlan:
         }
 
 
-def column_blocks(width: int, tile_n: int) -> int:
-    """GEMM tasks over `width` output columns: tile_n wide each, the last the rest."""
-    return -(-width // tile_n)
+def block_width(cfg: Config, kind: int) -> int:
+    """Output columns of a GEMM task of `kind` (but a ragged last one): tile_n, or tile_n / 2 for a
+    gated GEMM0 task, whose tile_n weight columns are those columns' gate and up halves."""
+    return cfg.tile_n // 2 if kind == GEMM0 and cfg.gated else cfg.tile_n
+
+
+def column_blocks(cfg: Config, kind: int) -> int:
+    """GEMM tasks of `kind` per tile: its output columns (I for GEMM0, H for GEMM1) in blocks of
+    block_width, the last the rest."""
+    return -(-(cfg.ffn if kind == GEMM0 else cfg.hidden) // block_width(cfg, kind))
 
 
 def weight_columns(cfg: Config, kind: np.ndarray, cols: np.ndarray) -> np.ndarray:
@@ -238,16 +248,18 @@ def build(cfg: Config, routing: Routing) -> TilePlan:
     n_tiles, n_chunks = tile_expert.size, c_tile.size
 
     # tasks, tile-major: GEMM0 column blocks, GEMM1 column blocks, then a combine per chunk
-    n0, n1 = column_blocks(cfg.ffn, cfg.tile_n), column_blocks(cfg.hidden, cfg.tile_n)
+    n0, n1 = column_blocks(cfg, GEMM0), column_blocks(cfg, GEMM1)
     chunks_of = np.bincount(c_tile, minlength=n_tiles)
     per_tile = n0 + n1 + chunks_of
     task_tile = np.repeat(np.arange(n_tiles, dtype=np.int32), per_tile)
     at = _within(per_tile)
     kind = np.select([at < n0, at < n0 + n1], [GEMM0, GEMM1], COMBINE).astype(np.int8)
-    col0 = (np.where(at < n0, at, at - n0) * cfg.tile_n * (kind != COMBINE)).astype(np.int32)
+    col0 = np.where(at < n0, at * block_width(cfg, GEMM0), (at - n0) * block_width(cfg, GEMM1))
+    col0 = (col0 * (kind != COMBINE)).astype(np.int32)
     width = np.select([kind == GEMM0, kind == GEMM1], [cfg.ffn, cfg.hidden], cfg.hidden)
     # the last column block of a GEMM holds what is left of its width
-    cols = np.where(kind == COMBINE, cfg.hidden, np.minimum(cfg.tile_n, width - col0)).astype(np.int32)
+    block = np.where(kind == GEMM0, block_width(cfg, GEMM0), block_width(cfg, GEMM1))
+    cols = np.where(kind == COMBINE, cfg.hidden, np.minimum(block, width - col0)).astype(np.int32)
     # combine tasks take the tile's chunks in order (chunks are tile-major)
     chunk_base = np.cumsum(chunks_of) - chunks_of
     task_chunk = np.where(kind == COMBINE, chunk_base[task_tile] + at - n0 - n1, -1).astype(np.int32)
@@ -263,9 +275,11 @@ def build(cfg: Config, routing: Routing) -> TilePlan:
     gemm_bytes = nb * (rows * depth + depth * wcols + rows * cols)
     task_bytes = np.where(kind == COMBINE, rows * cfg.hidden * (nb + 4), gemm_bytes)
 
-    # transfers, chunk-major: dispatch then combine
-    x_chunk = np.repeat(np.arange(n_chunks, dtype=np.int32), 2)
-    x_kind = np.tile(np.array([DISPATCH, RETURN], np.int8), n_chunks)
+    # transfers, chunk-major: dispatch then combine; a shared expert's chunk is not dispatched (its
+    # tile's GEMM0 reads the tokens where they are), only its rows' return to the combine is listed
+    routed = tile_expert[c_tile] < cfg.experts
+    x_chunk = np.repeat(np.arange(n_chunks, dtype=np.int32), 1 + routed)
+    x_kind = np.where(_within(1 + routed.astype(np.int64)) < routed[x_chunk], DISPATCH, RETURN).astype(np.int8)
     owner = tile_owner[c_tile[x_chunk]]
     x_src = np.where(x_kind == DISPATCH, c_src[x_chunk], owner).astype(np.int32)
     x_dst = np.where(x_kind == DISPATCH, owner, c_src[x_chunk]).astype(np.int32)

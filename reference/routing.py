@@ -1,9 +1,9 @@
 """Routing: which experts each token goes to, with which weight, and which assignments are dropped.
 
 The rules, fixed so that the simulator and the kernel can reproduce them exactly:
-- Gate logits are computed in float64 from the path's operands (x and Wg rounded to bf16 on the
-  bf16 path), so float32 accumulation order never changes a routing decision. With router_bias
-  the gate projection's bias b (E,) is added (z = x Wg + b, gpt-oss). A config with skew > 0 adds
+- Gate logits are computed in float64 from the path's operands (x, Wg and the router bias rounded
+  to bf16 on the bf16 path), so float32 accumulation order never changes a routing decision. With
+  router_bias the gate projection's bias b (E,) is added (z = x Wg + b, gpt-oss). A config with skew > 0 adds
   -skew * ln(1 + e) to expert e's logit (a Zipf-like prior: load imbalance).
 - Selection score per expert: the logit z, except sigmoid_bias: sigmoid(z) + bias[e] (bias: the
   gate's selection-only bias, DeepSeek-V3's e_score_correction_bias). Softmax keeps the logits'
@@ -37,6 +37,7 @@ The rules, fixed so that the simulator and the kernel can reproduce them exactly
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,12 +145,13 @@ def assign_slots(cfg: Config, top: np.ndarray) -> np.ndarray:
     return position.reshape(k, t).T.astype(np.int32)
 
 
-def route(cfg: Config, x: np.ndarray, wg: np.ndarray, gate_bias: np.ndarray,
+def route(cfg: Config, x: Iterable[np.ndarray], wg: np.ndarray, gate_bias: np.ndarray,
           wg_bias: np.ndarray | None = None) -> Routing:
-    """Route the (P, T, H) tokens of every rank (`wg_bias`: the gate's bias, needed with router_bias)."""
+    """Route the (P, T, H) tokens of every rank, an array or the ranks' (T, H) one after another
+    (`wg_bias`: the gate's bias, needed with router_bias)."""
     experts, weights, slots = [], [], []
-    for r in range(cfg.ranks):
-        top, w = select(cfg, logits(cfg, x[r], wg, wg_bias), gate_bias)
+    for xr in x:
+        top, w = select(cfg, logits(cfg, xr, wg, wg_bias), gate_bias)
         experts.append(top)
         weights.append(w)
         slots.append(assign_slots(cfg, top))

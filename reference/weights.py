@@ -78,6 +78,14 @@ def expert(cfg: Config, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     return w1, b1, w2, b2
 
 
+def draw_bytes(cfg: Config) -> int:
+    """Bytes `draw` allocates: every rank's tokens and every expert's weights, float32."""
+    n, n_in = cfg.experts + cfg.shared_experts, ffn_in_width(cfg)
+    values = (cfg.ranks * cfg.tokens * cfg.hidden + cfg.hidden * cfg.experts + 2 * cfg.experts
+              + n * (cfg.hidden * n_in + n_in + cfg.ffn * cfg.hidden + cfg.hidden))
+    return 4 * values
+
+
 def draw(cfg: Config) -> Weights:
     """All inputs and weights of the layer."""
     x = np.stack([tokens(cfg, r) for r in range(cfg.ranks)])

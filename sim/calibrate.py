@@ -77,6 +77,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.files import FileError, check_output, read_json
 from reference.plan import LOCAL, NVLINK
 
 from . import costs
@@ -762,23 +763,25 @@ def report(f: Fit, dtype: str = "float32") -> str:
 def calibrate(path: Path, base: str | None = None, out: Path | None = None) -> tuple[Path, dict[str, Fit]]:
     """Fit `path`'s microbenchmarks on preset `base` (default: the file's GPU); write `out`.
     Returns the fit of each build the file measured (float32, and bfloat16 where present)."""
-    if not path.is_file():
-        raise CalibrationError("calibration", str(path), "an existing measurements/calibration-<gpu>.json")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CalibrationError("calibration", str(path), f"well-formed JSON ({e})") from e
-    tag = gpu_tag(raw.get("meta", {}).get("gpu", ""))
+    if out is None:
+        raise CalibrationError("out", None, "a path to write the calibrated preset (nothing is written by default)")
+    raw = read_json(path, "the microbenchmarks of benchmarks/calibrate_gpu.py (calibration-<gpu>.json)")
+    meta = raw.get("meta", {})
+    tag = gpu_tag(meta.get("gpu", "") if isinstance(meta, dict) and isinstance(meta.get("gpu", ""), str) else "")
     base = base or GPU_PRESET[tag]
-    out_tag = next((t for t, p in GPU_PRESET.items() if p == base), tag)
-    out = out or MEASUREMENTS / f"calibrated-{out_tag}.json"
     origin = _relative(path)
     if base != GPU_PRESET[tag]:  # e.g. an H100 preset from H200 microbenchmarks: the same GH100 SMs
         origin += f" (measured on {raw['meta']['gpu']}, applied to {base})"
-    fits, tiles = {"float32": fit(raw, base, origin)}, {"float32": tile_of(raw, "")}
-    for build in DTYPES:  # every build's section but float32's, the top level
-        if build != "float32" and build in raw:
-            fits[build], tiles[build] = fit_dtype(raw, build, base, origin), tile_of(raw[build], f"{build}.")
+    try:
+        fits, tiles = {"float32": fit(raw, base, origin)}, {"float32": tile_of(raw, "")}
+        for build in DTYPES:  # every build's section but float32's, the top level
+            if build != "float32" and build in raw:
+                fits[build], tiles[build] = fit_dtype(raw, build, base, origin), tile_of(raw[build], f"{build}.")
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError) as e:
+        if isinstance(e, (CalibrationError, HardwareError)):
+            raise
+        raise CalibrationError("calibration", str(path), f"microbenchmark sections of the shape "
+                               f"benchmarks/calibrate_gpu.py writes ({type(e).__name__}: {e})") from e
     doc = preset_json(fits, tiles, base, f"{base}+calibrated({path.stem})")
     from_dict(doc, origin=str(out))  # the file must load as a preset
     out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -794,8 +797,12 @@ def _relative(path: Path) -> str:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
-        out, fits = calibrate(Path(args.calibration), args.base, Path(args.out) if args.out else None)
-    except (CalibrationError, HardwareError) as e:
+        if args.out is None:
+            raise CalibrationError("--out", None, "a path to write the calibrated preset to (nothing is written by "
+                                   "default; measurements/calibrated-<gpu>.json replaces the committed one)")
+        out = check_output(args.out, (".json",))
+        out, fits = calibrate(Path(args.calibration), args.base, out)
+    except (CalibrationError, HardwareError, FileError) as e:
         print(f"moelab calibrate: error: {e}", file=sys.stderr)
         return 2
     print("\n\n".join(report(f, dtype) for dtype, f in fits.items()))
@@ -809,10 +816,11 @@ def register(sub) -> None:
     p = sub.add_parser("calibrate", help="fit the hardware preset to a GPU's microbenchmarks",
                        description="Fit the simulator's hardware figures to the microbenchmarks in a "
                                    "measurements/calibration-<gpu>.json file, print the fit and its residuals, and "
-                                   "write a calibrated preset (loadable by sim.simulate(hardware=...)).")
+                                   "write a calibrated preset (loadable by sim.simulate(hardware=...)) to --out.",
+                       epilog="exit status: 0 written, 2 a bad option or file (or one lacking what a fit needs).")
     p.add_argument("--calibration", default=str(MEASUREMENTS / "calibration-h200.json"), metavar="FILE",
                    help="the microbenchmarks (default: measurements/calibration-h200.json)")
     p.add_argument("--base", choices=sorted(PRESETS), help="the preset to start from (default: the file's GPU)")
-    p.add_argument("--out", metavar="FILE", help="where to write it (default: measurements/calibrated-<gpu>.json, "
-                                                 "<gpu> of the base preset)")
+    p.add_argument("--out", metavar="FILE.json", help="where to write it (required: nothing is written by default; "
+                                                      "measurements/calibrated-<gpu>.json replaces the committed one)")
     p.set_defaults(func=cmd_calibrate)

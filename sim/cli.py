@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from reference import budget, presets
 from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending, positive_int
+from reference.files import check_output
 
 from .costs import QUEUE_POLICIES, STAGED_BLOCKS
 from .hardware import DEFAULT, PRESETS, HardwareError
@@ -31,6 +34,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from .engine import SimError
 
     try:
+        for path in (args.trace, args.timeline):  # before the work: a bad path fails now, not after it
+            if path:
+                check_output(path)
         return _sweep(args) if args.sweep else _one(args)
     except (HardwareError, SimError) as e:
         print(f"moelab sim: error: {e}", file=sys.stderr)
@@ -44,6 +50,7 @@ def _one(args) -> int:
     cfg = config_from_args(args)
     if args.nodes is not None:
         cfg = engine.with_nodes(cfg, args.nodes)
+    progress(f"estimate for {cfg.name}: {budget.check(cfg, 'sim', args.long).text()}")
     result = engine.simulate(cfg, args.hardware, args.transport, args.baseline, progress, dispatch=args.dispatch,
                              queue=args.queue, staged_blocks=args.staged_blocks)
     m = result.metrics
@@ -66,14 +73,42 @@ def _one(args) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(format_table(("quantity", "value"), list(summary.items())))
+        print(format_table(("quantity", "value"), readable(summary)))
     return 0
+
+
+def readable(summary: dict) -> list[tuple[str, str]]:
+    """The summary's rows for people: times in ms (or us) with 4 significant digits, bytes in MB."""
+    rows = []
+    for k, v in summary.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            rows.append((k, v))
+        elif k.endswith("_ns") and k[:-3] + "_ms" in summary:
+            continue  # the same figure in ms follows
+        elif k.startswith("bytes."):
+            rows.append((k.replace("bytes.", "MB."), f"{v / 1e6:,.1f}"))
+        elif isinstance(v, float):
+            rows.append((k, f"{v:.4g}"))
+        else:
+            rows.append((k, v))
+    return rows
 
 
 def _sweep(args) -> int:
     from . import sweeps
 
     progress = Progress(not args.quiet)
+    runs = []  # (config, simulations of it) of the sweeps asked for
+    if args.sweep in ("fused", "all"):
+        runs += [(c, 2) for points in presets.SWEEPS.values() for c in points]  # fused and baseline
+    if args.sweep in ("nodes", "all"):
+        runs += [(sweeps.with_nodes(sweeps.COMM_BOUND.replace(ranks=n * sweeps.GPUS_PER_NODE,
+                                                              gpus_per_node=sweeps.GPUS_PER_NODE), n),
+                  len(TRANSPORTS)) for n in sweeps.NODES]
+    count, workers = sum(k for _, k in runs), os.cpu_count() or 1  # sweeps run a process per core
+    seconds = sum(budget.simulation(c).seconds * k for c, k in runs) / min(workers, count)
+    progress(f"sweep {args.sweep}: {count} simulations on {min(workers, count)} processes, "
+             f"about {budget.format_seconds(seconds)}")
     out = {}
     if args.sweep in ("fused", "all"):
         out["fused_vs_baseline"] = sweeps.fused_vs_baseline(hardware=args.hardware, progress=progress)
@@ -104,7 +139,10 @@ def register(sub) -> None:
     p = sub.add_parser("sim", help="simulate a layer call (fused kernel or baseline), or the papers' sweeps",
                        description="Simulate one MoE layer call with the discrete-event model of FlashMoE's "
                                    "persistent kernel and the NIC/proxy path (or the bulk-synchronous "
-                                   "baseline), and print its metrics; --sweep prints the papers' tables.")
+                                   "baseline), and print its metrics; --sweep prints the papers' tables. The "
+                                   "memory and time it needs are estimated first: past the free memory it stops, "
+                                   "past a few minutes it asks for --long.",
+                       epilog="exit status: 0 done, 2 a bad option, config, hardware file or output path.")
     add_config_args(p)
     p.add_argument("--nodes", type=int, metavar="N", help="spread the GPUs over N nodes (N divides the GPUs)")
     p.add_argument("--hardware", default=DEFAULT,
@@ -113,13 +151,13 @@ def register(sub) -> None:
                    help="how tiles cross nodes (default: ibgda)")
     p.add_argument("--dispatch", default="staged", choices=DISPATCH_PATHS,
                    help="how the fused kernel moves dispatched rows where a block can reach the owner's memory: "
-                        "staged (the kernel's default: the peers' chunks stored by 32 blocks one after another, "
-                        "local expert by local expert, this GPU's own by the rest), store (every chunk shared by "
-                        "up to 4 blocks at once), or put (each chunk packed and put by one block, the kernel's "
-                        "path where a peer is not reachable)")
+                        f"staged (the kernel's default: the peers' chunks stored by {STAGED_BLOCKS} blocks one after "
+                        "another, local expert by local expert, this GPU's own by the rest), store (every chunk "
+                        "shared by up to 4 blocks at once), or put (each chunk packed and put by one block, the "
+                        "kernel's path where a peer is not reachable)")
     p.add_argument("--staged-blocks", type=positive_int, default=STAGED_BLOCKS, metavar="N",
-                   help=f"the processors that send the peers' chunks on the staged dispatch (default: the kernel's "
-                        f"{STAGED_BLOCKS})")
+                   help=f"the processors that send the peers' chunks on the staged dispatch, 1 to the hardware's "
+                        f"processor blocks but one (default: the kernel's {STAGED_BLOCKS})")
     p.add_argument("--queue", choices=QUEUE_POLICIES,
                    help="when a tile's GEMM tasks are queued: GEMM0's with the rest of its expert's tiles once the "
                         "last has landed and GEMM1's once every tile's GEMM0 is done (expert-both), GEMM0's so and "
@@ -127,6 +165,8 @@ def register(sub) -> None:
                         "lands and as its GEMM0 ends (tile); default: as the kernel build of the config's dtype does "
                         "(bf16: expert-both, float32 and tf32: tile)")
     p.add_argument("--baseline", action="store_true", help="simulate the bulk-synchronous baseline instead")
+    p.add_argument("--long", action="store_true",
+                   help=f"go on with a config estimated to take over {budget.LONG_S:.0f} s (e.g. perseus-comm)")
     p.add_argument("--trace", metavar="FILE", type=path_ending(".json", ".npz"),
                    help="write the trace: .json (Perfetto) or .npz")
     p.add_argument("--timeline", metavar="FILE", type=path_ending(".png", ".html"),

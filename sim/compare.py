@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reference import Config
+from reference import Config, ConfigError
+from reference.files import FileError, read_json
 
 from . import metrics
 from .calibrate import GPU_PRESET, MEASUREMENTS
@@ -108,10 +109,9 @@ def shifted_to_zero(trace: Trace) -> Trace:
 
 
 def load_measured(path: str | Path) -> MeasuredRun:
-    """A measured run from its telemetry trace (.npz) or a benchmark summary naming one (.json)."""
+    """A measured run from its telemetry trace (.npz) or a benchmark summary naming one (.json).
+    An empty trace, or one whose times are not finite, is refused: it has nothing to compare."""
     path = Path(path)
-    if not path.is_file():
-        raise CompareError("measured", str(path), "an existing measured-run file (.npz trace or .json summary)")
     if path.suffix == ".json":
         path = _trace_of_summary(path)
     try:
@@ -119,12 +119,35 @@ def load_measured(path: str | Path) -> MeasuredRun:
     except TraceError as e:
         raise CompareError("measured", str(path), f"a telemetry trace .npz ({e})") from e
     meta = trace.meta
-    if meta.get("source") != "gpu" or "config" not in meta:
+    if meta.get("source") != "gpu" or not isinstance(meta.get("config"), dict):
         raise CompareError("measured", str(path), "a kernel telemetry trace (meta source 'gpu' with its config)")
-    cfg = measured_config(meta["config"])
-    procs = int(meta.get("n_proc") or np.unique(trace["lane"][trace["role"] == ROLE["processor"]]).size)
+    if not len(trace):
+        raise CompareError("measured", str(path), "a trace of at least one event")
+    if not (trace["end"] >= trace["start"]).all():
+        raise CompareError("measured", str(path), "a trace of intervals that end after they start")
+    try:
+        cfg = measured_config(meta["config"])
+    except ConfigError as e:
+        raise CompareError("measured", str(path), f"a trace whose meta config is allowed ({e})") from e
+    try:
+        procs = int(meta.get("n_proc") or np.unique(trace["lane"][trace["role"] == ROLE["processor"]]).size)
+    except (TypeError, ValueError):
+        procs = 0
+    if procs < 1:
+        raise CompareError("measured", str(path), "a trace with processor blocks (meta n_proc >= 1 or processor rows)")
     trace.meta["processors"] = procs
     return MeasuredRun(path, cfg, shifted_to_zero(trace), str(meta.get("gpu", "")), procs)
+
+
+def read_summary(path: str | Path) -> dict:
+    """A GPU benchmark summary (benchmarks/bench_gpu.py's summary.json): its "meta" and a list of
+    "results", each a JSON object; any failure is one FileError line."""
+    expected = "a benchmark summary .json: an object with \"meta\" and a list of \"results\" objects"
+    doc = read_json(path, expected)
+    if not isinstance(doc.get("meta"), dict) or not isinstance(doc.get("results"), list) \
+            or not all(isinstance(r, dict) for r in doc["results"]):
+        raise FileError(path, "lacks an object \"meta\" or a list of \"results\" objects", expected)
+    return doc
 
 
 def measured_config(d: dict) -> Config:
@@ -137,11 +160,10 @@ def measured_config(d: dict) -> Config:
 def _trace_of_summary(path: Path) -> Path:
     """The trace a benchmark summary's (first) layer result names, found beside the summary."""
     try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CompareError("measured", str(path), f"well-formed JSON ({e})") from e
-    results = doc.get("results", []) if isinstance(doc, dict) else doc
-    names = [r["trace"] for r in results if isinstance(r, dict) and r.get("trace") and "kernel_ms" in r]
+        results = read_summary(path)["results"]
+    except FileError as e:
+        raise CompareError("measured", str(path), f"a benchmark summary ({e})") from e
+    names = [r["trace"] for r in results if isinstance(r.get("trace"), str) and r["trace"] and "kernel_ms" in r]
     if not names:
         raise CompareError("measured", str(path), "a summary with a benchmark result naming its trace")
     prefix = path.name.split("-")[0] + "-"

@@ -40,7 +40,7 @@ import math
 import numpy as np
 
 from reference import Config
-from reference.plan import COMBINE, GEMM0, LOCAL, NVLINK, chunk_slots, column_blocks, weight_columns
+from reference.plan import COMBINE, GEMM0, GEMM1, LOCAL, NVLINK, chunk_slots, column_blocks, weight_columns
 
 from .hardware import Hardware
 
@@ -101,23 +101,24 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     QUEUE_POLICIES); only those of the same source where each tile was queued as it landed
     ("tile": a peer's tiles ran 170-390 us after the GPU's own, two H100s, when the slice had
     left the L2), a tile counting as the source of its last chunk (it lands with it). A GEMM0
-    task's slice is H x its columns, a GEMM1 task's I x its columns; at most processors / the
-    tile's tasks of that kind run at once (a ragged last column block counts); 0 for a combine task."""
+    task's slice is H x its weight columns (a gated one's gate and up columns, plan.weight_columns),
+    a GEMM1 task's I x its columns (the last column block may be narrower); at most processors /
+    the tile's tasks of that kind run at once; 0 for a combine task."""
     kind, tile = plan.task_kind, plan.task_tile
     experts = cfg.experts + cfg.shared_experts
     src = 0 if queue in BY_EXPERT else plan.chunk_src[plan.chunk_lo[1:] - 1]  # each tile's last chunk
     key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
     tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
-    tasks_per_tile = np.where(kind == GEMM0, column_blocks(cfg.ffn, cfg.tile_n), column_blocks(cfg.hidden, cfg.tile_n))
+    tasks_per_tile = np.where(kind == GEMM0, column_blocks(cfg, GEMM0), column_blocks(cfg, GEMM1))
     sharing = np.minimum(tiles_of, np.maximum(processors // tasks_per_tile, 1))
     depth = np.where(kind == GEMM0, cfg.hidden, cfg.ffn)
-    # a gated GEMM0 task reads its gate and its up columns (plan.weight_columns)
-    return np.where(kind == COMBINE, 0.0, depth * weight_columns(cfg, kind, plan.task_cols) * cfg.dtype_bytes / sharing)
+    cols = weight_columns(cfg, kind, plan.task_cols)
+    return np.where(kind == COMBINE, 0.0, depth * cols * cfg.dtype_bytes / sharing)
 
 
 def flops_per_row(cfg: Config, plan) -> np.ndarray:
-    """Per task: the FLOPs of one of its tile's rows (2 x its GEMM's depth x the weight columns it
-    reads, a gated GEMM0's gate and up columns); 0 for a combine."""
+    """Per task: the FLOPs of one of its tile's rows (2 x its GEMM's depth x its weight columns, a
+    gated GEMM0 task's gate and up ones); 0 for a combine."""
     depth = np.where(plan.task_kind == GEMM0, cfg.hidden, cfg.ffn)
     return np.where(plan.task_kind == COMBINE, 0.0, 2.0 * depth * weight_columns(cfg, plan.task_kind, plan.task_cols))
 

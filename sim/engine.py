@@ -7,6 +7,7 @@ The tile plan comes from `reference.plan_of`: the simulator never routes tokens 
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ import numpy as np
 import simpy
 
 import reference
-from reference import Config, ConfigError, TilePlan
+from reference import Config, ConfigError, TilePlan, budget
 from reference.config import is_positive_int
+from reference.plan import NVLINK, RETURN
 
 from . import costs, metrics
 from .baseline import Baseline
@@ -90,11 +92,36 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
     hw = get_hardware(hardware).for_config(cfg)  # the figures of the cfg's kernel build
+    if staged_blocks > hw.processors - 1:  # the kernel keeps a block for this GPU's own chunks
+        raise SimError("staged_blocks", staged_blocks, f"at most {hw.processors - 1} on {hw.name} (its "
+                       f"{hw.processors} processor blocks but one, which stores this GPU's own chunks)")
     say = progress or (lambda _: None)
     t0 = time.perf_counter()
     if plan is None:
-        say(f"routing and tile plan of {cfg.name} ({cfg.ranks} GPUs on {cfg.nodes} node(s))")
+        say(f"routing and tile plan of {cfg.name} ({cfg.ranks} GPUs on {cfg.nodes} node(s)): "
+            f"{budget.estimate(cfg, 'route').text()}")
         plan = reference.plan_of(cfg)
+    # the run makes millions of short-lived objects and few cycles: the collector's passes over them
+    # cost a fifth of the run and free nothing, so it waits for the end
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env, rec = _run(cfg, plan, hw, transport, baseline, say, dispatch, queue, staged_blocks)
+    finally:
+        if collecting:
+            gc.enable()
+    meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
+            "transport": transport, "dispatch": dispatch, "staged_blocks": staged_blocks, "queue": queue,
+            "baseline": baseline,
+            "processors": hw.sms if baseline else hw.processors}
+    trace = rec.build(meta).sorted()
+    m = metrics.compute(trace, cfg)
+    return Result(trace, m, env.events, time.perf_counter() - t0)
+
+
+def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bool, say, dispatch: str, queue: str,
+         staged_blocks: int) -> tuple[_CountingEnvironment, TraceBuilder]:
+    """Run the layer's simulation to its end: its environment and its rows."""
     env = _CountingEnvironment(say)
     rec = TraceBuilder()
     what = "bulk-synchronous baseline" if baseline else f"fused kernel, {transport}"
@@ -102,26 +129,34 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         f"({what}, {hw.name})")
     if baseline:
         Baseline(env, cfg, plan, hw, rec).start()
-        processors, left = hw.sms, [0]
+        left = [0]
     else:
-        kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks)
-        processors = hw.processors
+        # where GEMM1 tasks store into NVLink peers, a first run finds where the stores meet at a port
+        # and a second one shares it: the first keeps no rows (nor, if they never meet, does it count)
+        stores = bool(np.any((plan.transfer_kind == RETURN) & (plan.transfer_link == NVLINK)))
+        kernels, left = _run_fused(env, cfg, plan, hw, transport, _Unrecorded() if stores else rec, dispatch, queue,
+                                   staged_blocks)
         env.run()
         sharing = [k.port_sharing() for k in kernels]
         if any(n > 1 for s in sharing for n in s.values()):  # stores met at a port: again, sharing it
-            env, rec = _CountingEnvironment(say), TraceBuilder()
+            say("second pass: stores met at a port; simulating again with the port shared")
+            env, rec = _CountingEnvironment(lambda m: say(f"second pass: {m}")), TraceBuilder()
             kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, sharing)
+        elif stores:
+            env, rec = _CountingEnvironment(say), TraceBuilder()
+            kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks)
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
     say(f"{env.events:,} events; building the trace")
-    meta = {"producer": "sim", "config": cfg.to_dict(), "hardware": hw.name, "hardware_figures": hw.to_dict(),
-            "transport": transport, "dispatch": dispatch, "staged_blocks": staged_blocks, "queue": queue,
-            "baseline": baseline,
-            "processors": processors}
-    trace = rec.build(meta).sorted()
-    m = metrics.compute(trace, cfg)
-    return Result(trace, m, env.events, time.perf_counter() - t0)
+    return env, rec
+
+
+class _Unrecorded(TraceBuilder):
+    """A recorder that keeps no rows."""
+
+    def add(self, *_row, **_named) -> None:
+        pass
 
 
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
@@ -131,7 +166,8 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
                               plan.task_bytes.astype(np.float64),
-                              costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan))
+                              costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan)
+                              ).tolist()
     left = [plan.chunk_src.size]
 
     def chunk_done(_chunk: int) -> None:

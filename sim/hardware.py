@@ -24,10 +24,11 @@ them once per run); `require_tile` says whether the calibration covers a dtype a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from reference.files import read_json
 
 
 class HardwareError(ValueError):
@@ -274,13 +275,22 @@ _H100 = {
     "nvlink_gbps": (450.0, _DATASHEET_H100 + ": NVLink 900 GB/s bidirectional, 450 GB/s each way"),
     "nvlink_latency_ns": (1000.0, "estimate: order of NVSHMEM's put-with-signal latency over NVLink 4; "
                                   + _ESTIMATE),
-    "nic_gbps": (50.0, "ConnectX-7 NDR InfiniBand, 400 Gb/s per GPU (DGX H100 user guide)"),
-    "nic_latency_ns": (1500.0, "estimate: one-way RDMA write through one NDR switch; " + _ESTIMATE),
+    "nic_gbps": (50.0, "ConnectX-7 NDR InfiniBand, 400 Gb/s per GPU (DGX H100 user guide, NVIDIA ConnectX-7 "
+                       "datasheet: up to 400 Gb/s a port)"),
+    "nic_latency_ns": (1500.0, "estimate: one-way RDMA write through one NDR switch; the NIC reads the payload "
+                               "from GPU memory over PCIe, then the wire, the switch and the peer's PCIe write; "
+                               "no multi-node measurement here; " + _ESTIMATE),
     "pcie_gbps": (64.0, _DATASHEET_H100 + ": PCIe Gen5 128 GB/s bidirectional, 64 GB/s each way"),
     "pcie_latency_ns": (1000.0, "estimate: GPU write into host memory plus the proxy's polling; " + _ESTIMATE),
     "proxy_op_ns": (300.0, "estimate: one ibv_post_send by the proxy thread; " + _ESTIMATE),
-    "fence_ns": (1000.0, "estimate: the proxy's quiet polls the completion queue; " + _ESTIMATE),
-    "gpu_post_ns": (300.0, "estimate: IBGDA work request built and doorbell rung by a GPU thread; " + _ESTIMATE),
+    "fence_ns": (1000.0, "estimate: the proxy's fence polls the completion queue; it waits first for its "
+                         "writes to complete (NVSHMEM's proxy put-with-signal is put, fence, signal: "
+                         "nvshmemi_transfer_put_signal, src/include/non_abi/device/pt-to-pt/transfer_device.cuh.in); "
+                         + _ESTIMATE),
+    "gpu_post_ns": (300.0, "estimate: IBGDA work request built and doorbell rung by a GPU thread; "
+                           "two a put-with-signal (NVSHMEM's nvshmemi_ibgda_put_signal_thread_impl, "
+                           "src/include/non_abi/device/pt-to-pt/ibgda_device.cuh: an unsignaled write and a "
+                           "signaled atomic on a queue pair the GPU's blocks share under a lock); " + _ESTIMATE),
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
@@ -328,16 +338,12 @@ DEFAULT = "h100-sxm"
 
 def load_calibration(path: str | Path) -> Hardware:
     """A preset overridden by a calibration JSON file (see the module text for the format)."""
-    path = Path(path)
-    if not path.is_file():
-        raise HardwareError("path", str(path), "an existing .json calibration file")
+    d = read_json(path, "a hardware calibration .json: an object of hardware fields (see sim/hardware.py)")
     try:
-        d = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise HardwareError("path", str(path), f"a well-formed JSON file ({e})") from e
-    if not isinstance(d, dict):
-        raise HardwareError("path", str(path), "a JSON object of hardware fields")
-    return from_dict(d, origin=str(path))
+        return from_dict(d, origin=str(path))
+    except HardwareError as e:  # the field's error, saying which file holds it
+        where = e.allowed if str(path) in e.allowed else f"{e.allowed} (in {path})"
+        raise HardwareError(e.field, e.value, where) from e
 
 
 def from_dict(d: dict, origin: str = "calibration") -> Hardware:
@@ -359,7 +365,7 @@ def from_dict(d: dict, origin: str = "calibration") -> Hardware:
             raise HardwareError(missing[0], None, f"present in {origin} (or give \"base\": a preset to "
                                                   "start from: " + ", ".join(PRESETS) + ")")
         return Hardware(**d, sources={f: sources.get(f, origin) for f in field_names()}, dtypes=dtypes)
-    if base_name not in PRESETS:
+    if not isinstance(base_name, str) or base_name not in PRESETS:
         raise HardwareError("base", base_name, "one of " + ", ".join(PRESETS))
     base = PRESETS[base_name]
     merged = {**base.sources, **{f: sources.get(f, origin) for f in d}}

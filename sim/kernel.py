@@ -71,20 +71,24 @@ class Scheduler:
         """(lane, start, end) of tasks enqueued at `now`, in queue order; `finish(i, end)`, where
         given, moves task i's end later (what it waits for once its own work is done)."""
         out = []
+        free, handoff, step, turn = self.free, self.handoff, self.assign_ns, self.turn
         for i, d in enumerate(durations):
-            t, lane = heapq.heappop(self.free)
-            start = max(now, t, self.turn)
-            self.turn = max(now, self.turn) + self.assign_ns
+            t, lane = free[0]
+            start = max(now, t, turn)
+            turn = max(now, turn) + step
             end = start + d if finish is None else finish(i, start + d)
-            heapq.heappush(self.free, (end + self.handoff, lane))
+            heapq.heapreplace(free, (end + handoff, lane))  # the popped lane, free again
             out.append((lane, start, end))
+        self.turn = turn
         return out
 
 
 class TilePhases:
     """The plan's work as the kernel meets it: tasks[tile][kind] -> the tile's GEMM0 or GEMM1 task
     ids in plan order, combine[chunk] -> the chunk's combine task, transfer[chunk, kind] -> its
-    dispatch or return transfer (a tile's chunks: TilePlan.tile_chunks)."""
+    dispatch or return transfer (a tile's chunks: TilePlan.tile_chunks); `returns[tile]` its
+    chunks' return transfers, `task_tile` and `tile_expert` the plan's, as Python lists (the
+    kernels' event handlers index them per task, where a NumPy scalar costs more than the rest)."""
 
     def __init__(self, plan: TilePlan):
         gemm = np.flatnonzero(plan.task_chunk < 0)
@@ -92,29 +96,32 @@ class TilePhases:
         tile, kind = plan.task_tile[order], plan.task_kind[order]
         cut = np.flatnonzero((np.diff(tile) != 0) | (np.diff(kind) != 0)) + 1
         n_tiles, n_chunks = plan.tile_expert.size, plan.chunk_tile.size
-        self.tasks: list[dict[int, np.ndarray]] = [{} for _ in range(n_tiles)]
+        self.tasks: list[dict[int, list[int]]] = [{} for _ in range(n_tiles)]
         for group in np.split(order, cut):
             if group.size:
-                self.tasks[int(plan.task_tile[group[0]])][int(plan.task_kind[group[0]])] = group
+                self.tasks[int(plan.task_tile[group[0]])][int(plan.task_kind[group[0]])] = group.tolist()
         combine = np.flatnonzero(plan.task_chunk >= 0)
         self.combine = np.full(n_chunks, -1, np.int64)
         self.combine[plan.task_chunk[combine]] = combine
         self.transfer = np.full((n_chunks, 2), -1, np.int64)
         self.transfer[plan.transfer_chunk, plan.transfer_kind] = np.arange(plan.transfer_chunk.size)
+        ret = self.transfer[:, RETURN]
+        self.returns = [ret[plan.tile_chunks(t)].tolist() for t in range(n_tiles)]
+        self.task_tile, self.tile_expert = plan.task_tile.tolist(), plan.tile_expert.tolist()
 
 
 class FusedKernel:
     """One GPU running the layer as one persistent kernel."""
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
-                 phases: TilePhases, durations: np.ndarray, rec: TraceBuilder,
+                 phases: TilePhases, durations: list[float], rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
                  staged_blocks: int = costs.STAGED_BLOCKS, sharing: dict[int, int] | None = None):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.staged_blocks = staged_blocks  # the staged path's senders
         self.node = cfg.node_of(rank)
-        self.phases, self.durations, self.rec = phases, durations, rec
+        self.phases, self.durations, self.rec = phases, durations, rec  # durations: a list, per task
         self.send, self.on_chunk_done = send, on_chunk_done
         self.processors = hw.processors
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
@@ -126,8 +133,10 @@ class FusedKernel:
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
         # of each chunk of its tokens; at zero the final combine starts
         self.phases_left = sum(len(phases.tasks[t]) for t in mine) + int(np.count_nonzero(plan.chunk_src == rank))
-        # chunks of each tile here not landed yet: the tile lands with its last
-        self.chunks_left = {int(t): len(plan.tile_chunks(t)) for t in mine}
+        # dispatched chunks of each tile here not landed yet: the tile lands with its last (a shared
+        # expert's tile has none: it reads its tokens in place and is ready after the gate)
+        self.chunks_left = {int(t): sum(int(phases.transfer[c, DISPATCH]) >= 0 for c in plan.tile_chunks(t))
+                            for t in mine}
         # each local expert's landed tiles: its GEMM0 tasks wait for all
         self.expert_waiting: dict[int, list[int]] = {}
         # each local expert's tiles whose GEMM0 tasks are done: with "expert-both", their GEMM1 tasks wait for all
@@ -169,6 +178,8 @@ class FusedKernel:
             stored = costs.stores_dispatch(self.dispatch, int(self.plan.transfer_link[x]))
             self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
         self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns)
+        for t in [t for t, n in self.chunks_left.items() if not n]:
+            self.land(t, gate + self.hw.wake_ns)
         if not self.phases_left:
             self.final_combine(max(free_at))
 
@@ -238,8 +249,12 @@ class FusedKernel:
             self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_combine(c))
             return
         self.chunks_left[t] -= 1
-        if self.chunks_left[t]:
-            return
+        if not self.chunks_left[t]:
+            self.land(t, wake)
+
+    def land(self, t: int, wake: float) -> None:
+        """Tile `t` has all its rows here: its GEMM0 tasks are queued `wake` from now (with the
+        rest of its expert's tiles where the queue policy gathers them)."""
         if self.queue in costs.BY_EXPERT:
             # the expert's tiles wait for its last, then go into the queue together
             tiles = self.expert_complete(self.expert_waiting, t)
@@ -250,7 +265,7 @@ class FusedKernel:
 
     def enqueue(self, t: int, kind: int) -> None:
         """Hand tile `t`'s tasks of one GEMM phase to the scheduler."""
-        self.hand_out(kind, [(t, int(task)) for task in self.phases.tasks[t][kind]])
+        self.hand_out(kind, [(t, task) for task in self.phases.tasks[t][kind]])
 
     def enqueue_combine(self, c: int) -> None:
         """Hand chunk `c`'s combine task to the scheduler."""
@@ -277,18 +292,23 @@ class FusedKernel:
         # a GEMM1 task stores its share of every chunk home: the bytes for NVLink peers cost it
         # their stores and queue at this GPU's port (none across nodes: the tile's last task hands
         # those chunks to a NIC)
-        peer = {u: self.peer_bytes(u) for u in dict.fromkeys(u for u, _ in order)} if kind == GEMM1 else {}
-        durations = [float(self.durations[task]) + costs.store_ns(self.hw, NVLINK, peer.get(u, 0.0))
-                     for u, task in order]
+        own = self.durations
         finish = None
         if kind == GEMM1:
+            peer = {u: self.peer_bytes(u) for u in dict.fromkeys(u for u, _ in order)}
+            extra = {u: costs.store_ns(self.hw, NVLINK, b) for u, b in peer.items()}
+            durations = [own[task] + extra[u] for u, task in order]
             finish = lambda i, end: self.through_port(end, peer[order[i][0]], order[i][1])  # noqa: E731
+        else:
+            durations = [own[task] for _, task in order]
         last: dict[int, float] = {}
+        add, rank, node, name = self.rec.add, self.rank, self.node, TASK_KINDS[kind]
+        task_tile, tile_expert = self.phases.task_tile, self.phases.tile_expert
         for (u, task), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations, finish)):
-            t = int(self.plan.task_tile[task])
-            self.rec.add(self.rank, self.node, lane, "processor", TASK_KINDS[kind], start, end,
-                         int(self.plan.tile_expert[t]), t)
-            last[u] = max(last.get(u, end), end)
+            t = task_tile[task]
+            add(rank, node, lane, "processor", name, start, end, tile_expert[t], t)
+            if end >= last.get(u, end):
+                last[u] = end
         for u, end in last.items():
             self.env.timeout(end - self.env.now).callbacks.append(lambda _, u=u: self.phase_done(u, kind))
 
@@ -296,7 +316,7 @@ class FusedKernel:
         """The bytes a GEMM1 task of tile `t` stores into NVLink peers: its column block of each
         chunk whose source is one."""
         p, share = self.plan, len(self.phases.tasks[t][GEMM1])
-        xs = [int(self.phases.transfer[c, RETURN]) for c in self.plan.tile_chunks(t)]
+        xs = self.phases.returns[t]
         return sum(int(p.transfer_bytes[x]) / share for x in xs if int(p.transfer_link[x]) == NVLINK)
 
     def through_port(self, end: float, nbytes: float, task: int) -> float:
@@ -336,8 +356,7 @@ class FusedKernel:
         elif kind == GEMM0:
             self.enqueue(u, GEMM1)
         elif kind == GEMM1:  # every chunk goes home: stored by the tasks, or put through the NIC
-            for c in self.plan.tile_chunks(u):
-                x = int(self.phases.transfer[c, RETURN])
+            for x in self.phases.returns[u]:
                 self.send(x, stored=int(self.plan.transfer_link[x]) != NETWORK)
         else:
             self.on_chunk_done(u)

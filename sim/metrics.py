@@ -18,13 +18,20 @@ telemetry): only the schema's columns and the meta's optional "processors" are r
   its own or addressed to it in flight while no processor computes) and idle time.
 - the weights' roofline of a GEMM phase (`weights_roofline`, from the config alone): its best
   share of a GPU's matmul ceiling where the memory streams every expert weight once.
+- the layer's roofline (`layer_roofline`, from the config and the rows each source sends each
+  expert): the least time one call can take, the largest over GPUs and bounds of a GPU's GEMM FLOPs
+  at the matmul ceiling, its used experts' weight bytes at the memory rate, and its NVLink bytes
+  (the plan's dispatch and combine transfers of class nvlink, the larger of those it sends and
+  receives) at the rate of one GPU to all its peers. A kernel's latency over it is the figure of
+  merit of a point.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from reference import Config
+from reference import Config, plan
+from reference.weights import ffn_in_width
 
 from .trace import KIND, KINDS, ROLE, Trace
 
@@ -58,6 +65,43 @@ def weights_roofline(cfg: Config, kept_rows: int, ceiling_tflops: float, gbps: f
     weights on chip between calls."""
     experts = cfg.experts + cfg.shared_experts * cfg.ranks  # every GPU holds the shared experts
     return 100 * 4 * kept_rows * gbps * 1e9 / (experts * 2 * cfg.dtype_bytes * ceiling_tflops * 1e12)
+
+
+ROOFLINE_BOUNDS = ("gemm", "weights", "nvlink")
+
+
+def layer_roofline(cfg: Config, send_counts, ceiling_tflops: float, memory_gbps: float,
+                   nvlink_gbps: float | None) -> dict:
+    """The layer's roofline (see the module text) for `send_counts` (P, E) rows each source sends
+    each routed expert (shared experts take all T tokens of their own GPU): {"ms": the bound,
+    "bound": which of ROOFLINE_BOUNDS sets it, and each bound's ms, the largest over GPUs}.
+    Weights are stored in the config's dtype (float32 for tf32 and tf32x3). Without NVLink bytes
+    (one GPU) the NVLink rate is not needed."""
+    counts = np.asarray(send_counts, np.int64)
+    p, e, s = cfg.ranks, cfg.experts, cfg.shared_experts
+    if counts.shape != (p, e):
+        raise ValueError(f"send counts have shape {counts.shape}, expected ({p}, {e})")
+    counts = np.concatenate([counts, np.full((p, s), cfg.tokens, np.int64)], axis=1)
+    (tile_expert, tile_owner, _, _), (chunk_tile, chunk_src, _, chunk_rows) = plan.windows(cfg, counts)
+    owner = tile_owner[chunk_tile]
+    rows = np.bincount(owner, weights=chunk_rows, minlength=p)
+    per_row = cfg.hidden * (ffn_in_width(cfg) + cfg.ffn)  # multiply-adds of GEMM0 and GEMM1
+    # experts with rows on each GPU (every GPU its own copy of each shared expert)
+    used = np.bincount(np.unique(tile_expert.astype(np.int64) * p + tile_owner) % p, minlength=p)
+    row_bytes = chunk_rows.astype(np.int64) * cfg.hidden * cfg.dtype_bytes
+    nvl = plan.link_class(cfg, chunk_src, owner) == plan.NVLINK
+    # each chunk goes to its owner and comes back: a GPU sends what it dispatches and returns
+    sent = np.bincount(chunk_src[nvl], weights=row_bytes[nvl], minlength=p) + \
+        np.bincount(owner[nvl], weights=row_bytes[nvl], minlength=p)
+    ms = {"gemm": 2 * rows.max() * per_row / (ceiling_tflops * 1e9),
+          "weights": used.max() * per_row * cfg.dtype_bytes / (memory_gbps * 1e6),
+          "nvlink": 0.0}
+    if sent.any():
+        if not nvlink_gbps:
+            raise ValueError(f"the layer moves {int(sent.max())} bytes over NVLink: an NVLink rate is needed")
+        ms["nvlink"] = sent.max() / (nvlink_gbps * 1e6)  # sent == received: every chunk goes and comes back
+    bound = max(ROOFLINE_BOUNDS, key=ms.get)
+    return {"ms": float(ms[bound]), "bound": bound, **{f"{b}_ms": float(ms[b]) for b in ROOFLINE_BOUNDS}}
 
 
 def compute(trace: Trace, cfg: Config, latency_2gpu_ns: float | None = None) -> dict:

@@ -10,8 +10,10 @@ the peer one NIC latency after it leaves, and its completion comes back one late
 signal that tells the peer a chunk has landed must not overtake the chunk; the transports differ
 in how they guarantee that:
 
-- `ibgda`: the GPU posts the write and the signal to the NIC itself; the signal carries a fence
-  flag, so the NIC sends it once the earlier writes to that peer have completed.
+- `ibgda`: a GPU thread posts the write and the signal to the NIC itself, on the queue pair to the
+  peer that the GPU's blocks share under a lock (NVSHMEM's nvshmemi_ibgda_put_signal), so one
+  peer's posts queue; the signal carries a fence flag, so the NIC sends it once the earlier
+  writes to that peer have completed.
 - `ibrc`: a CPU proxy thread per GPU takes requests from a ring in host memory. For every chunk
   it posts the write, then fences (it blocks until all of its writes in flight have completed:
   the NIC pipeline drains), then posts the signal.
@@ -53,12 +55,13 @@ class Nic:
         self.env, self.hw, self.rank, self.node, self.rec = env, hw, rank, node, rec
         # the NIC reads GPU memory over PCIe (GPUDirect RDMA): the slower of the two bounds it
         self.link = SharedLink(env, min(hw.nic_gbps, hw.pcie_gbps))
-        self.inflight: dict[int, list[simpy.Event]] = {}  # per peer: completions not yet seen
+        # per peer, in posting order: the completions not yet seen (a write leaves as it completes)
+        self.inflight: dict[int, dict[simpy.Event, None]] = {}
 
     def write(self, peer: int, tile: int, nbytes: int, expert: int) -> simpy.Event:
         """Post an RDMA write; the event is its completion (the sender's view)."""
         done = self.env.event()
-        self.inflight.setdefault(peer, []).append(done)
+        self.inflight.setdefault(peer, {})[done] = None
         self.env.process(self._write(peer, tile, nbytes, expert, done))
         return done
 
@@ -68,12 +71,11 @@ class Nic:
         yield self.env.timeout(self.hw.nic_latency_ns)
         self.rec.add(self.rank, self.node, 0, "nic", "put", posted, self.env.now, expert, tile, peer, nbytes)
         yield self.env.timeout(self.hw.nic_latency_ns)
+        del self.inflight[peer][done]
         done.succeed()
 
     def pending(self, peer: int | None = None) -> list[simpy.Event]:
         """Writes (to `peer`, or to anyone) posted so far that have not completed."""
-        for p in list(self.inflight):
-            self.inflight[p] = [e for e in self.inflight[p] if not e.triggered]
         if peer is not None:
             return list(self.inflight.get(peer, ()))
         return [e for p in sorted(self.inflight) for e in self.inflight[p]]
@@ -174,6 +176,7 @@ class Fabric:
         self.nics = [Nic(env, hw, r, cfg.node_of(r), rec) for r in ranks] if cfg.nodes > 1 else []
         self.proxies = [Proxy(env, hw, transport, nic, self) for nic in self.nics] \
             if transport in PROXY_TRANSPORTS else []
+        self.qp_free: dict[tuple[int, int], float] = {}  # ibgda: when each (GPU, peer) queue pair is free
 
     def send(self, x: int, stored: bool = False) -> None:
         """The GPU issues transfer `x` now (a put with its signal), or, `stored`, only the signal of
@@ -206,11 +209,17 @@ class Fabric:
         self.rec.add(src, node, dst, "link", "signal", now, now, e, t, dst, 0)
 
     def _ibgda_put(self, x: int):
-        yield self.env.timeout(self.hw.gpu_post_ns)
-        nic = self.nics[int(self.plan.transfer_src[x])]
+        """A GPU thread takes the queue pair to the peer (its blocks share it under a lock), writes the
+        put's and the signal's work requests and rings the doorbell for each: one peer's put-with-
+        signals are posted one after another."""
+        src, dst = int(self.plan.transfer_src[x]), int(self.plan.transfer_dst[x])
+        start = max(self.env.now, self.qp_free.get((src, dst), 0.0))
+        self.qp_free[src, dst] = start + 2 * self.hw.gpu_post_ns
+        yield self.env.timeout(start - self.env.now + self.hw.gpu_post_ns)
+        nic = self.nics[src]
         self.write(nic, x)
         yield self.env.timeout(self.hw.gpu_post_ns)
-        yield from self.signal(nic, int(self.plan.transfer_dst[x]), [x], flagged=True)
+        yield from self.signal(nic, dst, [x], flagged=True)
 
     def write(self, nic: Nic, x: int) -> simpy.Event:
         p = self.plan

@@ -71,7 +71,7 @@ def figure(trace: Trace, title: str = "", processors: dict[int, int] | None = No
                          for s, e in zip(mine["start"][rows], mine["end"][rows])]
                 ax.broken_barh(spans, (y, 0.15), color=COLORS[KINDS[int(k)]], linewidth=0)
         ax.set_ylim(0, 1.7)
-        ax.set_yticks([0.5, 1.175, 1.375, 1.575], ["SMs busy", "links", "NIC", "proxy"], fontsize=7)
+        ax.set_yticks([0.5, 1.175, 1.375, 1.575], ["blocks busy", "links", "NIC", "proxy"], fontsize=7)
         ax.set_ylabel(f"GPU {r}", fontsize=8)
     axes[-1, 0].set_xlabel("time (µs)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]

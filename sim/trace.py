@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.files import FileError, finite, json_of_array, load_npz
+
 ROLES = ("processor", "scheduler", "subscriber", "proxy", "nic", "link")
 KINDS = ("gate", "dispatch", "gemm0", "gemm1", "combine", "put", "fence", "signal", "wait", "idle")
 COLUMNS = {
@@ -50,7 +52,10 @@ class Trace:
         n = {len(v) for v in self.columns.values()}
         if len(n) > 1:
             raise TraceError(f"trace columns have different lengths {sorted(n)}")
-        self.columns = {c: np.asarray(self.columns[c], dt) for c, dt in COLUMNS.items()}
+        try:
+            self.columns = {c: np.asarray(self.columns[c], dt) for c, dt in COLUMNS.items()}
+        except (TypeError, ValueError) as e:
+            raise TraceError(f"trace columns are not numbers of the schema's types ({e})") from e
 
     def __len__(self) -> int:
         return len(self.columns["start"])
@@ -84,14 +89,20 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        path = Path(path)
+        """A trace `.npz` (the schema's columns and a JSON `meta`); any failure is one TraceError line."""
+        expected = "a trace .npz with columns " + ", ".join(COLUMNS) + " and a JSON 'meta'"
         try:
-            with np.load(path) as f:
-                cols = {c: f[c] for c in COLUMNS if c in f.files}
-                meta = json.loads(str(f["meta"])) if "meta" in f.files else {}
-        except (OSError, ValueError) as e:
-            raise TraceError(f"trace file {str(path)!r} is not a readable .npz trace ({e})") from e
-        return cls(cols, meta)
+            data = load_npz(path, expected, tuple(COLUMNS))
+            meta = json_of_array(path, data, "meta", expected) if "meta" in data else {}
+            for c in ("start", "end"):
+                finite(path, c, data[c], expected)
+            if data["start"].ndim != 1:
+                raise FileError(path, f"holds 'start' of shape {data['start'].shape}", expected + " (1-D)")
+            return cls({c: data[c] for c in COLUMNS}, meta)
+        except FileError as e:
+            raise TraceError(str(e)) from e
+        except TraceError as e:
+            raise TraceError(f"file {str(path)!r}: {e}") from e
 
     def to_perfetto(self) -> dict:
         """Chrome trace-event JSON: one process per rank, one thread per (role, lane)."""
@@ -115,22 +126,33 @@ class Trace:
 
 
 class TraceBuilder:
-    """Appends rows one at a time (as a simulation or a log decoder produces them)."""
+    """Appends rows one at a time (as a simulation or a log decoder produces them), packed into
+    columns every `CHUNK` rows: a row held as a Python tuple costs about four times its columns."""
+
+    CHUNK = 1 << 16
+    _DTYPE = np.dtype(list(COLUMNS.items()))
 
     def __init__(self):
         self._rows: list[tuple] = []
+        self._packed: list[np.ndarray] = []
 
     def add(self, rank: int, node: int, lane: int, role: str, kind: str, start: float, end: float,
             expert: int = -1, tile: int = -1, peer: int = -1, nbytes: int = 0) -> None:
         self._rows.append((rank, node, lane, ROLE[role], KIND[kind], start, end, expert, tile,
                            peer, nbytes))
+        if len(self._rows) >= self.CHUNK:
+            self._pack()
+
+    def _pack(self) -> None:
+        if self._rows:
+            self._packed.append(np.array(self._rows, self._DTYPE))
+            self._rows = []
 
     def build(self, meta: dict | None = None) -> Trace:
-        if self._rows:
-            cols = dict(zip(COLUMNS, (np.array(c) for c in zip(*self._rows))))
-        else:
-            cols = {c: np.empty(0, dt) for c, dt in COLUMNS.items()}
-        return Trace(cols, meta or {})
+        self._pack()
+        rows = np.concatenate(self._packed) if self._packed else np.empty(0, self._DTYPE)
+        self._packed = [rows]
+        return Trace({c: rows[c] for c in COLUMNS}, meta or {})
 
 
 def concat(traces: list[Trace], meta: dict | None = None) -> Trace:

@@ -6,8 +6,9 @@ issue 4, kept here with the generator so the page and its numbers change togethe
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
+
+from reference.files import read_json
 
 from . import heldout
 from .calibrate import MEASUREMENTS
@@ -469,7 +470,7 @@ def markdown(comparisons: list[Comparison], pending: list[tuple[str, str]] | Non
              f"{PHASE_BOUND:.0%}, overlap efficiency within {OVERLAP_BOUND} absolute.", ""]
     lines += ["## The calibrated presets", ""]
     for hw_name, path in sorted({(c.hardware.name, f"calibrated-{c.run.gpu_tag}.json") for c in comparisons}):
-        doc = json.loads((MEASUREMENTS / path).read_text())
+        doc = read_json(MEASUREMENTS / path, "a calibrated preset (moelab calibrate --out)")
         dtypes = doc.get("dtypes", {})
         tiles = ", ".join(f"{d} at {'x'.join(map(str, sec['tile']))}" for d, sec in dtypes.items())
         lines += [f"`measurements/{path}` ({hw_name}, on `{doc['base']}`; kernel builds calibrated: "

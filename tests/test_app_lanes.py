@@ -27,9 +27,9 @@ def drawn_busy_time(rows, bars):
 def test_rows_one_per_lane_in_role_order_with_labels():
     tr = pipeline_trace(ranks=2, blocks=4, tasks=3)
     rows = lanes.rows_of(tr)
-    assert rows.labels == ["GPU0 SM 0", "GPU0 SM 1", "GPU0 SM 2", "GPU0 SM 3", "GPU0 scheduler",
+    assert rows.labels == ["GPU0 block 0", "GPU0 block 1", "GPU0 block 2", "GPU0 block 3", "GPU0 scheduler",
                            "GPU0 proxy", "GPU0 NIC", "GPU0 link→1",
-                           "GPU1 SM 0", "GPU1 SM 1", "GPU1 SM 2", "GPU1 SM 3", "GPU1 scheduler",
+                           "GPU1 block 0", "GPU1 block 1", "GPU1 block 2", "GPU1 block 3", "GPU1 scheduler",
                            "GPU1 proxy", "GPU1 NIC", "GPU1 link→0"]
     assert not rows.grouped
     label = np.array(rows.labels)[rows.of_event]
@@ -39,8 +39,8 @@ def test_rows_one_per_lane_in_role_order_with_labels():
 def test_many_blocks_are_grouped_into_sm_groups():
     tr = pipeline_trace(ranks=1, blocks=132, tasks=2)
     rows = lanes.rows_of(tr)
-    sm = [lab for lab in rows.labels if "SM" in lab]
-    assert len(sm) <= lanes.ROW_CAPS["processor"] and sm[0] == "GPU0 SMs 0–8"
+    sm = [lab for lab in rows.labels if "block" in lab]
+    assert len(sm) <= lanes.ROW_CAPS["processor"] and sm[0] == "GPU0 blocks 0–8"
     assert rows.lanes[: len(sm)].sum() == 132
 
 
@@ -94,7 +94,7 @@ def test_gantt_figure_has_a_trace_per_kind_and_stacks_panels():
     assert len(names) == 2 * len(set(names)) and set(names) <= set(charts.KIND_COLORS)
     assert [d.showlegend for d in fig.data].count(True) == len(set(names))
     ticks = list(fig.layout.yaxis.ticktext)
-    assert len(ticks) == 2 * len(rows) and ticks[len(rows)] == "simulated · GPU0 SM 0"
+    assert len(ticks) == 2 * len(rows) and ticks[len(rows)] == "simulated · GPU0 block 0"
     assert max(max(d.y) for d in fig.data) == 2 * len(rows) - 1
     html = charts.to_html(fig)
     assert html.startswith(b"<!doctype html>") and b"plotly.js v" in html  # self-contained

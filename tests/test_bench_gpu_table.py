@@ -63,3 +63,86 @@ def test_roofline_share_is_the_gemm_phase_over_the_lesser_of_bound_and_ceiling()
     row = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)[0]
     assert row[share] == pytest.approx(100 * row[gemm] / 16.0)  # its bound is 16% (above)
     assert bench_gpu.table_rows([p1], {"bfloat16": 800.0})[0][share] == ""
+
+
+def test_torch_columns_speedup_over_the_dropless_layer_and_skipped_points():
+    p = {**point("a", 1, 1.0), "torch_dropless_bfloat16_ms": 1.5, "torch_loop_bfloat16_ms": 1.8,
+         "torch_bfloat16_skipped": "58.0 GB of buffers do not fit"}
+    p.pop("torch_bfloat16_ms")
+    skipped = {"name": "bench-b-p4", "config": {**p["config"], "name": "b", "ranks": 4}, "skipped": "out of memory"}
+    rows = bench_gpu.table_rows([p, skipped], {"bfloat16": 800.0})
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    assert rows[0][col["speedup"]] == pytest.approx(1.5)
+    assert rows[0][col["loop torch ms"]] == pytest.approx(1.8)
+    assert rows[0][col["padded torch ms"]] == "58.0 GB of buffers do not fit"
+    assert rows[1][col["kernel ms"]] == "skipped: out of memory"
+    assert len(rows[1]) == len(bench_gpu.TABLE_HEAD)
+
+
+def test_roofline_columns_from_the_send_counts():
+    # 32 rows to each of 64 experts of H = I = 2048 on one GPU: 2 x 2048 rows x 2 x 2048^2 FLOPs
+    # = 34.4 GFLOP, 0.043 ms at 800 TFLOP/s; 64 experts' bf16 weights, 1.07 GB, 0.268 ms at 4000 GB/s
+    p = {**point("a", 1, 1.0), "send_counts": [[32] * 64]}
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    row = bench_gpu.table_rows([p], {"bfloat16": 800.0}, gbps=4000.0)[0]
+    weights_ms = 64 * 2 * 2048 * 2048 * 2 / 4000e6
+    assert (row[col["roofline ms"]], row[col["bound"]]) == (pytest.approx(weights_ms), "weights")
+    assert row[col["kernel / roofline"]] == pytest.approx(1.0 / weights_ms)
+    assert bench_gpu.table_rows([p], {"bfloat16": 800.0})[0][col["roofline ms"]] == ""  # no memory rate
+
+
+def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
+    cases, skipped, seconds = bench_gpu.matrix_plan([1, 4], ["bfloat16", "tf32x3"], ["qwen3-30b-a3b", "deepseek-v3",
+                                                                                     "gpt-oss-120b"],
+                                                    [1024, 4096, 16384], flashmoe=False, gpu_gb=80.0)
+    names = {c["name"] for p in cases for c in cases[p]}
+    why = {r["name"]: r["skipped"] for r in skipped}
+    # the kernel lacks the gated activations, shared experts and gpt-oss' router bias: their twins run
+    assert {"matrix-qwen3-30b-a3b-4k-twin-bf16-p4", "matrix-gpt-oss-120b-16k-twin-bf16-p1",
+            "matrix-deepseek-v3-1k-twin-bf16-p4"} <= names
+    assert "ragged" in why["matrix-gpt-oss-120b-4k-twin-tf32x3-p1"]  # 2880 columns, tf32x3 tiles of 128 or 256
+    assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-twin-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
+    assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-16k-twin-bf16-p4"]
+    assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 3 * 2  # twins and the models in torch
+    assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + 5 * bench_gpu.SPAWN_SECONDS_PER_GPU \
+        + len(names) * bench_gpu.POINT_SECONDS
+    # the skipped points keep their reason in the table
+    rows = bench_gpu.table_rows(skipped, {"bfloat16": 800.0, "float32": 50.0, "tf32x3": 50.0})
+    assert len(rows) == len(skipped) and all(str(r[bench_gpu.TABLE_HEAD.index("kernel ms")]).startswith("skipped")
+                                             for r in rows)
+
+
+def test_compact_results_drop_per_iteration_times_and_profiles():
+    r = {**point("a", 1, 1.0), "kernel_ms_all": [1.0] * 10, "torch_bfloat16_profile": "table", "traceback": "x"}
+    (c,) = bench_gpu.compact([{**r, "commit": "abc", "seed": 2}], {"commit": "abc", "seed": 1})
+    assert "kernel_ms_all" not in c and "torch_bfloat16_profile" not in c and "traceback" not in c
+    assert "commit" not in c and c["seed"] == 2  # the run's meta is kept once, a differing value stays
+    assert c["kernel_ms"] == 1.0 and c["config"] == r["config"]
+
+
+def test_speedup_is_over_the_faster_dropless_layer_and_tf32x3_roofline_over_a_third_of_tf32():
+    p = {**point("a", 1, 1.0), "torch_dropless_bfloat16_ms": 1.5, "torch_loop_bfloat16_ms": 1.2}
+    assert bench_gpu.speedup(p) == pytest.approx(1.2)
+    assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 388.0}) == pytest.approx(388.0 / 3)
+    assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 120.0}) == 51.0
+    assert bench_gpu.roofline_tflops("bfloat16", {"bfloat16": 737.0}) == 737.0
+
+
+def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are():
+    cases, skipped, _ = bench_gpu.matrix_plan([4], ["bfloat16"], ["qwen3-30b-a3b"], [4096], flashmoe=False, gpu_gb=80.0)
+    by_name = {c["name"]: c for c in cases[4]}
+    assert set(by_name) == {"matrix-qwen3-30b-a3b-4k-twin-bf16-p4", "matrix-qwen3-30b-a3b-4k-bf16-p4"}
+    real = by_name["matrix-qwen3-30b-a3b-4k-bf16-p4"]
+    assert "activation" in real["torch_only"] and real["config"]["activation"] == "swiglu"
+    assert by_name["matrix-qwen3-30b-a3b-4k-twin-bf16-p4"]["config"]["activation"] == "silu"
+    none, _, _ = bench_gpu.matrix_plan([4], ["bfloat16"], ["qwen3-30b-a3b"], [4096], False, 80.0, torch_models=False)
+    assert [c["name"] for c in none[4]] == ["matrix-qwen3-30b-a3b-4k-twin-bf16-p4"]
+    # its row: the reason in the kernel's column, the torch layers and the roofline beside it
+    res = {"name": real["name"], "config": real["config"], "kernel_skipped": real["torch_only"],
+           "torch_dropless_bfloat16_ms": 3.0, "torch_bfloat16_skipped": "no room",
+           "send_counts": [[256] * 128] * 4, "kept_rows": 4 * 4096 * 8}
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    (row,) = bench_gpu.table_rows([res], {"bfloat16": 800.0}, gbps=3000.0, nvlink=400.0)
+    assert row[col["kernel ms"]].startswith("not in the kernel") and row[col["dropless torch ms"]] == 3.0
+    assert row[col["padded torch ms"]] == "no room" and row[col["bound"]] == "nvlink"
+    assert len(row) == len(bench_gpu.TABLE_HEAD)

@@ -191,7 +191,8 @@ def test_prediction_within_bounds(run):
 def test_cli_writes_both_timelines(tmp_path, capsys):
     run = RUNS[0]
     trace, png = tmp_path / "both.json", tmp_path / "both.png"
-    assert main(["compare", "--measured", str(run.path), "--trace", str(trace), "--png", str(png), "--quiet"]) == 0
+    argv = ["compare", "--measured", str(run.path), "--trace", str(trace), "--png", str(png), "--quiet", "--no-fail"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "layer latency (ms)" in out and "gemm0 busy" in out
     names = [e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["name"] == "process_name"]
@@ -205,7 +206,7 @@ def test_cli_exits_non_zero_where_a_run_misses_a_bound(capsys):
     missed = next(r for r in RUNS if (r.name, "layer") in KNOWN_MISSES)
     assert main(["compare", "--measured", str(held.path), "--quiet"]) == 0
     assert main(["compare", "--measured", str(missed.path), "--quiet"]) == 1
-    assert f"miss a bound: {missed.name}" in capsys.readouterr().err
+    assert f"{missed.name} misses a bound" in capsys.readouterr().err
     assert main(["compare", "--measured", str(missed.path), "--quiet", "--no-fail"]) == 0
 
 

@@ -23,6 +23,49 @@ def test_unsupported_fields_are_named():
     layout.check_supported(base)
 
 
+def test_every_router_runs_and_the_gate_limits_are_named():
+    """The gate phase takes every router (routed scaling, router bias, group-limited top-k); the
+    router check cases are supported on 1, 2 and 4 GPUs; its limits are refused by field."""
+    from gpu import cases
+
+    for p in (1, 2, 4):
+        for c in cases.router_check_cases(p, 3):
+            layout.check_supported(Config.from_dict(c["config"]))
+    base = presets.get("tiny").replace(experts=64, top_k=2)
+    for change, field in [(dict(n_group=64, topk_group=2), "n_group"),
+                          (dict(top_k=1, scale_before_expert=True), "scale_before_expert")]:
+        with pytest.raises(layout.UnsupportedConfig) as e:
+            layout.check_supported(base.replace(**change))
+        assert e.value.field == field and field in str(e.value)
+    layout.check_supported(base.replace(gate="softmax_topk", n_group=32, topk_group=2))  # groups of two
+
+
+def test_gate_kinds_are_the_configs_routers_in_order():
+    """params.cuh's GATE_* values number reference.config.GATES in order (runtime passes the index)."""
+    from reference.config import GATES
+
+    text = (layout.KERNEL_DIR / "params.cuh").read_text()
+    kinds = {int(v): name for name, v in re.findall(r"GATE_([A-Z_]+) = (\d+)", text)}
+    assert [kinds[i].lower() for i in range(len(kinds))] == list(GATES)
+
+
+def test_tied_experts_score_alike():
+    """cases.tie_experts gives expert E-1-e expert e's gate column and biases (e < E / 4), in place,
+    so their logits tie for every token and the mirrored groups' scores do too."""
+    from gpu import cases
+
+    cfg = Config(experts=16, top_k=4, n_group=4, topk_group=2, gate="sigmoid_bias")
+    rng = np.random.default_rng()
+    wg, gate_bias, wg_bias = rng.standard_normal((8, 16)), rng.standard_normal(16), rng.standard_normal(16)
+    untouched = wg[:, 4:12].copy()
+    cases.tie_experts(cfg, wg, gate_bias, wg_bias)
+    z = rng.standard_normal((5, 8)) @ wg + wg_bias
+    assert np.array_equal(z[:, 12:][:, ::-1], z[:, :4]) and np.array_equal(gate_bias[12:][::-1], gate_bias[:4])
+    assert np.array_equal(wg[:, 4:12], untouched)
+    s = z + gate_bias
+    assert np.array_equal(np.sort(s[:, :4], -1), np.sort(s[:, 12:], -1))  # groups 0 and 3 score alike
+
+
 def test_bf16_tile_shape_is_checked_field_by_field():
     flash = presets.get("flashmoe")
     bf = flash.replace(dtype="bfloat16", tile_m=128, tile_n=128, tile_k=64)
@@ -239,7 +282,8 @@ def test_param_fields_match_the_struct():
     assert fields[:3] == ["x", "wg", "logit_offset"] and fields[-1] == "gate_splits"
     assert len(fields) == len(set(fields))
     sizes = {"T", "H", "I", "E", "K", "P", "L", "C", "W", "CH", "stride", "rank", "gate_kind", "act_kind", "n_proc",
-             "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "staged_blocks", "gate_splits"}
+             "queue_cap", "tlog_cap", "timeout_ns", "direct_stores", "staged_blocks", "gate_splits", "n_group",
+             "topk_group", "routed_scaling"}
     assert sizes <= set(fields)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from reference import Config, ConfigError, presets
 from reference.cli import _parse_value, config_from_args
+from reference.files import FileError
 
 BAD_FIELDS = [
     ("name", ""), ("tokens", 0), ("tokens", 1.5), ("tokens", True), ("hidden", -64), ("ffn", 0),
@@ -39,6 +40,7 @@ def test_bad_field_names_field_value_and_rule(field, value):
     (dict(experts=8, n_group=4, topk_group=5), "topk_group"),
     (dict(experts=8, top_k=4, n_group=4, topk_group=1), "topk_group"),
     (dict(top_k=2, scale_before_expert=True), "scale_before_expert"),
+    (dict(activation="swiglu_oai", tile_n=24 + 1, hidden=50, ffn=50, tile_k=1), "tile_n"),
 ])
 def test_cross_field_rules(changes, field):
     # a tile_n that does not divide H or I is allowed: the last column block is ragged
@@ -111,19 +113,23 @@ def test_save_load_round_trip(tmp_path, suffix):
     ("bad.json", "{\"tokens\": 3,", "path"),
     ("unknown.toml", "tokenz = 3\n", "tokenz"),
     ("wrong.json", json.dumps({"tokens": "many"}), "tokens"),
-    ("list.json", "[1, 2]", "config"),
+    ("list.json", "[1, 2]", "path"),
     ("config.yaml", "tokens: 3\n", "path"),
 ])
 def test_malformed_files(tmp_path, name, text, field):
     path = tmp_path / name
     path.write_text(text)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises((ConfigError, FileError)) as err:
         Config.load(path)
-    assert err.value.field == field
+    # a file that is not a config file names the file; a bad field names the field and the file
+    if field == "path":
+        assert err.value.path == str(path)
+    else:
+        assert err.value.field == field and str(path) in str(err.value)
 
 
 def test_missing_file_and_unknown_preset(tmp_path):
-    with pytest.raises(ConfigError, match="existing"):
+    with pytest.raises(FileError, match="does not exist"):
         Config.load(tmp_path / "none.toml")
     with pytest.raises(ConfigError, match="preset"):
         presets.get("no-such-preset")

@@ -72,6 +72,9 @@ def skewed(cfg):
     dict(top_k=1), dict(top_k=8), dict(capacity_factor=0.1), dict(capacity_factor=None),
     dict(tokens=5, tile_m=32), dict(tokens=33, tile_m=32), dict(activation="gelu"),
     dict(activation="swiglu", shared_experts=2), dict(gate="sigmoid_bias", skew=2.0),
+    dict(activation="swiglu_oai", swiglu_limit=0.5, tile_n=48), dict(gate="topk_softmax", router_bias=True),
+    dict(gate="sigmoid_topk", top_k=1, scale_before_expert=True, shared_experts=1, activation="swiglu"),
+    dict(gate="sigmoid_bias", n_group=4, topk_group=2, routed_scaling=2.5, shared_experts=2, tile_n=24),
 ])
 def test_edge_configs_all_paths(changes):
     cfg = presets.get("tiny").replace(**changes)

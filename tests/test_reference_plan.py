@@ -54,9 +54,9 @@ def chunk_positions(cfg, tp):
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["tiny", "tiny-nodrop", "tiny-deepseek"]), st.integers(0, 1000),
-       st.sampled_from([None, 0.3, 1.0]), st.booleans(), st.sampled_from([8, 16, 32]))
-def test_plan_invariants(name, seed, cf, merge, tile_m):
-    cfg = presets.get(name).replace(seed=seed, capacity_factor=cf, merge_sources=merge, tile_m=tile_m)
+       st.sampled_from([None, 0.3, 1.0]), st.booleans(), st.sampled_from([8, 16, 32]), st.sampled_from([32, 24, 48]))
+def test_plan_invariants(name, seed, cf, merge, tile_m, tile_n):
+    cfg = presets.get(name).replace(seed=seed, capacity_factor=cf, merge_sources=merge, tile_m=tile_m, tile_n=tile_n)
     r = reference.route_config(cfg)
     tp = plan.build(cfg, r)
     t, s, m = cfg.tokens, cfg.shared_experts, cfg.tile_m
@@ -103,25 +103,36 @@ def test_plan_invariants(name, seed, cf, merge, tile_m):
     routed = tp.tile_expert < cfg.experts
     assert np.array_equal(tp.tile_owner[routed], tp.tile_expert[routed] // cfg.local_experts)
     assert np.array_equal(tp.chunk_src[~routed_chunk], tp.tile_owner[tp.chunk_tile[~routed_chunk]])
-    # tasks: per tile I/bN GEMM0, H/bN GEMM1 at the owner, one combine per chunk at its source
+    # tasks: per tile ceil(I/b0) GEMM0 (b0 = bN, or bN/2 gated: bN weight columns, gate and up) and
+    # ceil(H/bN) GEMM1 at the owner, one combine per chunk at its source
+    b0 = cfg.tile_n // 2 if cfg.activation == "swiglu" else cfg.tile_n
     chunks_of = np.bincount(tp.chunk_tile, minlength=n_tiles)
     per_tile = np.bincount(tp.task_tile, minlength=n_tiles)
-    assert np.array_equal(per_tile, cfg.ffn // cfg.tile_n + cfg.hidden // cfg.tile_n + chunks_of)
-    for kind, width in ((GEMM0, cfg.ffn), (GEMM1, cfg.hidden)):
+    assert np.array_equal(per_tile, -(-cfg.ffn // b0) - (-cfg.hidden // cfg.tile_n) + chunks_of)
+    for kind, width, b in ((GEMM0, cfg.ffn, b0), (GEMM1, cfg.hidden, cfg.tile_n)):
         sel = tp.task_kind == kind
         assert tp.task_cols[sel].sum() == width * n_tiles and np.all(tp.task_chunk[sel] == -1)
+        # column blocks of b from 0 on, the last the rest of the width (ragged where b does not divide it)
+        n = -(-width // b)
+        assert np.array_equal(tp.task_col0[sel], np.tile(np.arange(n) * b, n_tiles))
+        assert np.array_equal(tp.task_cols[sel], np.tile([b] * (n - 1) + [width - (n - 1) * b], n_tiles))
+        # every task multiplies tile_n weight columns but a ragged last one
+        assert np.all(plan.weight_columns(cfg, tp.task_kind[sel], tp.task_cols[sel]) <= cfg.tile_n)
         assert np.array_equal(tp.task_rank[sel], tp.tile_owner[tp.task_tile[sel]])
     comb = tp.task_kind == COMBINE
     assert np.array_equal(tp.task_chunk[comb], np.arange(n_chunks))
     assert np.array_equal(tp.task_rank[comb], tp.chunk_src) and np.array_equal(tp.task_tile[comb], tp.chunk_tile)
-    # transfers: one dispatch out and one return per chunk, bytes = rows x H x dtype
-    for kind, a, b in ((DISPATCH, tp.chunk_src, tp.tile_owner[tp.chunk_tile]),
-                       (RETURN, tp.tile_owner[tp.chunk_tile], tp.chunk_src)):
+    # transfers: one dispatch out per routed chunk (a shared expert's rows are read in place) and one
+    # return per chunk, bytes = rows x H x dtype
+    for kind, chunks in ((DISPATCH, np.flatnonzero(routed_chunk)), (RETURN, np.arange(n_chunks))):
+        a, b = tp.chunk_src[chunks], tp.tile_owner[tp.chunk_tile[chunks]]
         sel = tp.transfer_kind == kind
-        assert np.array_equal(tp.transfer_chunk[sel], np.arange(n_chunks))
-        assert np.array_equal(tp.transfer_tile[sel], tp.chunk_tile)
+        assert np.array_equal(tp.transfer_chunk[sel], chunks)
+        assert np.array_equal(tp.transfer_tile[sel], tp.chunk_tile[chunks])
+        a, b = (a, b) if kind == DISPATCH else (b, a)
         assert np.array_equal(tp.transfer_src[sel], a) and np.array_equal(tp.transfer_dst[sel], b)
-        assert np.array_equal(tp.transfer_bytes[sel], tp.chunk_rows.astype(np.int64) * cfg.hidden * cfg.dtype_bytes)
+        assert np.array_equal(tp.transfer_bytes[sel], tp.chunk_rows[chunks].astype(np.int64) * cfg.hidden
+                              * cfg.dtype_bytes)
 
 
 @pytest.mark.parametrize("changes", [dict(ranks=2, merge_sources=False), dict(ranks=1, merge_sources=True),

@@ -381,8 +381,8 @@ def assert_calibrate_refuses(raw: dict, field: str, tmp_path, capsys) -> None:
 
 
 def test_a_missing_file_is_an_error(tmp_path, capsys):
-    assert main(["calibrate", "--calibration", str(tmp_path / "nope.json")]) == 2
-    assert "calibration field 'calibration'" in capsys.readouterr().err
+    assert main(["calibrate", "--calibration", str(tmp_path / "nope.json"), "--out", str(tmp_path / "c.json")]) == 2
+    assert "nope.json': does not exist" in capsys.readouterr().err
 
 
 def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):

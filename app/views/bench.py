@@ -1,5 +1,6 @@
-"""Benchmarks page: a committed GPU benchmark run (benchmarks/bench_gpu.py) as its table, its GEMM
-phases against the memory's roofline, and its speedups over the torch layer."""
+"""Benchmarks page: a committed GPU benchmark run (benchmarks/bench_gpu.py) as its table (each point
+against the torch layers and its roofline), its GEMM phases against the memory's roofline, and its
+speedups over the dropless torch layer."""
 
 import numpy as np
 import streamlit as st
@@ -29,19 +30,35 @@ gbps = st.number_input(
     ("not measured by this run: the fastest weight stream measured on this GPU "
      "(benchmarks/weight_stream.py)" if fallback else "not measured on this GPU: set it"))
 rows = bench_data.rows(meta, results, gbps)
+if meta.get("nvlink_gbps"):
+    st.caption(f"NVLink of one GPU to its peers, measured by the run: {meta['nvlink_gbps']:.0f} GB/s")
+for line in bench_data.skipped(results):
+    st.caption(f"not timed: {line}")
 held, faster, cannot = (sum(1 for r in rows if r["GEMM phase % ceil"] >= BAR), sum(1 for r in rows if r["speedup"] > 1),
                         sum(1 for r in rows if r["weights' bound % ceil"] < BAR))
 of_roofline = sum(1 for r in rows if r["GEMM phase % roofline"] >= BAR)
-cols = st.columns(5)
+roofs = [r["kernel / roofline"] for r in rows if isinstance(r["kernel / roofline"], float)]
+cols = st.columns(6)
 cols[0].metric("points", len(rows))
-cols[1].metric("faster than torch", f"{faster} of {len(rows)}")
+cols[1].metric("faster than torch", f"{faster} of {len(rows)}",
+               help="than the dropless torch layer where the run timed it, else the padded one")
 cols[2].metric(f"GEMM phase at {BAR:g}% or more", f"{held} of {len(rows)}")
 cols[3].metric(f"roofline under {BAR:g}%", cannot,
                help="points whose weights' roofline, at the memory rate above, leaves the bar out of reach")
 cols[4].metric(f"at {BAR:g}% of their roofline", f"{of_roofline} of {len(rows)}",
                help="points whose GEMM phase reaches the bar's share of the lesser of the ceiling and the weights' "
                     "roofline: the bar where the memory, not the tensor cores, sets the most a GEMM phase can do")
+cols[5].metric("kernel / roofline, median", f"{sorted(roofs)[len(roofs) // 2]:.2f}" if roofs else "-",
+               help="each point's latency over its roofline: the largest of its GEMM FLOPs at the matmul ceiling, "
+                    "its weight bytes at the memory rate, its NVLink bytes at one GPU's rate to its peers "
+                    "(runs from before the send counts were kept have none)")
 st.dataframe(rows, hide_index=True)
+
+alone = bench_data.torch_only_rows(meta, results, gbps)
+if alone:
+    st.subheader("Layers the kernel does not run yet, in torch alone")
+    st.caption("Each beside its roofline; the kernel ran the layer's twin (its name ends in -twin above).")
+    st.dataframe(alone, hide_index=True)
 
 st.subheader("GEMM phase against the weights' roofline")
 st.caption("A GEMM task reads its expert's weight slice however few rows the tile holds: with R kept rows an "
@@ -55,7 +72,7 @@ fig = charts.roofline(points, "rows an expert", "GEMM phase % ceil", "series", c
 st.plotly_chart(fig, key="bench.roofline")
 downloads.figure(fig, f"{path.stem}-roofline")
 
-st.subheader("Speedup over the torch layer of the same precision")
+st.subheader("Speedup over the dropless torch layer of the same precision (runs before it: the padded one)")
 
 
 def layer(r: dict) -> str:

@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import charts, downloads, forms, lanes, metrics_table
 from reference import Config
-from sim import TRANSPORTS, simulate
+from sim import TRANSPORTS, simulate, sweeps
 from sim.trace import ROLE
 
 PRESET = "tiny-nodrop"  # 4 GPUs on 2 nodes: a network path to look at, simulated in a moment
@@ -26,6 +26,13 @@ def run(cfg_dict: dict, transport: str):
     return simulate(Config.from_dict(cfg_dict), transport=transport)
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def model_rows(model: str, gpus: int) -> list[dict]:
+    """Every transport on one of Perseus' models (sweeps.perseus_layer): the sweep's rows."""
+    return sweeps.multinode(sweeps.perseus_layer(model, gpus), nodes=(max(1, gpus // sweeps.GPUS_PER_NODE),),
+                            gpus_per_node=min(gpus, sweeps.GPUS_PER_NODE), workers=1)  # no forks of the server
+
+
 def proxy_and_nic(trace, node: int):
     """The proxy and NIC lanes of one node."""
     keep = (trace["node"] == node) & np.isin(trace["role"], [ROLE["proxy"], ROLE["nic"]])
@@ -34,7 +41,7 @@ def proxy_and_nic(trace, node: int):
 
 st.title("Fences: hidden serialization across nodes")
 st.markdown(STORY)
-cfg, _ = forms.config_sidebar("fences", preset=PRESET)
+cfg, _ = forms.config_sidebar("fences", preset=PRESET, job="sim")
 if cfg is not None and cfg.nodes < 2:
     st.info(f"{cfg.name} fits on one node: its tiles never reach a proxy or a NIC. Give it more "
             "GPUs than GPUs per node (or pick perseus-comm) to see fences.")
@@ -69,3 +76,21 @@ elif cfg is not None:
     flat = {t: metrics_table.flatten(r.metrics) for t, r in results.items()}
     st.dataframe([{"metric": k, **{t: metrics_table.fmt(flat[t].get(k, "")) for t in flat}}
                   for k in flat["ibrc"]], hide_index=True)
+
+st.subheader("Perseus' models across nodes")
+st.markdown(f"""The layers Perseus evaluates, from the model zoo, in bf16 at {sweeps.PERSEUS_TOKENS} tokens
+per GPU on nodes of {sweeps.GPUS_PER_NODE} GPUs: every transport, with each one's latency over `ibgda`'s
+and `ibrc`'s over Perseus'. Decoupled signaling divides the fences by the tiles a GPU sends one peer in one
+phase: 8 where a GPU holds 8 experts (Qwen3-30B-A3B and gpt-oss-120b on 16 GPUs, DeepSeek-V3 on 32).""")
+left, right = st.columns(2)
+model = left.selectbox("model", sweeps.PERSEUS_MODELS, key="perseus.model")
+gpus = right.selectbox("GPUs", sweeps.PERSEUS_GPUS, index=1, key="perseus.gpus")
+if st.button("simulate every transport", key="perseus.run"):
+    with st.spinner(f"simulating {model} on {gpus} GPUs with {len(TRANSPORTS)} transports"):
+        rows = model_rows(model, gpus)
+    base = {r["transport"]: r for r in rows}
+    st.dataframe([{**{k: r[k] for k in ("transport", "latency_ms", "fences", "blocking_fences", "signals",
+                                         "proxy_blocked_us")},
+                   "over ibgda": r["latency_ms"] / base["ibgda"]["latency_ms"]} for r in rows], hide_index=True)
+    st.caption(f"ibrc over perseus: {base['ibrc']['latency_ms'] / base['perseus']['latency_ms']:.2f}x; "
+               f"fences ibrc over decoupled: {base['ibrc']['fences'] / max(base['decoupled']['fences'], 1):.1f}x")

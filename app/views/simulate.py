@@ -24,7 +24,7 @@ def default_gpus(cfg: Config, ranks: list[int]) -> list[int]:
 
 
 st.title("Simulate: one MoE layer call, tile by tile")
-cfg, opt = forms.config_sidebar("cfg", sim_options=True)
+cfg, opt = forms.config_sidebar("cfg", sim_options=True, job="sim")
 if cfg is not None:
     with st.spinner(f"simulating {cfg.name} on {cfg.ranks} {opt.hardware} GPUs ({opt.transport})"):
         result = simulate(cfg.to_dict(), opt.hardware, opt.transport, opt.baseline, opt.queue, opt.dispatch,
@@ -50,6 +50,10 @@ if cfg is not None:
             panels = [("", rows, bars)]
             fig = charts.gantt(panels, title)
             st.plotly_chart(fig, key="sim.timeline")
+            hw = sim.hardware.get(opt.hardware)
+            st.caption(f"A processor row is one of the kernel's processor blocks, not an SM: {opt.hardware} runs "
+                       f"{hw.processors} on each GPU ({hw.blocks_per_sm} per SM on {hw.sms} SMs, one block kept "
+                       "for the scheduler and subscriber warps).")
             if bars.exact:
                 st.caption(f"{len(bars):,} intervals in {len(rows)} lanes, each drawn as it is.")
             else:

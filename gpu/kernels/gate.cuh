@@ -1,11 +1,13 @@
 // Gate and capacity, reproducing reference/routing.py exactly:
 // - logits in float64 of the float32 operands on the FP64 tensor cores (products are exact, so only
 //   the summation order can differ from NumPy's, far below any gap between two experts' logits),
-//   minus the skew offset;
+//   plus the gate's bias (router_bias), minus the skew offset;
 //   the bf16 kernel reads bf16 tokens and bf16-rounded gate weights, as the reference's bf16 path;
 // - top-k best first, a tie to the lower expert index (4 lanes per token each scan their experts
-//   upwards with strict >, then keep the lower index of equal scores when they combine);
-// - weights by the config's gate variant, in float64;
+//   upwards with strict >, then keep the lower index of equal scores when they combine); group-limited
+//   (n_group > 1): only inside the topk_group best groups, a group scored by its best expert's score
+//   (the sum of its best two for sigmoid_bias, where groups have two), a tie to the lower group;
+// - weights by the config's gate variant, in float64, times routed_scaling;
 // - slots per expert in priority order (choice j first, then token index), dropped at >= C
 //   (capacity_phase, from each item's row counts).
 #pragma once
@@ -18,6 +20,7 @@ constexpr int GATE_DEPTH = 64;        // slice of H per pipeline stage (gate_sco
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
 constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
 constexpr int GATE_MAX_SPLITS = 8;    // blocks that may share one item's H (few tokens: every block busy)
+constexpr int GATE_MAX_GROUPS = 32;   // n_group of group-limited top-k, at most (a bit each in a mask)
 // Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
 // the mma fragments are read). Row strides, in elements, make a fragment read (8 rows x 4 columns
 // of A, 4 rows x 8 columns of B) hit 32 different banks, and keep rows 16-byte aligned for cp.async.
@@ -166,7 +169,7 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
             if (t < T && e < E && partial) {
               partial[(long long)t * E + e] = acc[m][n][c];
             } else if (t < T && e < E) {
-              const double z = acc[m][n][c] - p.logit_offset[e];
+              const double z = acc[m][n][c] + p.wg_bias[e] - p.logit_offset[e];
               p.logits[(long long)t * E + e] = z;
               if (keep) logits_smem[tok * E + e] = z;
             }
@@ -189,27 +192,76 @@ __device__ __forceinline__ void keep_better(int& best, double& score, int other,
   }
 }
 
+// An expert's selection score: its logit for the softmax gates and sigmoid_topk (softmax and sigmoid
+// keep the logits' order), sigmoid(logit) + its selection bias for sigmoid_bias.
+__device__ __forceinline__ double gate_score(const Params& p, const double* z, int e) {
+  return p.gate_kind == GATE_SIGMOID_BIAS ? sigmoid64(z[e]) + p.gate_bias[e] : z[e];
+}
+
+// Across the SELECT_LANES lanes of a token: the best (score, expert) of the lanes' candidates.
+__device__ __forceinline__ void combine_best(int& best, double& score) {
+#pragma unroll
+  for (int d = 1; d < SELECT_LANES; d *= 2) {
+    const int other = __shfl_xor_sync(0xffffffffu, best, d);
+    const double other_score = __shfl_xor_sync(0xffffffffu, score, d);
+    keep_better(best, score, other, other_score);
+  }
+}
+
+// Group-limited top-k: the mask of the topk_group best of n_group groups of E / n_group experts, a
+// group scored by its best score (the sum of its best two for sigmoid_bias where groups have two,
+// DeepSeek-V3), a tie to the lower group. Every lane of the token ends with the same mask: the max
+// and the best two of the lanes' shares combine to the same values on each.
+__device__ unsigned gate_groups(const Params& p, const double* z, int part) {
+  const int G = (int)p.n_group, per = (int)(p.E / p.n_group);
+  const bool two = p.gate_kind == GATE_SIGMOID_BIAS && per > 1;
+  double group_score[GATE_MAX_GROUPS];
+  for (int g = 0; g < G; ++g) {
+    double a1 = -INFINITY, a2 = -INFINITY;  // this lane's best two scores of the group
+    for (int e = g * per + part; e < (g + 1) * per; e += SELECT_LANES) {
+      const double s = gate_score(p, z, e);
+      if (s > a1) {
+        a2 = a1;
+        a1 = s;
+      } else if (s > a2) {
+        a2 = s;
+      }
+    }
+#pragma unroll
+    for (int d = 1; d < SELECT_LANES; d *= 2) {
+      const double b1 = __shfl_xor_sync(0xffffffffu, a1, d), b2 = __shfl_xor_sync(0xffffffffu, a2, d);
+      a2 = fmax(fmin(a1, b1), fmax(a2, b2));
+      a1 = fmax(a1, b1);
+    }
+    group_score[g] = two ? a1 + a2 : a1;
+  }
+  unsigned mask = 0;
+  for (int r = 0; r < (int)p.topk_group; ++r) {
+    int best = -1;
+    double best_score = 0.0;
+    for (int g = 0; g < G; ++g)
+      if (!(mask >> g & 1u)) keep_better(best, best_score, g, group_score[g]);
+    if (best >= 0) mask |= 1u << best;  // none only for a lane past T, whose logits are not a token's
+  }
+  return mask;
+}
+
 // Top-k and weights of one token from its float64 logits z (shared memory when E is small),
 // by SELECT_LANES neighbouring lanes: lane `part` scans experts part, part + 4, ..., then the
 // lanes combine by shuffles. All lanes of the warp take part (`valid` false: nothing written).
 __device__ void gate_select(const Params& p, int t, const double* z, int part, bool valid, int* choices) {
-  const bool sig = p.gate_kind == GATE_SIGMOID_BIAS;
-  const int E = (int)p.E, K = (int)p.K;
+  const int E = (int)p.E, K = (int)p.K, per = (int)(p.E / p.n_group);
+  const unsigned groups = p.n_group > 1 ? gate_groups(p, z, part) : 1u;
   int chosen[16];  // K <= 16, checked on the host
   for (int j = 0; j < K; ++j) {
     int best = -1;
     double best_score = 0.0;
     for (int e = part; e < E; e += SELECT_LANES) {
-      bool taken = false;
+      bool taken = !(groups >> (e / per) & 1u);
       for (int q = 0; q < j; ++q) taken |= chosen[q] == e;
-      if (!taken) keep_better(best, best_score, e, sig ? sigmoid64(z[e]) + p.gate_bias[e] : z[e]);
+      if (!taken) keep_better(best, best_score, e, gate_score(p, z, e));
     }
-#pragma unroll
-    for (int d = 1; d < SELECT_LANES; d *= 2) {
-      const int other = __shfl_xor_sync(0xffffffffu, best, d);
-      const double other_score = __shfl_xor_sync(0xffffffffu, best_score, d);
-      keep_better(best, best_score, other, other_score);
-    }
+    combine_best(best, best_score);
     chosen[j] = best;  // the same on every lane of the token
   }
   double w[16], total = 0.0;
@@ -231,10 +283,13 @@ __device__ void gate_select(const Params& p, int t, const double* z, int part, b
     for (int j = 1; j < K; ++j) m = fmax(m, z[chosen[j]]);
     for (int j = 0; j < K; ++j) total += (w[j] = exp(z[chosen[j]] - m));
     for (int j = 0; j < K; ++j) w[j] /= total;
-  } else {
+  } else if (p.gate_kind == GATE_SIGMOID_BIAS) {
     for (int j = 0; j < K; ++j) total += (w[j] = sigmoid64(z[chosen[j]]));
-    for (int j = 0; j < K; ++j) w[j] /= total;
+    for (int j = 0; j < K; ++j) w[j] /= total + 1e-20;  // as Hugging Face's DeepSeek-V3
+  } else {  // GATE_SIGMOID_TOPK (Llama 4): each chosen expert's sigmoid, not normalized
+    for (int j = 0; j < K; ++j) w[j] = sigmoid64(z[chosen[j]]);
   }
+  for (int j = 0; j < K; ++j) w[j] *= p.routed_scaling;
   if (part == 0)
     for (int j = 0; j < K; ++j) choices[j] = valid ? chosen[j] : -1;
   if (valid && part == 0)
@@ -278,7 +333,8 @@ __device__ __forceinline__ int gate_splits(const Params& p, int items) {
   return ceil_div(slices, ceil_div(slices, want));
 }
 
-// The partial logits' sums (split order, the same every run), minus the skew offset, into p.logits:
+// The partial logits' sums (split order, the same every run), plus the gate's bias, minus the skew
+// offset, into p.logits:
 // every thread of the grid a few (token, expert) entries, all their splits' loads in flight together.
 // Against one unit per item adding its tokens' partials, one split after another, the 1K-token gate
 // phase went 50 -> 40 us (float32) and 46 -> 41 (bf16) on one H200, 4K 67 -> 59 (float32).
@@ -292,7 +348,7 @@ __device__ void gate_sum_partials(const Params& p, int splits) {
 #pragma unroll
     for (int s = 0; s < GATE_MAX_SPLITS; ++s)
       if (s < splits) z += part[s];
-    p.logits[at] = z - p.logit_offset[at % p.E];
+    p.logits[at] = z + p.wg_bias[at % p.E] - p.logit_offset[at % p.E];
   }
 }
 

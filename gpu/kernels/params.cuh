@@ -1,6 +1,6 @@
 // The kernel's one argument block, filled by gpu/layout.py (PARAM_FIELDS lists these fields in
 // this order; a CPU test checks that both lists agree). Every field is 8 bytes, so the layout has
-// no padding and a numpy structured array of uint64 matches it byte for byte.
+// no padding and an array of 64-bit words matches it byte for byte (a double as its bits).
 #pragma once
 #include <stdint.h>
 #include <cuda_bf16.h>
@@ -26,6 +26,7 @@ struct Params {
   const float* wg;             // [H][E] gate weights
   const double* logit_offset;  // [E]    skew * ln(1 + e), subtracted from the float64 logits
   const double* gate_bias;     // [E]    selection-only bias of the sigmoid_bias gate
+  const double* wg_bias;       // [E]    the gate's bias, added to the float64 logits (zeros without router_bias)
   const elem_t* w1;            // [L][H][I] the local experts' weights (MOE_WGMMA: [L][I][H], K-major)
   const float* b1;             // [L][I]
   const elem_t* w2;            // [L][I][H] (MOE_WGMMA: [L][H][I])
@@ -81,6 +82,8 @@ struct Params {
   long long CH;                // chunk slots per (source, expert) block: the most chunks it can be cut into
   long long stride;            // positions between two sources' slots in a window (tiles.cuh)
   long long rank, gate_kind, act_kind, n_proc, queue_cap, tlog_cap, timeout_ns;
+  long long n_group, topk_group;  // group-limited top-k: the k from the topk_group best of n_group groups
+  double routed_scaling;       // every routed weight multiplied by it (1: none)
   long long direct_stores;     // 1: rows are stored straight into peers' memory where nvshmem_ptr reaches it
                                //    (dispatch into the owner's inbox, GEMM1 into the source's combox); 0: puts
   long long staged_blocks;     // processors that send the peers' dispatched chunks on the staged dispatch;
@@ -95,7 +98,13 @@ enum { TMAP_INBOX = 0, TMAP_HIDDEN = 1, TMAP_W1 = 2, TMAP_W2 = 3, TMAP_BYTES = 1
 enum { ST_BARRIER = 0, ST_ABORT = 1, ST_QTAIL = 2, STATE_WORDS = 8 };
 
 // gate_kind / act_kind values (gpu/layout.py GATES / ACTIVATIONS)
-enum { GATE_SOFTMAX_TOPK = 0, GATE_SOFTMAX_TOPK_RENORM = 1, GATE_TOPK_SOFTMAX = 2, GATE_SIGMOID_BIAS = 3 };
+enum {
+  GATE_SOFTMAX_TOPK = 0,
+  GATE_SOFTMAX_TOPK_RENORM = 1,
+  GATE_TOPK_SOFTMAX = 2,
+  GATE_SIGMOID_BIAS = 3,
+  GATE_SIGMOID_TOPK = 4
+};
 enum { ACT_RELU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2, ACT_SILU = 3 };
 
 // task kinds in queue descriptors: GEMM {kind, local expert, window, col0}, combine {kind, expert, chunk, 0}

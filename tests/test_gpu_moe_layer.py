@@ -1,0 +1,40 @@
+"""gpu.MoELayer on real GPUs (pytest -m gpu; skipped cleanly without torch or a CUDA device): on 1, 2
+and 4 GPUs (as many as the machine has), each case of gpu.cases.moe_layer_cases builds the layer
+from the reference's weights as torch tensors and calls it three times with new tokens; every call
+routes as the golden does and matches its output within the precision's tolerance.
+"""
+
+import os
+
+import pytest
+
+from gpu.cases import GOLDEN_TOLERANCE
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+def test_moe_layer_matches_the_golden_call_after_call(p, tmp_path):
+    if _gpus() < p:
+        pytest.skip(f"needs {p} CUDA GPU(s), found {_gpus()}")
+    from gpu import cases, spawn
+
+    todo = cases.moe_layer_cases(p, int.from_bytes(os.urandom(4), "little"))
+    results = spawn.run(todo, p, tmp_path, timeout_s=180)
+    assert [r["name"] for r in results] == [c["name"] for c in todo]
+    for r in results:
+        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
+        assert len(r["calls"]) == 3, r["name"]
+        precision = "bfloat16" if r["config"]["dtype"] == "bfloat16" else "float32"
+        for call in r["calls"]:
+            assert call["routing_equal"] and call["counts_equal"] and not call["nan"], r["name"]
+            assert call["weight_max_abs_err"] < 1e-12, (r["name"], call["weight_max_abs_err"])
+            assert call["rel_err"] < GOLDEN_TOLERANCE[precision], (r["name"], call["rel_err"])

@@ -1,0 +1,44 @@
+"""The gate phase's routers on real GPUs (pytest -m gpu; skipped cleanly without torch or a CUDA device).
+
+For 1, 2 and 4 GPUs (as many as the machine has), every router of gpu.cases.ROUTERS (Mixtral's,
+Qwen3's, DeepSeek-V2's and V3's group-limited top-k with routed scaling, Llama 4's sigmoid top-1,
+gpt-oss' router bias; E up to 256, k up to 8), on fresh random inputs and on inputs whose experts
+and groups are tied (cases.tie_experts): the kernel's experts, slots and counts equal the golden's,
+its weights within float64 rounding of them, its output the golden's within float32's tolerance
+(bf16's for the bf16 cases).
+"""
+
+import os
+
+import pytest
+
+from gpu.cases import GOLDEN_TOLERANCE
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+def test_every_router_routes_as_the_golden(p, tmp_path):
+    if _gpus() < p:
+        pytest.skip(f"needs {p} CUDA GPU(s), found {_gpus()}")
+    from gpu import cases, spawn
+
+    todo = cases.router_check_cases(p, int.from_bytes(os.urandom(4), "little"))
+    results = spawn.run(todo, p, tmp_path, timeout_s=180)
+    assert [r["name"] for r in results] == [c["name"] for c in todo]
+    for r in results:
+        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
+        assert r["routing_equal"] and r["counts_equal"], r["name"]
+        scale = r["config"]["routed_scaling"]
+        assert r["weight_max_abs_err"] < 1e-12 * scale, (r["name"], r["weight_max_abs_err"])
+        precision = "bfloat16" if r["config"]["dtype"] == "bfloat16" else "float32"
+        assert r["rel_err"] < GOLDEN_TOLERANCE[precision], (r["name"], r["rel_err"])
+        assert not r["nan"] and r["telemetry_same_output"], r["name"]
