@@ -4,6 +4,7 @@
     python benchmarks/bench_gpu.py --gpus 1 2 --suite bench --dtypes bfloat16 float32 --untraced float32
     python benchmarks/bench_gpu.py --gpus 1 2 --suite checks bench --dtypes tf32
     python benchmarks/bench_gpu.py --gpus 1 --suite bench --dtypes bfloat16 --tile 128x256x64
+    python benchmarks/bench_gpu.py --gpus 1 2 4 --suite validate --prefix h100x4-
     python benchmarks/bench_gpu.py --gpus 4 2 1 --suite matrix --dtypes bfloat16 tf32x3 --estimate
 
 `checks`: small configs against the float64 golden (fresh seeds, skewed routing, all tokens to one
@@ -11,7 +12,9 @@ expert, capacity dropping, T not a multiple of tile_m, E = P and E = 8P, every g
 activation the kernel supports), telemetry on/off, and a rank that sits out (the others must
 time out and raise). `bench`: the FlashMoE default and its token/expert sweeps, kernel vs the
 torch layer of the same dtype (float32 points also beside torch bf16), random inputs drawn on the GPU,
-checked against the torch layer; `--dtypes` picks the kernels (float32, bfloat16, tf32: float32 data
+checked against the torch layer. `validate`: the validation set's layers (reference/validation_set.py)
+at the bf16 bench tile, each traced and checked against the torch layer (the layers the kernel
+refuses are listed). `--dtypes` picks the kernels (float32, bfloat16, tf32: float32 data
 on TF32 tensor cores, timed beside torch with TF32 allowed; tf32x3: float32 data on TF32 tensor
 cores at float32's accuracy, timed beside torch float32), `--untraced` those whose points keep
 no trace, and `checks` then includes the bf16 (tf32, tf32x3) kernel's checks against the
@@ -62,6 +65,7 @@ from gpu.cases import (  # noqa: E402
     sit_out_case,
     tf32_check_cases,
     tf32x3_check_cases,
+    validation_cases,
 )
 from gpu.layout import Sizes  # noqa: E402
 from reference import Config, ConfigError, presets  # noqa: E402
@@ -405,7 +409,8 @@ def ceiling_text(ceilings: dict[str, float]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1])
-    ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout", "matrix"])
+    ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout", "matrix",
+                                                                          "validate"])
     ap.add_argument("--layers", nargs="+", default=[*presets.ZOO, "flashmoe"], choices=[*presets.ZOO, "flashmoe"],
                     help="the matrix's layers: zoo models (reference.presets.ZOO; their kernel twins, "
                          "gpu.cases.kernel_twin, where the kernel lacks what they need) and FlashMoE's token and "
@@ -494,6 +499,11 @@ def main() -> int:
                 cases += bench_cases(p, args.points, args.prefix, dt, trace=dt not in args.untraced,
                                      dispatch=args.dispatch, tile=args.tile, staged_blocks=args.staged_blocks,
                                      apart=args.apart)
+        if "validate" in args.suite:
+            runs, refused = validation_cases(p, args.prefix)
+            cases += runs
+            for name, why in refused:
+                print(f"gpus={p}: {name} not run: {why}", flush=True)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
         cases += mplan.get(p, [])

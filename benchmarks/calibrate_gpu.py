@@ -56,6 +56,9 @@ def table(raw: dict, label: str = "") -> str:
         if not c["scaled"]:
             rows.append((f"copy_rows 1 tile, {c['blocks']} blocks", "GB/s/block",
                          2 * c["bytes"] / c["ns_per_copy"]["median"]))
+    for c in raw.get("copy_nvlink") or []:
+        rows.append((f"copy_rows 1 tile into the peer, {c['blocks']} blocks", "GB/s/block",
+                     c["bytes"] / c["ns_per_copy"]["median"]))
     for p in raw.get("put", []):
         if p["bytes"] == 1 << 20:
             rows.append((f"put 1 MiB to {p['peer']}, {p['blocks']} blocks", "GB/s (all)", p["aggregate_gbps"]))
@@ -63,7 +66,7 @@ def table(raw: dict, label: str = "") -> str:
         rows.append((f"round trip, {p['bytes']} B{' (signal)' if not p['bytes'] else ''}", "µs",
                      p["round_trip_ns"] / 1e3))
     for g in raw.get("gate", []):
-        rows.append((f"gate phase T={g['tokens']} E={g['experts']}", "µs", g["ns"] / 1e3))
+        rows.append((f"gate phase T={g['tokens']} E={g['experts']} k={g['top_k']}", "µs", g["ns"] / 1e3))
     for d in raw.get("dispatch", []):
         # files before the kernel stored dispatched rows timed whole tiles, packed and put
         n, what = d.get("shares", d.get("tiles")), "shares" if "shares" in d else "tiles"

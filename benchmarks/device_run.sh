@@ -14,6 +14,9 @@
 #   put-D      the same sweep with every tile put by one block (dispatched by one block, returned by
 #              GEMM1's last task: the kernel's path where a peer is not load/store reachable),
 #              untraced: the direct stores measured against it
+#   validate   the validation set's layers (reference/validation_set.py) at the bf16 bench tile on the GPU
+#              counts given, a telemetry trace each (PREFIXtrace-val-NN-pP.npz, for `moelab compare`), no torch
+#              timing: under 3 minutes on 1, 2 and 4 GPUs (tests/test_validation_set.py's estimate)
 #   matrix     the benchmark matrix: the zoo twins at 1K, 4K and 16K tokens per GPU and FlashMoE's sweeps,
 #              bf16 and tf32x3, on the GPU counts given, each point beside the dropless, padded and
 #              per-expert-loop torch layers and against its roofline (untraced); its compact JSON and
@@ -86,6 +89,10 @@ EOF
       # shellcheck disable=SC2086  # GPUS is a list of counts
       timeout 400 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite bench --points sweep --dtypes "${part#*-}" \
         --dispatch $path "${apart[@]}" --prefix "$PREFIX" --out "$R/${part}" --timeout 190 2>&1 | tee "$R/${part}.txt" ;;
+    validate)
+      # shellcheck disable=SC2086  # GPUS is a list of counts
+      timeout 300 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite validate --dtypes bfloat16 --prefix "$PREFIX" \
+        --out "$R/validate" --timeout 280 2>&1 | tee "$R/validate.txt" ;;
     matrix)
       # shellcheck disable=SC2086  # GPUS and MATRIX_ARGS are lists
       timeout $(( ${MATRIX_TIMEOUT:-420} + 40 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite matrix \
@@ -95,7 +102,8 @@ EOF
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;
-    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3), matrix or stream"
+    *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3),"\
+         "matrix, validate or stream"
        exit 2 ;;
   esac
 done
@@ -103,4 +111,7 @@ tar -czf "$OUT/results.tar.gz" -C "$R" .
 tail -n 3 "$R/pytest.txt" 2>/dev/null
 for part in "$@"; do [[ $part == bench-* || $part == store-* || $part == put-* || $part == apart-* ]] && tail -n 24 "$R/${part}.txt"; done
 [[ " $* " == *" matrix "* ]] && cat "$R/matrix.txt" 2>/dev/null
+for part in "$@"; do
+  [[ $part == validate ]] && { grep -E "not run|FAILED" "$R/validate.txt" | head -n 20; tail -n 40 "$R/validate.txt"; }
+done
 exit 0

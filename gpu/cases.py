@@ -15,12 +15,13 @@ each with its telemetry trace, in float32 (FP32_TILE_K: tiles 128 x 64 x 16), bf
 128 x 256 x 64: two warpgroups, each a wgmma.m64n128k16 per 64 rows, K in 64-deep slices four TMA
 stages deep), tf32 (TF32_TILE, 128 x 128 x 8: three stages of float slices fit the static shared
 memory) or tf32x3 (TF32X3_TILE, 128 x 128 x 32: two warpgroups of 64 columns, 32-float slices;
-TF32X3_SHORT_TILE, 64 x 256 x 32, where an expert's rows on a GPU fit 64).
+TF32X3_SHORT_TILE, 64 x 256 x 32, where an expert's rows on a GPU fit 64). validation_cases: the
+validation set's layers (reference/validation_set.py) on P GPUs at the bf16 bench tile, traced.
 """
 
 from __future__ import annotations
 
-from reference import Config, plan, presets
+from reference import Config, plan, presets, validation_set
 
 from . import layout
 
@@ -438,3 +439,23 @@ def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torc
                                   "torch_only": f"not in the kernel: {why}", "baselines": [baseline_precision(c)],
                                   "warmup": 3, "iters": 10})
     return cases
+
+
+def validation_cases(p: int, prefix: str = "") -> tuple[list[dict], list[tuple[str, str]]]:
+    """The validation set's layers on `p` GPUs as bench cases at the bf16 bench tile, each traced
+    (`prefix` + trace-val-NN-pP.npz) and checked against the torch layer, timed beside no torch
+    layer; and the (name, reason) of those the kernel refuses. Layers without a ragged column block
+    run first: a kernel that cannot run one stops its GPU count's job there."""
+    run, refused = [], []
+    for c in validation_set.layers(ranks=p):
+        c = in_dtype(c, "bfloat16")
+        try:
+            layout.check_supported(c)
+        except layout.UnsupportedConfig as e:
+            refused.append((c.name, str(e)))
+            continue
+        run.append(c)
+    run.sort(key=lambda c: validation_set.ragged(c, c.tile_n))
+    return [{"name": f"validate-{c.name}-p{p}", "config": c.to_dict(), "inputs": "random", "seed": 1, "bench": True,
+             "baselines": [], "warmup": 3, "iters": 10, "trace": f"{prefix}trace-{c.name}-p{p}.npz", "profile": False,
+             "dispatch": "staged"} for c in run], refused

@@ -12,9 +12,12 @@ fails or a job cut short still leaves the others:
   megakernel's grid, for full and short tiles;
 - copy: copy_rows gathers of one tile (128 rows of H elements) per block, 1 block to the full grid;
 - put: put-with-signal per block vs message size and issuing blocks, to this GPU and to the peer;
+- copy_nvlink: copy_rows of one tile per block straight into the peer's memory (the staged dispatch's
+  senders' stores, before their fence), 1 to 2 x STAGED_BLOCKS blocks (two or more GPUs);
 - pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size
   (put and pingpong move bytes whatever the dtype: the bf16 job leaves them to the float32 one);
-- gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts;
+- gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts, and at GATE_TOPK_POINTS
+  over top_k too (the selection's k passes over the logits, from shared and from global memory);
 - dispatch / combine: dispatch_tile over the routed tiles of the gate's 64-expert layers (1K to
   16K tokens: less or more than the L2 in flight; each share's world, since on two GPUs the
   local shares run beside the NVLink ones), and the per-token ordered combine of the FlashMoE
@@ -55,13 +58,19 @@ from . import build, cases, layout, spawn, tma
 from .runtime import Inputs, Layer, Session, allow_dynamic_smem
 
 DTYPES = ("float32", "bfloat16", "tf32x3")  # the builds (gpu.cases.PRECISIONS): tf32x3 is float32 data
-SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler", "in_layer")  # in the order they run
+SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler", "in_layer",
+            "copy_nvlink")  # in the order they run
 BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
 H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
 SHARING = (1, 2, 8)  # tiles per expert that share each weight slice, in the GEMM microbenchmark
 GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
+# (tokens, experts, top_k): the gate alone at other top_k, logits in shared memory (64 experts) and in
+# global memory (128), one or two items a unit: the selection's time per logit (costs.gate_select_reads)
+GATE_TOPK_POINTS = ((8192, 64, 8), (4096, 64, 6), (6144, 128, 8), (12288, 128, 4))
 PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
+# blocks copying rows into the peer at once: one alone (a sender's own rate) to twice the staged senders
+COPY_NVLINK_BLOCKS = tuple(sorted({1, 2, 4, 8, layout.STAGED_BLOCKS, 2 * layout.STAGED_BLOCKS}))
 # blocks x bytes in flight from 16 KiB to the full grid's 264 MiB, densest around the L2 (50 MiB)
 PUT_BLOCKS = (1, 8, 16, 32, 64, 128)  # and the full grid
 PING_SIZES = (0, 4 << 10, 64 << 10, 1 << 20)
@@ -98,9 +107,19 @@ def tile_options(dtype: str, world: int) -> dict[str, int]:
     return layout.compile_options(flashmoe(world, dtype))
 
 
+def fit_layers(world: int, dtype: str) -> list[Config]:
+    """The fit set: every layer whose in-kernel pieces the calibration measures and fits (the gate points,
+    the scheduler's layers, the in-layer layers and the return layer), none of which the validation
+    set (reference/validation_set.py) may hold."""
+    changes = [dict(tokens=t, experts=e) for t, e in GATE_POINTS] + [SCHED_CONFIG, SCHED_SMALL, *IN_LAYERS]
+    changes += [dict(tokens=t, experts=e, top_k=k) for t, e, k in GATE_TOPK_POINTS]
+    return [flashmoe(world, dtype, **c) for c in changes + ([IN_LAYER_RETURN] if world > 1 else [])]
+
+
 def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     """The layer configs this job allocates (gpu.spawn sizes NVSHMEM's heap from them)."""
     cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
+    cfgs += [flashmoe(world, dtype, tokens=t, experts=e, top_k=k) for t, e, k in GATE_TOPK_POINTS]
     cfgs += [flashmoe(world, dtype, **SCHED_CONFIG), flashmoe(world, dtype, **SCHED_SMALL),
              flashmoe(world, dtype, tokens=max(IN_LAYER_TOKENS)), flashmoe(world, dtype, **IN_LAYER_SHARING)]
     return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
@@ -224,6 +243,39 @@ def sec_copy(b: Bench, grid: int) -> list[dict]:
     return out
 
 
+def sec_copy_nvlink(b: Bench) -> list[dict] | None:
+    """Rank 0's blocks gather 128-row tiles (copy_rows, as a dispatch share) straight into rank 1's
+    memory through its NVSHMEM mapping; time per copy, without the fence that ends a share (its
+    round trip, pingpong's). None on one GPU."""
+    import nvshmem.core as nvshmem
+    import nvshmem.core.interop.torch as symmetric
+
+    s = b.s
+    if s.world < 2:
+        return None
+    src_rows, rows, reps, most = 16384, 128, 4, max(COPY_NVLINK_BLOCKS)
+    src = b.randn(src_rows, H, dtype=b.elem)
+    ns = b.zeros(most)
+    out = []
+    with b.torch.cuda.stream(s.torch_stream):
+        buf = symmetric.tensor((most * rows * H * b.elem_bytes // 4,), dtype=b.torch.float32)
+    try:
+        s.barrier()
+        s.sync()
+        if s.rank == 0:
+            there = symmetric.get_peer_tensor(buf, 1)
+            for blocks in COPY_NVLINK_BLOCKS:
+                b.launch("mb_copy", blocks, ptr(src), np.int32(src_rows), ptr(there), np.int32(rows), np.int32(H),
+                         np.uint64(0), np.int32(reps), ptr(ns))
+                out.append({"peer": "nvlink", "blocks": blocks, "rows": rows, "bytes": rows * H * b.elem_bytes,
+                            "ns_per_copy": stats(b.clocks(ns)[:blocks] / reps)})
+        s.barrier()
+        s.sync()
+    finally:
+        nvshmem.free_tensor(buf)
+    return out
+
+
 @contextlib.contextmanager
 def symmetric_pair(b: Bench, shape: tuple[int, ...], signals: int):
     """A float32 symmetric buffer of `shape` and `signals` zeroed int64 signal words, freed on exit."""
@@ -322,11 +374,12 @@ def tlog_events(layer: Layer, kind: int) -> list[tuple[int, float, int, int]]:
 
 
 def sec_layer_pieces(b: Bench, results: dict, save) -> None:
-    """Gate over GATE_POINTS; dispatch on its 64-expert layers; combine on the FlashMoE default."""
+    """Gate over GATE_POINTS and GATE_TOPK_POINTS; dispatch and combine on GATE_POINTS' 64-expert layers."""
     s = b.s
     results["gate"], results["dispatch"], results["combine"] = [], [], []
-    for tokens, experts in GATE_POINTS:
-        cfg = flashmoe(s.world, b.dtype, tokens=tokens, experts=experts)
+    for tokens, experts, top_k in [(t, e, None) for t, e in GATE_POINTS] + list(GATE_TOPK_POINTS):
+        cfg = flashmoe(s.world, b.dtype, tokens=tokens, experts=experts, **({"top_k": top_k} if top_k else {}))
+        pieces = top_k is None and experts == 64  # the dispatch and the combine at the FlashMoE default's k
         # the dispatch timed share by share, every chunk shared by the processors at once: the rate
         # the simulator's cost of a stored share is fitted to, whichever order a path gives them
         layer = Layer(s, cfg, Inputs.random(cfg, s.rank, seed=1), dispatch="store")
@@ -335,7 +388,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
             ns, grid = gate_time(b, layer)
             results["gate"].append({"tokens": tokens, "experts": experts, "hidden": H, "top_k": cfg.top_k,
                                     "grid": grid, "ns": ns})
-            if experts == 64:
+            if pieces:
                 layer.run()  # routing, counts and rows in place for dispatch and combine
                 for _ in range(2):
                     with b.torch.cuda.stream(s.torch_stream):
@@ -361,7 +414,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
                             "rows": stats([e[3] for e in sel]), "bytes_per_row": H * b.elem_bytes,
                             "ns_per_tile": stats([e[1] for e in sel]),
                             "ns_per_row": stats([e[1] / max(e[3], 1) for e in sel])})
-            if experts == 64:  # the ordered combine at four layer sizes, the FlashMoE default's first
+            if pieces:  # the ordered combine at four layer sizes, the FlashMoE default's first
                 with b.torch.cuda.stream(s.torch_stream):
                     layer._work32.zero_()
                 b.launch("mb_combine", layer.grid, ptr(layer._params))
@@ -573,7 +626,8 @@ def main(argv: list[str]) -> int:
     sections = [("layer_pieces", lambda: sec_layer_pieces(bench, results, save)),
                 ("gemm", lambda: sec_gemm(bench, grid)), ("copy", lambda: sec_copy(bench, grid)),
                 ("put", lambda: sec_put(bench, grid)), ("pingpong", lambda: sec_pingpong(bench)),
-                ("scheduler", lambda: sec_scheduler(bench)), ("in_layer", lambda: sec_in_layer(bench))]
+                ("scheduler", lambda: sec_scheduler(bench)), ("in_layer", lambda: sec_in_layer(bench)),
+                ("copy_nvlink", lambda: sec_copy_nvlink(bench))]
     for name, run in sections:
         if name not in wanted or (dtype != "float32" and name in BYTE_SECTIONS):
             continue

@@ -13,6 +13,9 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   (sim.costs.overlapped), least squares over tile heights (GEMM0 and GEMM1): the megakernel's own
   tasks on the in_layer layers, or, in files without them, the microbenchmark's at the
   megakernel's grid; task_overhead_ns is 0 (each measurement times a whole task body);
+- copy_nvlink_ns_per_byte: copy_rows of a tile into the NVLink peer's memory by one block alone (the
+  staged dispatch's senders; checked at up to 32 blocks against its rate or their port share), 0
+  where not measured;
 - l2_knee_bytes, copy_*, put_local_*: copy_rows of a tile and its put to the block's own GPU by
   1 to all blocks at once: time per byte = alone while the bytes all blocks move at once fit in
   the L2 (up to the knee), + extra x beyond / (beyond + half) for the bytes beyond it;
@@ -41,8 +44,9 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
   all blocks' bytes the L2 holds and HBM's for the rest, on the same in-layer layers (the rows
   GEMM1 just wrote); files without them fit the microbenchmark at 1K-16K tokens with no fixed
   time and the copies' knee;
-- gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns: least squares of the gate phase over tokens
-  and experts against the kernel's work items and slot scans (sim.costs.gate_ns);
+- gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns, gate_select_smem_ns, gate_select_global_ns:
+  least squares of the gate phase over tokens, experts and top_k against the kernel's work items, top-k
+  selections and slot scans (sim.costs.gate_ns; a selection figure only where the points vary top_k);
 - handoff_ns: the processors' median gap between tasks, from the megakernel's telemetry on a
   12K-token layer (its shortest arrival-to-first-task delay is printed beside the preset's
   subscriber_ns, not fitted: that delay waits for a processor too);
@@ -386,12 +390,26 @@ def _fit_moves(f: Fit, raw: dict, hw, base: str, origin: str, dtype: str) -> Non
         best = max(remote, key=lambda p: p["aggregate_gbps"])
         f.set("nvlink_gbps", best["aggregate_gbps"], f"{origin}: the largest aggregate put-with-signal bandwidth "
               f"to the peer ({best['blocks']} blocks x {best['bytes']} B)")
+    into_peer = [] if alone else [c for c in raw.get("copy_nvlink") or [] if c.get("blocks")]
+    one = next((c for c in into_peer if c["blocks"] == 1), None)
+    if one:
+        f.set("copy_nvlink_ns_per_byte", one["ns_per_copy"]["median"] / one["bytes"],
+              f"{origin}: copy_rows of one {one['bytes']} B tile into the NVLink peer's memory by 1 block alone "
+              "(a staged dispatch sender's stores, before its fence)")
+    else:
+        f.set("copy_nvlink_ns_per_byte", 0.0, f"{origin}: not measured (no copy_rows into a peer): a staged sender "
+              "stores at copy_rows' own rate")
     # the build's blocks per SM too (a local share queues behind the NVLink ones only beside another
     # block) and the measured NVLink latency (a share stored into the peer ends with a round trip)
     hw_moves = PRESETS["h200-sxm"].replace(**{k: f.values[k] for k in (
         "blocks_per_sm", "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes",
         "put_local_ns_per_byte", "put_local_extra_ns_per_byte", "put_local_half_bytes", "put_nvlink_ns_per_byte",
-        "nvlink_gbps") + (("nvlink_latency_ns",) if "nvlink_latency_ns" in f.values else ())})
+        "copy_nvlink_ns_per_byte", "nvlink_gbps") + (("nvlink_latency_ns",) if "nvlink_latency_ns" in f.values
+                                                     else ())})
+    for c in into_peer:  # each block at its own rate or its share of the port
+        f.check(f"copy_rows {c['bytes']} B into the peer, {c['blocks']} blocks (ns)", c["ns_per_copy"]["median"],
+                c["bytes"] * costs.port_ns_per_byte(hw_moves.copy_nvlink_ns_per_byte, c["blocks"],
+                                                    hw_moves.nvlink_gbps))
     for c in copies:
         inflight = c["blocks"] * c["bytes"]
         f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",
@@ -608,7 +626,10 @@ def _fixed_and_rates(points: list[tuple[str, float, float, float]]) -> tuple[flo
 
 
 def _fit_gate(f: Fit, raw: dict, units: int, wgs: int, origin: str) -> None:
-    """The gate phase on `units` workers (blocks x their `wgs` warpgroups, costs.gate_units)."""
+    """The gate phase on `units` workers (blocks x their `wgs` warpgroups, costs.gate_units). The
+    top-k selection's time per logit (from shared or from global memory) is fitted only where the
+    points vary top_k among layers whose logits are read from that memory: the E-dependent costs
+    of points of one top_k (the softmax, the row counts) are no selection's."""
     pts = _need(raw, "gate", "gate phase times")
     if len(pts) < 4:
         raise CalibrationError("gate", len(pts), "at least 4 (tokens, experts) points")
@@ -617,26 +638,37 @@ def _fit_gate(f: Fit, raw: dict, units: int, wgs: int, origin: str) -> None:
         grid = g["grid"] * wgs if "grid" in g else units
         slots = costs.slot_scan(g["tokens"], g["top_k"], g["experts"], grid)
         split = float(costs.gate_splits(g["tokens"], g["hidden"], grid) > 1)
-        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0, split))
+        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid), slots, 1.0, split,
+                     *costs.gate_select_reads(g["tokens"], g["top_k"], g["experts"], grid)))
     a = np.array(rows, np.float64)
     y = np.array([g["ns"] for g in pts])
+    names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
+             "gate_select_global_ns")
+    how = ("time = H spanned per unit x a + slot scan x b + c + (H split over units) x d + logits considered by "
+           "a selecting lane from shared memory x e and from global memory x f (costs.gate_work, costs.slot_scan, "
+           "costs.gate_select_reads)")
+    keep = np.ones(a.shape[1], bool)
+    unfitted = {}
+    for col, memory in ((4, "shared"), (5, "global")):
+        ks = sorted({g["top_k"] for g, row in zip(pts, a) if row[col]})
+        if len(ks) < 2:
+            keep[col] = False
+            unfitted[names[col]] = (f"{origin}: none (no gate point with its logits in {memory} memory varies top_k: "
+                                    f"{ks or 'none there'})")
     # a figure the least squares wants negative is dropped and the rest fitted again (the slot
     # scans of the bf16 128 x 256 build: as many per unit at 8 as at 64 and 128 experts, whose
     # gate times differ by the selection alone); clipping it instead threw the others off by 20%
-    keep = np.ones(a.shape[1], bool)
     while True:
         coef = np.zeros(a.shape[1])
         coef[keep], *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
         if (coef >= 0).all():
             break
         keep &= coef >= 0
-    names = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns")
     for name, c in zip(names, coef):
-        f.set(name, float(c), f"{origin}: gate phase over {len(pts)} (tokens, experts) points, least squares of "
-              "time = H spanned per unit x a + slot scan x b + c + (H split over units) x d (costs.gate_work, "
-              "costs.slot_scan)")
+        f.set(name, float(c), unfitted.get(name) or f"{origin}: gate phase over {len(pts)} (tokens, experts, top_k) "
+              f"points, least squares of {how}")
     for g, row in zip(pts, a):
-        f.check(f"gate T={g['tokens']} E={g['experts']} (ns)", g["ns"], float(row @ coef))
+        f.check(f"gate T={g['tokens']} E={g['experts']} k={g['top_k']} (ns)", g["ns"], float(row @ coef))
 
 
 def _fit_scheduler(f: Fit, raw: dict, hw, origin: str) -> None:

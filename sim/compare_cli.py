@@ -1,5 +1,6 @@
 """`moelab compare`: one measured run against its prediction, or every committed run as a table
-(`--all`), optionally written as docs/validation.md (`--markdown`)."""
+(`--all`), optionally written as docs/validation.md (`--markdown`), or the validation set's runs and
+the bars they are held to (`--validation`: exits 1 until they are met, unless `--no-fail`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from reference.cli import path_ending
 from reference.files import FileError, check_output
 
 from . import compare as cmp
-from . import validation
+from . import heldout, validation
 from .calibrate import CalibrationError
 from .hardware import HardwareError
 
@@ -29,7 +30,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise cmp.CompareError("markdown", args.markdown, "given with --all (the table of every run)")
         if args.all and args.measured:
             raise cmp.CompareError("measured", args.measured, "not given with --all")
-        if args.all:
+        if args.validation and (args.all or args.measured):
+            raise cmp.CompareError("validation", True, "not given with --all or --measured (it compares the "
+                                   "validation set's runs)")
+        if args.all or args.validation:
             return _all(args)
         if not args.measured:
             raise cmp.CompareError("measured", None, "a measured-run file (--measured FILE) or --all")
@@ -71,22 +75,32 @@ def _one(args) -> int:
 
 def _all(args) -> int:
     runs = cmp.measured_runs()
+    compared = [r for r in runs if heldout.is_validation(r)] if args.validation else runs
+    if args.validation and not compared:
+        print("moelab compare: no validation layer is measured (benchmarks/device_run.sh ... validate)",
+              file=sys.stderr)
+        return 0 if args.no_fail else 1
     if not runs:
         raise cmp.CompareError("measured", str(cmp.MEASUREMENTS / "gpu"), "a folder holding measured runs")
     predict = cmp.Predictor()
     comparisons = []
     t0 = time.perf_counter()
-    for i, run in enumerate(runs, 1):
+    for i, run in enumerate(compared, 1):
         if not args.quiet:  # the time left at the pace so far
-            left = f", about {format_seconds((time.perf_counter() - t0) / (i - 1) * (len(runs) - i + 1))} left" \
+            left = f", about {format_seconds((time.perf_counter() - t0) / (i - 1) * (len(compared) - i + 1))} left" \
                 if i > 1 else ""
-            print(f"[{i}/{len(runs)}] {run.name}{left}", file=sys.stderr, flush=True)
+            print(f"[{i}/{len(compared)}] {run.name}{left}", file=sys.stderr, flush=True)
         comparisons.append(cmp.compare(run, args.hardware, runs=runs, predict=predict))
     if args.markdown:
         Path(args.markdown).write_text(validation.markdown(comparisons))
         print(f"wrote {args.markdown}")
     for c in comparisons:
         print(cmp.table(c) + "\n")
+    if args.validation:
+        verdicts = heldout.bars(comparisons)
+        for b in verdicts:
+            print(b.text())
+        return 0 if args.no_fail or all(b.ok for b in verdicts) else 1
     return _status(args, comparisons)
 
 
@@ -108,7 +122,12 @@ def register(sub) -> None:
     p.add_argument("--png", metavar="FILE", type=path_ending(".png"), help="draw both timelines into one picture")
     p.add_argument("--markdown", metavar="FILE", type=path_ending(".md"),
                    help="with --all: write the error table and findings (docs/validation.md)")
-    p.add_argument("--no-fail", action="store_true", help="exit 0 even where a run misses a bound")
+    p.add_argument("--validation", action="store_true",
+                   help="the validation set's measured runs (reference/validation_set.py) and the bars they are held "
+                        f"to per GPU kind: every latency within {100 * cmp.LATENCY_BOUND:.0f}%%, mean |error| at most "
+                        f"{100 * heldout.MEAN_BOUND:.0f}%%, every phase within {100 * cmp.PHASE_BOUND:.0f}%%; exit "
+                        "status 1 until they are met")
+    p.add_argument("--no-fail", action="store_true", help="exit 0 even where a run misses a bound or a bar")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_compare)

@@ -8,9 +8,10 @@ many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a co
 
 Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measured and set by
 calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on every block
-(an item's H split over up to 8 blocks when the items are fewer than the blocks), then
-one block per expert scans its row counts per (choice, item) for its slots; a tile GEMM task costs
-`gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole), and
+(an item's H split over up to 8 blocks when the items are fewer than the blocks), each item's tokens
+pick their top k in k passes over their logits (4 lanes a token; from shared memory up to 64 experts,
+else from global memory), then one block per expert scans its row counts per (choice, item) for its
+slots; a tile GEMM task costs `gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole), and
 `weight_load_ns_per_byte` per byte of its weight slice over the tiles of its expert that share the
 slice at once (a slice one tile uses alone comes from HBM), the multiply and that load added, or
 where measured overlapped as the p-norm of the two (`gemm_overlap_power`: a slice streamed from HBM
@@ -45,6 +46,9 @@ from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (the kernel's too: gpu/layout.py kernel_constants)
 GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one item's H is split over
+# the top-k selection (gate.cuh gate_select): lanes that share one token's passes over its experts, and
+# the most experts whose logits it reads from shared memory (more: from global memory)
+SELECT_LANES, GATE_SMEM_LOGITS = 4, 64
 # "staged" (sim.trace.DISPATCH_PATHS): the peers' chunks sent by STAGED_BLOCKS processors one after
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (the host hands the kernel this count: gpu/layout.py)
@@ -223,13 +227,24 @@ def slot_scan(tokens: int, top_k: int, experts: int, grid: int) -> int:
     return math.ceil(experts / grid) * top_k * math.ceil(tokens / GATE_TOKENS)
 
 
+def gate_select_reads(tokens: int, top_k: int, experts: int, grid: int) -> tuple[int, int]:
+    """The logits one lane of the busiest of `grid` units considers in the top-k selection (gate.cuh
+    gate_select): for each gate item it selects, top_k passes over its every SELECT_LANES-th expert,
+    one after another (each pass needs the last one's choice); (from shared memory, from global
+    memory): the logits of more than GATE_SMEM_LOGITS experts are read from global memory on every pass."""
+    reads = math.ceil(math.ceil(tokens / GATE_TOKENS) / grid) * top_k * math.ceil(experts / SELECT_LANES)
+    return (reads, 0) if experts <= GATE_SMEM_LOGITS else (0, reads)
+
+
 def gate_ns(hw: Hardware, cfg: Config) -> float:
-    """The megakernel's gate phase: the roofline or the kernel's work items and slot scans,
-    whichever is longer, and the phase's fixed cost."""
+    """The megakernel's gate phase: the roofline or the kernel's work items, top-k selections and slot
+    scans, whichever is longer, and the phase's fixed cost."""
     roofline = gate_roofline_ns(hw, cfg)
     units = gate_units(hw)
     slots = slot_scan(cfg.tokens, cfg.top_k, cfg.experts, units)
-    kernel = gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
+    smem, glob = gate_select_reads(cfg.tokens, cfg.top_k, cfg.experts, units)
+    kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
+              + smem * hw.gate_select_smem_ns + glob * hw.gate_select_global_ns)
     split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, units) > 1 else 0.0
     return max(roofline, kernel) + hw.gate_fixed_ns + split
 
@@ -355,8 +370,10 @@ def nvlink_share_ns(hw: Hardware, nbytes: float, inflight: float, over: dict[int
     """A dispatch share stored into the NVLink peer: its bytes at the block's copy rate and the
     port's share, then its fence, which waits for the peer to acknowledge the last of them (a round
     trip). The block's copy loop, not a put's: on four H200s 32 staged senders stored 11.3 GB/s
-    each, the port's share, where one block's put moves 9.7."""
-    rate = hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte
+    each, the port's share, where one block's put moves 9.7; with 16 senders 16 GB/s each, under
+    their port share (23) and copy_rows' local rate: the block's own rate into a peer
+    (copy_nvlink_ns_per_byte) where measured, else copy_rows'."""
+    rate = hw.copy_nvlink_ns_per_byte or hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte
     return nbytes * port_ns_per_byte(rate, over.get(NVLINK, 1), hw.nvlink_gbps) + 2 * hw.nvlink_latency_ns
 
 

@@ -73,6 +73,10 @@ class Hardware:
     gate_slot_ns: float  # one unit: scan one (choice, gate item) row count of an expert for its slots
     gate_fixed_ns: float  # the gate phase's fixed cost (its grid barriers, launch skew)
     gate_split_ns: float  # with an item's H split over units: the third barrier and the partials' sum
+    # the top-k selection: one of a token's lanes considering one logit in one of its k passes
+    # (costs.gate_select_reads), the logits in shared memory (E <= 64) or read from global memory
+    gate_select_smem_ns: float
+    gate_select_global_ns: float
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
     # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row),
     # a tile of one group or less in its warps' quarters of it (costs.grouped_rows): the float32
@@ -95,6 +99,9 @@ class Hardware:
     put_local_extra_ns_per_byte: float  # the same extra for puts (their stores load the GPU's memory the same way)
     put_local_half_bytes: float  # and its half point
     put_nvlink_ns_per_byte: float  # one block alone putting a tile over NVLink (its threads store to the peer)
+    # one block alone gathering token rows straight into an NVLink peer's memory (copy_rows' loop, the
+    # staged dispatch's senders; 0: at copy_rows' own rate)
+    copy_nvlink_ns_per_byte: float
     # a GEMM1 task storing its output rows into an NVLink peer (the tile's source), beyond the same
     # task's time for a tile of its own GPU, per byte
     return_store_ns_per_byte: float
@@ -287,12 +294,14 @@ _H100 = {
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
+                                         "gate_select_smem_ns", "gate_select_global_ns",
                                          "gemm_fixed_ns", "gemm_row_group",
                                          "weight_load_ns_per_byte", "gemm_overlap_power",
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",
-                                         "put_nvlink_ns_per_byte", "return_store_ns_per_byte",
+                                         "put_nvlink_ns_per_byte", "copy_nvlink_ns_per_byte",
+                                         "return_store_ns_per_byte",
                                          "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
                                          "dispatch_store_knee_bytes", "tile_combine_fixed_ns",

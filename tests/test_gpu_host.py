@@ -350,6 +350,14 @@ def test_the_kernels_take_the_constants_python_owns_from_the_build():
     assert "constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;" in processor
 
 
+def test_simulated_gate_selection_is_the_kernels():
+    """sim.costs prices the gate's selection by the kernel's logits in shared memory and its lanes."""
+    text = (layout.KERNEL_DIR / "gate.cuh").read_text()
+    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (GATE_\w+) = (\d+);", text)}
+    assert const["GATE_SMEM_LOGITS"] == costs.GATE_SMEM_LOGITS
+    assert f"static_assert(SELECT_LANES == {costs.SELECT_LANES}," in text
+
+
 def test_simulated_dispatch_shares_are_the_kernels():
     """sim.costs splits a stored chunk over processors as processor.cuh does: the same most shares,
     and the kernel's chunk slots E x CH (layout.Sizes) in its split."""

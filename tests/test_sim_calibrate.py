@@ -19,8 +19,10 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             l2_knee_bytes=float(KNEES[33]),
             copy_ns_per_byte=0.04, copy_extra_ns_per_byte=0.13, copy_half_bytes=float(HALVES[50]),
             put_local_ns_per_byte=0.08, put_local_extra_ns_per_byte=0.2, put_local_half_bytes=float(HALVES[25]),
-            put_nvlink_ns_per_byte=0.1, nvlink_gbps=380.0, reduce_ns_per_byte=0.25, gate_item_ns_per_h=350.0,
-            gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, handoff_ns=5000.0,
+            put_nvlink_ns_per_byte=0.1, copy_nvlink_ns_per_byte=0.06, nvlink_gbps=380.0, reduce_ns_per_byte=0.25,
+            gate_item_ns_per_h=350.0,
+            gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, gate_select_smem_ns=40.0,
+            gate_select_global_ns=300.0, handoff_ns=5000.0,
             nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
             weight_load_ns_per_byte=0.03, wake_ns=4000.0, assign_ns=60.0, stop_ns=7000.0,
             gemm_row_group=0.0)
@@ -66,6 +68,10 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
            for size in (1 << 18, 1 << 20)]
     for p in put:
         p["aggregate_gbps"] = p["blocks"] * p["bytes"] / p["ns_per_put"]["median"]
+    copy_nvlink = [{"peer": "nvlink", "blocks": b, "rows": 128, "bytes": tile,
+                    "ns_per_copy": _stat(tile * costs.port_ns_per_byte(t["copy_nvlink_ns_per_byte"], b,
+                                                                       t["nvlink_gbps"]))}
+                   for b in (1, 2, 4, 8, 16, 32)]
     # the store path's shares at four layer sizes on one GPU (fitted); on two, half the shares go
     # to the peer and the local ones queue behind them (checks); a tile of the put path (a check)
     dispatch = [{"tokens": 64 * r, "world": 1, "peer": "self", "path": "store", "shares": 256,
@@ -81,15 +87,16 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
                      "ns_per_tile": _stat(1.0), "ns_per_row": _stat(1.0)})
     per_block = math.ceil(8192 / (263 * 4)) * 4 * (2 * nb + 4) * 2048  # 2 rows of nb-byte values read, y written
     gate = []
-    for tokens, experts in ((8192, 64), (1024, 64), (16384, 64), (8192, 128), (8192, 8)):
-        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, dtype=dtype)
-        gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": 2, "grid": blocks,
+    for tokens, experts, top_k in ((8192, 64, 2), (1024, 64, 2), (16384, 64, 2), (8192, 128, 2), (8192, 8, 2),
+                                   (8192, 64, 8), (6144, 128, 8), (12288, 128, 4)):
+        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, top_k=top_k, dtype=dtype)
+        gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": top_k, "grid": blocks,
                      "ns": costs.gate_ns(hw, cfg)})
     tile_k = {"TILE_K": 32, "MOE_BF16": 1} if nb == 2 else {"TILE_K": 8}
     return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "world": 2,
             "tile": {"TILE_M": 128, "TILE_N": 64, **tile_k},
             "occupancy": {"megakernel_grid": blocks, "n_proc": blocks - 1, "sms": 132},
-            "gemm": gemm, "copy": copy, "put": put, "dispatch": dispatch, "gate": gate,
+            "gemm": gemm, "copy": copy, "put": put, "copy_nvlink": copy_nvlink, "dispatch": dispatch, "gate": gate,
             "combine": [{"tokens": 8192, "top_k": 2, "hidden": 2048, "n_proc": 263, "bytes_per_value": nb,
                          "ns_per_block": _stat(per_block * t["reduce_ns_per_byte"])}],
             "scheduler": {"tasks": 4096, "gap_ns": _stat(t["handoff_ns"]), "task_ns": _stat(task(128)),
@@ -386,11 +393,13 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
     two = hardware.PRESETS["h200-sxm"].replace(**{k: v for k, v in TRUE_BF16.items() if k != "task_overhead_ns"},
                                                warpgroups_per_block=2)
     for g in raw["gate"]:
-        cfg = presets.get("flashmoe").replace(tokens=g["tokens"], experts=g["experts"], dtype="bfloat16")
+        cfg = presets.get("flashmoe").replace(tokens=g["tokens"], experts=g["experts"], top_k=g["top_k"],
+                                              dtype="bfloat16")
         g["ns"] = costs.gate_ns(two, cfg)
     fit = calibrate.fit(raw, "h200-sxm", "synthetic", dtype="bfloat16")
     assert fit.values["warpgroups_per_block"] == 2
-    for name in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns"):
+    for name in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
+                 "gate_select_global_ns"):
         assert fit.values[name] == pytest.approx(TRUE_BF16[name], rel=1e-6), name
     # 8192 tokens are 256 items: one a unit on 132 blocks of two units, two a unit on 132 of one
     one_per_sm = two.replace(blocks_per_sm=1)
@@ -398,3 +407,42 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
     assert costs.gate_work(8192, 2048, 64, costs.blocks(one_per_sm)) == 4096
     cfg = presets.get("flashmoe").replace(dtype="bfloat16")
     assert costs.gate_ns(two, cfg) < costs.gate_ns(two.replace(warpgroups_per_block=1), cfg)
+
+
+def test_the_selection_is_fitted_only_where_the_gate_points_vary_top_k(tmp_path):
+    """Points of one top_k cannot tell the selection's passes from the other costs that grow with E:
+    its figures stay 0 and say why, the rest are fitted as before."""
+    raw = synthetic()
+    one_k = [g for g in raw["gate"] if g["top_k"] == 2]
+    assert len(one_k) < len(raw["gate"])
+    fitted = calibrate.fit({**raw, "gate": one_k}, "h200-sxm", "synthetic")
+    for name in ("gate_select_smem_ns", "gate_select_global_ns"):
+        assert fitted.values[name] == 0.0 and "varies top_k" in fitted.sources[name]
+    fitted = calibrate.fit(raw, "h200-sxm", "synthetic")
+    assert fitted.values["gate_select_global_ns"] == pytest.approx(TRUE["gate_select_global_ns"], rel=1e-6)
+
+
+def test_a_top_8_gate_reads_its_logits_eight_times_from_global_memory_past_64_experts():
+    hw = hardware.PRESETS["h100-sxm"].replace(blocks_per_sm=1, warpgroups_per_block=2, gate_select_smem_ns=10.0,
+                                              gate_select_global_ns=300.0)
+    units = costs.gate_units(hw)
+    assert costs.gate_select_reads(4096, 8, 128, units) == (0, 8 * 32)  # one item a unit, 32 experts a lane
+    assert costs.gate_select_reads(8192, 2, 64, units) == (2 * 16, 0)
+    assert costs.gate_select_reads(16384, 2, 64, units) == (2 * 2 * 16, 0)  # 512 items on 264 units
+    cfg = presets.get("flashmoe").replace(tokens=4096, experts=128, dtype="bfloat16")
+    assert costs.gate_ns(hw, cfg.replace(top_k=8)) - costs.gate_ns(hw, cfg) == pytest.approx(6 * 32 * 300.0)
+
+
+def test_a_sender_stores_into_the_peer_at_its_measured_rate_or_its_port_share(tmp_path):
+    raw = synthetic()
+    fitted = calibrate.fit(raw, "h200-sxm", "synthetic")
+    assert fitted.values["copy_nvlink_ns_per_byte"] == pytest.approx(TRUE["copy_nvlink_ns_per_byte"])
+    assert all(abs(m - p) <= 1e-6 * m for point, m, p in fitted.residuals if "into the peer" in point)
+    without = calibrate.fit({k: v for k, v in raw.items() if k != "copy_nvlink"}, "h200-sxm", "synthetic")
+    assert without.values["copy_nvlink_ns_per_byte"] == 0.0 and "not measured" in without.sources[
+        "copy_nvlink_ns_per_byte"]
+    hw = hardware.PRESETS["h200-sxm"].replace(copy_ns_per_byte=0.03, nvlink_gbps=380.0, nvlink_latency_ns=0.0)
+    mib = float(1 << 20)
+    assert costs.nvlink_share_ns(hw, mib, mib, {NVLINK: 16}) == pytest.approx(mib * 16 / 380.0)  # the port's share
+    slow = hw.replace(copy_nvlink_ns_per_byte=0.0625)  # 16 GB/s a block, under its share (23.75)
+    assert costs.nvlink_share_ns(slow, mib, mib, {NVLINK: 16}) == pytest.approx(mib * 0.0625)
