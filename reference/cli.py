@@ -51,48 +51,24 @@ def path_ending(*suffixes: str):
     return check
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a whole number of at least 1")
-    return value
+def number_at_least(kind: type, low: float, strict: bool, allowed: str):
+    """An argparse type: a finite `kind` (int or float) at least `low` (above it where `strict`);
+    anything else, NaN and inf included, is refused naming what is `allowed`."""
+    def check(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not finite_number(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"{text!r} is not allowed: {allowed}")
+        return value
+    return check
 
 
-def non_negative_int(text: str) -> int:
-    """An argparse type: a whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a whole number of at least 0")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not finite_number(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a finite number > 0")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """An argparse type: a finite number >= 0 (NaN, inf and negatives refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not finite_number(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: a finite number >= 0")
-    return value
+positive_int = number_at_least(int, 1, False, "a whole number of at least 1")
+non_negative_int = number_at_least(int, 0, False, "a whole number of at least 0")
+positive_float = number_at_least(float, 0.0, True, "a finite number > 0")
+non_negative_float = number_at_least(float, 0.0, False, "a finite number >= 0")
 
 
 def _parse_value(text: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 
+import cuda_gpus
 import numpy as np
 import pytest
 
@@ -142,15 +143,11 @@ def test_two_gloo_ranks_match_golden(tmp_path):
         check(cfg, outs)
 
 
-def _gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("p", [1, 2])
 def test_nccl_ranks_match_golden(p, tmp_path):
-    if _gpus() < p:
-        pytest.skip(f"needs {p} CUDA GPU(s), found {_gpus()}")
+    if cuda_gpus.count() < p:
+        pytest.skip(f"needs {p} CUDA GPU(s), found {cuda_gpus.count()}")
     jobs = multi_rank_jobs(p, int.from_bytes(os.urandom(4), "little"), ("float32", "bfloat16"))
     for (cfg, _), outs in zip(jobs, run_ranks(p, "nccl", jobs, tmp_path)):
         check(cfg, outs)

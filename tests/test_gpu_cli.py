@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cuda_gpus
 import pytest
 
 from gpu.cases import GOLDEN_TOLERANCE
@@ -26,13 +27,6 @@ PRECISION_SETS = {
 OWN_BASELINE = {"float32": "float32", "bfloat16": "bfloat16", "tf32": "tf32", "tf32x3": "float32"}
 
 
-def _has_gpu() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and torch.cuda.device_count() >= 1
-
 
 def _table(stdout: str) -> dict[str, str]:
     """The printed quantity/value table as a dict of strings."""
@@ -46,7 +40,7 @@ def _table(stdout: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("precision", list(PRECISION_SETS))
 def test_moelab_gpu_checks_benches_and_traces(precision, tmp_path):
-    if not _has_gpu():
+    if cuda_gpus.count() < 1:
         pytest.skip("needs a CUDA GPU")
     trace = tmp_path / "trace.npz"
     cmd = [sys.executable, "-m", "moelab", "gpu", "--config", "tiny", "--gpus", "1", "--check", "--bench",

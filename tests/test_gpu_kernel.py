@@ -18,6 +18,7 @@ of their precision, outputs poisoned and fully written, telemetry on/off bit-ide
 
 import os
 
+import cuda_gpus
 import pytest
 
 from gpu import cases
@@ -27,19 +28,12 @@ from reference import Config
 pytestmark = pytest.mark.gpu
 
 
-def _gpus() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 @pytest.fixture(scope="module", params=[1, 2, 4])
 def suite(request, tmp_path_factory):
     p = request.param
-    if _gpus() < p:
-        pytest.skip(f"needs {p} CUDA GPU(s), found {_gpus()}")
+    if cuda_gpus.count() < p:
+        pytest.skip(f"needs {p} CUDA GPU(s), found {cuda_gpus.count()}")
     from gpu import spawn
 
     seed = int.from_bytes(os.urandom(4), "little")

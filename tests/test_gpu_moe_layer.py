@@ -6,6 +6,7 @@ routes as the golden does and matches its output within the precision's toleranc
 
 import os
 
+import cuda_gpus
 import pytest
 
 from gpu.cases import GOLDEN_TOLERANCE
@@ -13,18 +14,11 @@ from gpu.cases import GOLDEN_TOLERANCE
 pytestmark = pytest.mark.gpu
 
 
-def _gpus() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_moe_layer_matches_the_golden_call_after_call(p, tmp_path):
-    if _gpus() < p:
-        pytest.skip(f"needs {p} CUDA GPU(s), found {_gpus()}")
+    if cuda_gpus.count() < p:
+        pytest.skip(f"needs {p} CUDA GPU(s), found {cuda_gpus.count()}")
     from gpu import cases, spawn
 
     todo = cases.moe_layer_cases(p, int.from_bytes(os.urandom(4), "little"))

@@ -10,6 +10,7 @@ its weights within float64 rounding of them, its output the golden's within floa
 
 import os
 
+import cuda_gpus
 import pytest
 
 from gpu.cases import GOLDEN_TOLERANCE
@@ -17,18 +18,11 @@ from gpu.cases import GOLDEN_TOLERANCE
 pytestmark = pytest.mark.gpu
 
 
-def _gpus() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
 
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_every_router_routes_as_the_golden(p, tmp_path):
-    if _gpus() < p:
-        pytest.skip(f"needs {p} CUDA GPU(s), found {_gpus()}")
+    if cuda_gpus.count() < p:
+        pytest.skip(f"needs {p} CUDA GPU(s), found {cuda_gpus.count()}")
     from gpu import cases, spawn
 
     todo = cases.router_check_cases(p, int.from_bytes(os.urandom(4), "little"))
