@@ -15,10 +15,9 @@ from sim import compare, heldout
 
 LAYERS = validation_set.layers()
 
-# the committed bf16 sweep on 1, 2 and 4 H100s (30 traced points) and its call's figures
-# (measurements/gpu/h100x4-device-log-33d8ac7.txt: 194 s with calibrate, which took 48.9 s alone in
-# h100x4-device-log-163bbf2.txt): the call's time beyond its cases' own is the environment, the
-# ceilings and one session per GPU count
+# the committed bf16 sweep on 1, 2 and 4 H100s (30 traced points) and its call's figures (its device
+# log, named in measurements/MANIFEST.json: 194 s with calibrate, which took 48.9 s alone in an earlier
+# call): the call's time beyond its cases' own is the environment, the ceilings and one session per GPU count
 SWEEP = compare.MEASUREMENTS / "gpu" / "h100x4-bench-bf16-33d8ac7.json"
 SWEEP_CALL_S, CALIBRATE_CALL_S = 194.0, 48.9
 DEVICE_BUDGET_S = 180.0  # the whole set on 1, 2 and 4 GPUs of one 4-GPU call
