@@ -22,8 +22,8 @@ from .weights import draw_bytes, ffn_in_width
 
 JOBS = ("route", "golden", "sim")
 LONG_S = 120.0  # past this, a job asks to be let go on (a few minutes with a factor-2 estimate)
-NORMALS_PER_S = 3e7  # seeded float32 draws (reference.weights)
-GATE_FLOPS_PER_S = 3e9  # the float64 gate projection (a skinny GEMM: E columns)
+NORMALS_PER_S = 6e7  # seeded float32 draws (reference.weights)
+GATE_FLOPS_PER_S = 1.5e10  # the float64 gate projection (a skinny GEMM: E columns)
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
 ROUTE_NS_PER_SCORE = 40.0  # softmax, top-k and slot assignment, per (token, expert) score
 ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
@@ -31,7 +31,7 @@ ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms
 # fences), measured on tiny at 2, 16 and 64 GPUs, flashmoe, and the node sweep at 4 and 16 nodes
 SIM_EVENTS_PER_CHUNK = 10.0
 SIM_EVENTS_PER_NETWORK_CHUNK = 30.0
-SIM_US_PER_EVENT = 120.0  # 75-185 us an event on a busy 2-core VM (the model's Python, trace rows)
+SIM_US_PER_EVENT = 30.0  # 13 us an event and pass on a quiet 2-core VM, twice that and more when busy
 SIM_PASSES = 1.25  # a second pass where stores meet at a port, in some runs
 SIM_BYTES_PER_EVENT = 1000  # SimPy events and processes, trace rows as Python tuples
 SIM_BYTES_PER_TASK = 200  # the kernel model's tables

@@ -70,7 +70,7 @@ OPTIONS = [
     (["golden", "--config", "tiny", "--set", "tokens=1000000000"], "too large"),
     (["sim", "--config", "tiny", "--set", "tokens=1000000000"], "too large"),
     (["golden"], "flashmoe"),  # too large or too long, as the machine has memory
-    (["sim", "--config", "perseus-comm"], "perseus-comm"),
+    (["sim", "--config", "perseus-comm", "--gpus", "512", "--set", "experts=512"], "perseus-comm"),  # 64 nodes
     # sim's options
     (["sim", "--config", "tiny", "--staged-blocks", "100000"], "staged_blocks"),
     (["sim", "--config", "tiny", "--staged-blocks", "527"], "at most 526"),
