@@ -4,8 +4,6 @@ from the reference's weights as torch tensors and calls it three times with new 
 routes as the golden does and matches its output within the precision's tolerance.
 """
 
-import os
-
 import cuda_gpus
 import pytest
 
@@ -14,18 +12,12 @@ from gpu.cases import GOLDEN_TOLERANCE
 pytestmark = pytest.mark.gpu
 
 
-
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_moe_layer_matches_the_golden_call_after_call(p, tmp_path):
-    if cuda_gpus.count() < p:
-        pytest.skip(f"needs {p} CUDA GPU(s), found {cuda_gpus.count()}")
-    from gpu import cases, spawn
+    from gpu import cases
 
-    todo = cases.moe_layer_cases(p, int.from_bytes(os.urandom(4), "little"))
-    results = spawn.run(todo, p, tmp_path, timeout_s=180)
-    assert [r["name"] for r in results] == [c["name"] for c in todo]
+    results = cuda_gpus.run_cases(cases.moe_layer_cases, p, tmp_path, timeout_s=180)
     for r in results:
-        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
         assert len(r["calls"]) == 3, r["name"]
         precision = "bfloat16" if r["config"]["dtype"] == "bfloat16" else "float32"
         for call in r["calls"]:

@@ -8,8 +8,6 @@ its weights within float64 rounding of them, its output the golden's within floa
 (bf16's for the bf16 cases).
 """
 
-import os
-
 import cuda_gpus
 import pytest
 
@@ -18,18 +16,12 @@ from gpu.cases import GOLDEN_TOLERANCE
 pytestmark = pytest.mark.gpu
 
 
-
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_every_router_routes_as_the_golden(p, tmp_path):
-    if cuda_gpus.count() < p:
-        pytest.skip(f"needs {p} CUDA GPU(s), found {cuda_gpus.count()}")
-    from gpu import cases, spawn
+    from gpu import cases
 
-    todo = cases.router_check_cases(p, int.from_bytes(os.urandom(4), "little"))
-    results = spawn.run(todo, p, tmp_path, timeout_s=180)
-    assert [r["name"] for r in results] == [c["name"] for c in todo]
+    results = cuda_gpus.run_cases(cases.router_check_cases, p, tmp_path, timeout_s=180)
     for r in results:
-        assert "failed" not in r, r["name"] + ": " + r.get("failed", "")
         assert r["routing_equal"] and r["counts_equal"], r["name"]
         scale = r["config"]["routed_scaling"]
         assert r["weight_max_abs_err"] < 1e-12 * scale, (r["name"], r["weight_max_abs_err"])
