@@ -77,7 +77,7 @@ def warpgroups(cfg: Config) -> int:
     all the columns: 192 x 256 as three of 64 x 256, kernels/tile_gemm_wgmma.cuh); two for every
     tf32x3 tile, whose stages and lo parts take most of an SM's shared memory and whose split
     wants the threads; else one (two blocks per SM)."""
-    if cfg.gemm_precision == "tf32x3":
+    if cfg.precision == "tf32x3":
         return 2
     if cfg.dtype != "bfloat16" or cfg.tile_n != BF16_WIDE_TILE_N:
         return 1
@@ -114,7 +114,7 @@ def check_supported(cfg: Config) -> None:
         if v % cfg.tile_n and v % RAGGED_MULTIPLE:
             raise UnsupportedConfig(name, v, f"a multiple of tile_n = {cfg.tile_n} or of {RAGGED_MULTIPLE} (a ragged "
                                     "last column block stores whole 16-byte groups)")
-    if cfg.gated and cfg.gemm_precision == "float32" and cfg.tile_n % 16:
+    if cfg.gated and cfg.precision == "float32" and cfg.tile_n % 16:
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"a multiple of 16 for float32 with activation = "
                                 f"{cfg.activation!r} (each thread holds a gate column beside its up column)")
     if cfg.top_k > MAX_TOP_K:
@@ -123,9 +123,9 @@ def check_supported(cfg: Config) -> None:
         raise UnsupportedConfig("n_group", cfg.n_group, f"at most {MAX_GROUPS}")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
-    elif cfg.gemm_precision == "tf32x3":
+    elif cfg.precision == "tf32x3":
         _check_tf32x3_tiles(cfg)
-    elif cfg.tf32:
+    elif cfg.precision == "tf32":
         _check_tf32_tiles(cfg)
     elif cfg.tile_m % 16 or cfg.tile_m > 1024:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "a multiple of 16, at most 1024 (16 row groups of threads)")
@@ -208,7 +208,7 @@ def wgmma_stage_bytes(cfg: Config) -> int:
 
 
 def _lo_buffers(cfg: Config) -> int:
-    return TF32X3_LO_BUFFERS if cfg.gemm_precision == "tf32x3" else 0
+    return TF32X3_LO_BUFFERS if cfg.precision == "tf32x3" else 0
 
 
 def wgmma_stages(cfg: Config) -> int:
@@ -336,12 +336,12 @@ def compile_options(cfg: Config) -> dict[str, int]:
     the warpgroup tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says;
     the layer's features that change a task (params.cuh MOE_GATED, MOE_SHARED, MOE_SCALE_BEFORE, MOE_RAGGED),
     each only where the layer has it, so the others build as before."""
-    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
+    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.precision][1]}
     features = {"MOE_GATED": ALL_ACTIVATIONS.index(cfg.activation) if cfg.activation in GATED else 0,
                 "MOE_SHARED": int(cfg.shared_experts > 0),
                 "MOE_SCALE_BEFORE": int(cfg.scale_before_expert), "MOE_RAGGED": int(ragged(cfg))}
     opts.update({k: v for k, v in features.items() if v})
-    if cfg.gemm_precision in WGMMA_PRECISIONS:
+    if cfg.precision in WGMMA_PRECISIONS:
         opts["GEMM_STAGES"] = wgmma_stages(cfg)
     if warpgroups(cfg) > 1:
         opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
@@ -362,7 +362,7 @@ def kernel_constants() -> dict[str, int]:
 
 
 def kernel_name(cfg: Config) -> str:
-    return KERNELS[cfg.gemm_precision][0]
+    return KERNELS[cfg.precision][0]
 
 
 def param_fields() -> list[str]:

@@ -95,7 +95,7 @@ def _one(rng: np.random.Generator, name: str, ranks: int) -> Config:
                      gate=str(rng.choice(GATES_DRAWN)), capacity_factor=cf,
                      activation="swiglu" if gated else str(rng.choice(PLAIN_ACTIVATIONS)),
                      bias=bool(rng.random() < BIAS), skew=float(round(4 * rng.uniform(0, SKEW_MAX)) / 4),
-                     dtype=DTYPE, ranks=ranks)
+                     precision=DTYPE, ranks=ranks)
         if weight_bytes(cfg) <= WEIGHT_BYTES_MAX and flops(cfg) <= FLOPS_MAX and slot_bytes(cfg) <= SLOT_BYTES_MAX:
             return cfg
 

@@ -192,7 +192,7 @@ class Hardware:
     def for_config(self, cfg) -> Hardware:
         """The figures cfg's kernel build runs with: its GEMM precision's calibrated section (tf32x3
         is a build of its own), else its dtype's (a tf32 config's: float32's)."""
-        return self.for_dtype(cfg.gemm_precision if cfg.gemm_precision in self.dtypes else cfg.dtype)
+        return self.for_dtype(cfg.precision if cfg.precision in self.dtypes else cfg.dtype)
 
     def require_tile(self, dtype: str, tile: tuple[int, int, int]) -> None:
         """Raise unless the calibration measured `dtype`'s build at `tile` (bM, bN, bK)."""

@@ -14,7 +14,7 @@ import bench_gpu  # noqa: E402
 
 def point(name, ranks, kernel_ms):
     cfg = {"name": name, "ranks": ranks, "tokens": 1024, "experts": 64, "hidden": 2048, "ffn": 2048, "top_k": 2,
-           "dtype": "bfloat16"}
+           "precision": "bfloat16"}
     return {"name": f"bench-{name}-p{ranks}", "config": cfg, "kernel_ms": kernel_ms,
             "kernel_telemetry_ms": kernel_ms * 1.01, "kept_rows": 2048 * ranks, "torch_bfloat16_ms": 2 * kernel_ms,
             "gemm_ms_per_proc": 0.5, "sm_utilization": 0.8}
@@ -49,7 +49,7 @@ def test_weights_bound_is_rows_per_expert_times_memory_rate_over_the_ceiling():
     # their rows)
     assert bench_gpu.weights_bound(point("a", 2, 1.0), 800.0, 4000.0) == pytest.approx(32.0)
     # float32 weights are twice the bytes
-    f32 = {**p1, "config": {**p1["config"], "dtype": "float32"}}
+    f32 = {**p1, "config": {**p1["config"], "precision": "float32"}}
     assert bench_gpu.weights_bound(f32, 800.0, 4000.0) == pytest.approx(8.0)
     col = bench_gpu.TABLE_HEAD.index("weights' bound % ceil")
     rows = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)
