@@ -26,7 +26,7 @@ from reference import Config, plan, presets, validation_set
 from . import layout
 
 # the kernel's max rel. error against the golden of its precision (gpu.worker.golden_path), by
-# Config.gemm_precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
+# Config.precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
 # rounds the rows it returns once more); tf32 against the tf32 path at TF32's half-ulp, 2**-11: a
 # GEMM0 output one float32 rounding away from the golden's may round to the other TF32 neighbour
 # as GEMM1's operand (measured 1.5e-4 on H200 for one check case, so 1e-4 was too tight)

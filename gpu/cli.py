@@ -66,10 +66,9 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("gpu", help="run the CUDA megakernel on local GPUs",
-                       description="Build (cached), launch and check the megakernel (float32, the TF32 "
-                                   "tensor-core kernel for a config with tf32 = true, the split TF32 one "
-                                   "(float32's accuracy) with tf32x3 = true, or the bf16 "
-                                   "tensor-core kernel for a bfloat16 config) on N GPUs of this "
+                       description="Build (cached), launch and check the megakernel of the config's precision "
+                                   "(float32; tf32, the TF32 tensor-core kernel; tf32x3, the split TF32 one at "
+                                   "float32's accuracy; or bfloat16, the bf16 tensor-core kernel) on N GPUs of this "
                                    "host, one process each; optionally time it against the torch layer and save "
                                    "its telemetry trace.",
                        epilog="exit status: 0 done (with --check: within the golden's tolerance), 1 a worker "

@@ -37,8 +37,7 @@ MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a b
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
 STAGED_BLOCKS = costs.STAGED_BLOCKS  # processors that send the peers' chunks on the staged dispatch
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
-DTYPES = ("float32", "bfloat16")
-ELEM_BYTES = {d: DTYPE_BYTES[d] for d in DTYPES}  # tokens, expert weights and the rows moved
+ELEM_BYTES = DTYPE_BYTES  # tokens, expert weights and the rows moved, by Config.dtype
 MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum of one-warpgroup blocks (the kernels' default): 2 per SM
 CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
@@ -102,8 +101,6 @@ def smem_per_block(cfg: Config) -> int:
 
 def check_supported(cfg: Config) -> None:
     """Raise UnsupportedConfig naming the first field the kernel does not support."""
-    if cfg.dtype not in DTYPES:
-        raise UnsupportedConfig("dtype", cfg.dtype, "one of " + ", ".join(DTYPES))
     if cfg.activation not in ACTIVATIONS + GATED:
         raise UnsupportedConfig("activation", cfg.activation, "one of " + ", ".join(ACTIVATIONS + GATED))
     if cfg.top_k + cfg.shared_experts > COMBINE_LANES:
@@ -317,7 +314,7 @@ class Sizes:
 
 KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),
            "tf32": ("moelab_moe_tf32", {"MOE_TF32": 1}),
-           "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.gemm_precision: name, -D flags
+           "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.precision: name, -D flags
 
 
 def gemm0_cols(cfg: Config) -> int:

@@ -171,7 +171,7 @@ class Hardware:
         return self.sms * self.blocks_per_sm - 1
 
     def tflops(self, dtype: str) -> float:
-        """The matrix rate of a GEMM precision (Config.gemm_precision): split TF32 (tf32x3) makes three
+        """The matrix rate of a GEMM precision (Config.precision): split TF32 (tf32x3) makes three
         TF32 products of each float32 one."""
         if dtype == "tf32x3":
             return self.tflops_tf32 / 3

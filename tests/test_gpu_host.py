@@ -16,7 +16,7 @@ from sim.trace import KIND, KINDS
 
 def test_unsupported_fields_are_named():
     base = presets.get("tiny")
-    for change, field in [(dict(dtype="float64"), "dtype"), (dict(shared_experts=31), "shared_experts"),
+    for change, field in [(dict(shared_experts=31), "shared_experts"),
                           (dict(tile_m=24, tokens=96), "tile_m"), (dict(tile_n=12, hidden=96, ffn=96), "tile_n"),
                           (dict(tile_n=64, hidden=96), "hidden"), (dict(tile_n=128, ffn=200), "ffn"),
                           (dict(activation="swiglu", tile_n=8), "tile_n")]:  # a float32 thread's gate beside its up
@@ -181,7 +181,8 @@ def test_tf32_tile_shape_is_checked_field_by_field():
         assert e.value.field == field and "tf32" in str(e.value)
     layout.check_supported(tf.replace(tile_m=64, tile_n=256, tile_k=8))  # 128 accumulators: no spill
     with pytest.raises(layout.UnsupportedConfig, match="32-bit offsets"):
-        layout.check_supported(Config(tokens=8, hidden=2**24, ffn=128, tile_m=128, tile_n=64, tile_k=8, precision="tf32"))
+        layout.check_supported(Config(tokens=8, hidden=2**24, ffn=128, tile_m=128, tile_n=64, tile_k=8,
+                                      precision="tf32"))
     assert layout.compile_options(tf) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": 16, "MOE_TF32": 1}
     assert layout.kernel_name(tf) == "moelab_moe_tf32"
     # float32 storage: the buffers are those of the float32 kernel

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from reference import Config, ConfigError, presets
-from reference.config import to_toml
 from reference.cli import _parse_value, config_from_args
+from reference.config import to_toml
 from reference.files import FileError
 
 BAD_FIELDS = [
