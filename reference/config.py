@@ -2,7 +2,8 @@
 
 Every part of moelab (golden, simulator, kernel, app) is driven by a `Config`. It is validated
 when built: a bad value raises `ConfigError` naming the field, the value and what is allowed.
-Configs load from and save to TOML or JSON files with the same flat keys as the dataclass.
+Configs load from and save to TOML or JSON files with the same flat keys as the dataclass; files
+written before the one `precision` field (with `dtype`, `tf32`, `tf32x3`) are upgraded as they are read.
 """
 
 from __future__ import annotations
