@@ -1,11 +1,12 @@
 """The GPU benchmark's table (benchmarks/bench_gpu.py): figures derived from worker results."""
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from reference import presets
+from reference import Config, presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -152,3 +153,16 @@ def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are()
     assert row[col["kernel ms"]].startswith("not in the kernel") and row[col["dropless torch ms"]] == 3.0
     assert row[col["padded torch ms"]] == "no room" and row[col["bound"]] == "nvlink"
     assert len(row) == len(bench_gpu.TABLE_HEAD)
+
+
+@pytest.mark.parametrize("summary,precision", [("h200x4-bench-bf16.json", "bfloat16"),
+                                               ("h200x2-bench-tf32.json", "tf32"),
+                                               ("h200x4-bench-tf32x3.json", "tf32x3")])
+def test_committed_summaries_from_before_precision_read_as_their_precision(summary, precision):
+    # their configs carry dtype / tf32 / tf32x3 (some without tf32x3): Config.from_dict reads the precision
+    path = Path(__file__).resolve().parents[1] / "measurements" / "gpu" / summary
+    results = json.loads(path.read_text())["results"]
+    assert all("precision" not in r["config"] for r in results)
+    assert {Config.from_dict(r["config"]).precision for r in results} == {precision}
+    assert {r[1] for r in bench_gpu.table_rows(results, {"float32": 50.0, "bfloat16": 800.0, "tf32": 400.0,
+                                                        "tf32x3": 50.0})} == {precision}
