@@ -57,7 +57,7 @@ def golden_path(cfg: Config) -> str:
     bf16-emulated path (bf16 operands and activation, float32 accumulation) for the bf16 one, its
     tf32 path (GEMM operands rounded as cvt.rna.tf32.f32 rounds them) for the TF32 one; float64
     for the split TF32 one too, which is held to float32's accuracy."""
-    return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
+    return "float64" if cfg.precision in ("float32", "tf32x3") else cfg.precision
 
 
 def check_golden(cfg: Config, ys: list, routes: list, ties: bool = False, w: weights.Weights | None = None) -> dict:
