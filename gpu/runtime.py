@@ -23,6 +23,7 @@ import numpy as np
 
 from reference import Config, numerics, weights
 from reference.config import GATES, is_positive_int  # GATES: params.cuh GATE_* order
+from sim import costs
 from sim.trace import DISPATCH_PATHS
 
 from . import build, errors, layout, telemetry, tma
@@ -259,12 +260,13 @@ class Layer:
     """cfg's MoE layer on this rank: buffers, the argument block and the launch."""
 
     def __init__(self, session: Session, cfg: Config, inputs: Inputs, *, timeout_ms: float = 5000.0,
-                 telemetry_cap: int = TLOG_CAP, dispatch: str = "staged",
+                 telemetry_cap: int = TLOG_CAP, dispatch: str | None = None,
                  staged_blocks: int = layout.STAGED_BLOCKS):
         import nvshmem.core.interop.torch as symmetric
         import torch
 
         layout.check_supported(cfg)
+        dispatch = costs.dispatch_path(cfg) if dispatch is None else dispatch  # None: the kernel's own choice
         if cfg.ranks != session.world:
             raise layout.UnsupportedConfig("ranks", cfg.ranks, f"the number of processes, {session.world}")
         if dispatch not in DISPATCH_PATHS:

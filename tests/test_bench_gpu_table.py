@@ -3,12 +3,14 @@
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from reference import presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import bench_dispatch  # noqa: E402
 import bench_gpu  # noqa: E402
 
 
@@ -154,3 +156,13 @@ def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are()
     assert row[col["kernel ms"]].startswith("not in the kernel") and row[col["dropless torch ms"]] == 3.0
     assert row[col["padded torch ms"]] == "no room" and row[col["bound"]] == "nvlink"
     assert len(row) == len(bench_gpu.TABLE_HEAD)
+
+
+def test_bench_dispatch_times_one_layer_on_each_path():
+    rng = np.random.default_rng()
+    senders = sorted({int(n) for n in rng.integers(1, 128, size=3)})
+    todo = bench_dispatch.dispatch_cases("qwen3-30b-a3b", 4096, 4, "bfloat16", senders, 20)
+    assert [(c["dispatch"], c.get("staged_blocks")) for c in todo] == [("staged", n) for n in senders] + [
+        ("store", None)]
+    assert len({c["name"] for c in todo}) == len(todo) and all(c["bench"] and c["baselines"] == [] for c in todo)
+    assert {c["config"]["top_k"] for c in todo} == {8}
