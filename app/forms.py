@@ -38,6 +38,7 @@ PRECISION_LABELS = {"float32": "float32 FMAs", "tf32": "tf32 (float32 data, 10-b
 
 
 KERNEL_QUEUE = "as the kernel build"  # the queue choice that leaves it to sim.costs.queue_policy
+KERNEL_DISPATCH = "as the kernel"  # the dispatch choice that leaves it to sim.costs.dispatch_path
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class SimOptions:
     transport: str
     baseline: bool
     queue: str | None  # sim.costs.QUEUE_POLICIES, or None: as the config's kernel build queues
-    dispatch: str  # sim.trace.DISPATCH_PATHS
+    dispatch: str | None  # sim.trace.DISPATCH_PATHS; None: as the kernel does (sim.costs.dispatch_path)
     staged_blocks: int  # the staged dispatch's senders
 
 
@@ -105,7 +106,7 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
         st.session_state.setdefault("sim.transport", DEFAULT_TRANSPORT)
         st.session_state.setdefault("sim.baseline", False)
         st.session_state.setdefault("sim.queue", KERNEL_QUEUE)
-        st.session_state.setdefault("sim.dispatch", DISPATCH_PATHS[0])
+        st.session_state.setdefault("sim.dispatch", KERNEL_DISPATCH)
         st.session_state.setdefault("sim.staged_blocks", costs.STAGED_BLOCKS)
         bar.selectbox("hardware", list(hardware.PRESETS), key="sim.hardware")
         bar.selectbox("transport", list(TRANSPORTS), key="sim.transport",
@@ -117,20 +118,22 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
                       help="when a landed tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
                            "the last has landed (expert: the bf16 kernel's rule, its tasks reading each weight "
                            "slice together), or as it lands (tile: the float32 kernel's)")
-        bar.selectbox("dispatch", list(DISPATCH_PATHS), key="sim.dispatch",
-                      help="how dispatched rows reach their expert's GPU: staged (the kernel's: a few blocks "
-                           "send the peers' chunks one local expert after another, so experts complete in waves), "
-                           "store (every block shares every chunk at once), or put (one block packs and puts each "
-                           "chunk)")
+        bar.selectbox("dispatch", [KERNEL_DISPATCH, *DISPATCH_PATHS], key="sim.dispatch",
+                      help="how dispatched rows reach their expert's GPU: staged (a few blocks send the peers' "
+                           "chunks one local expert after another, so experts complete in waves), store (every "
+                           "block shares every chunk at once: the kernel's from top_k "
+                           f"{costs.FLAT_DISPATCH_TOP_K} on one node, else staged), or put (one block packs and "
+                           "puts each chunk)")
         bar.number_input("staged senders", key="sim.staged_blocks", min_value=1, step=1,
                          max_value=hardware.get(st.session_state["sim.hardware"]).processors - 1,
-                         disabled=st.session_state["sim.dispatch"] != "staged",
+                         disabled=st.session_state["sim.dispatch"] not in ("staged", KERNEL_DISPATCH),
                          help=f"blocks that send the peers' chunks on the staged dispatch (the kernel's: "
                               f"{costs.STAGED_BLOCKS})")
-        queue = st.session_state["sim.queue"]
+        queue, dispatch = st.session_state["sim.queue"], st.session_state["sim.dispatch"]
         options = SimOptions(st.session_state["sim.hardware"], st.session_state["sim.transport"],
                              st.session_state["sim.baseline"], None if queue == KERNEL_QUEUE else queue,
-                             st.session_state["sim.dispatch"], int(st.session_state["sim.staged_blocks"]))
+                             None if dispatch == KERNEL_DISPATCH else dispatch,
+                             int(st.session_state["sim.staged_blocks"]))
     try:
         cfg = build_config(form)
         budget.check(cfg, job, flag=None)

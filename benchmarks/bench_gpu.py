@@ -67,7 +67,7 @@ from gpu.cases import (  # noqa: E402
     tf32x3_check_cases,
     validation_cases,
 )
-from gpu.layout import Sizes  # noqa: E402
+from gpu.layout import Sizes, layer_bytes  # noqa: E402
 from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
 from reference.weights import ffn_in_width  # noqa: E402
@@ -226,15 +226,16 @@ MEMORY_SHARE = 0.85  # of a GPU's memory a point may plan to take
 
 
 def matrix_bytes(cfg: Config, kernel: bool = True) -> int:
-    """Device memory one GPU takes for a matrix point, at least: the kernel's NVSHMEM buffers
-    (gpu.layout.Sizes; not for a torch-only point), its local and shared experts' weights (float32
-    too for a torch-only point, as drawn) and the dropless torch layer's rows (k T rows of H six
-    times, of I' twice). The padded layer is measured against the free memory by the worker."""
+    """Device memory one GPU takes for a matrix point, at least: the kernel layer's heap, working
+    buffers and weight copies (gpu.layout.layer_bytes; not for a torch-only point), its local and shared
+    experts' weights (float32 too for a torch-only point, as drawn) and the dropless torch layer's rows
+    (k T rows of H six times, of I' twice). The padded layer is measured against the free memory by the
+    worker."""
     eb = Sizes.of(cfg).elem_bytes
     per_expert = cfg.hidden * (ffn_in_width(cfg) + cfg.ffn)
     weights = (cfg.local_experts + cfg.shared_experts) * per_expert * (eb if kernel else eb + 4)
     rows = cfg.tokens * cfg.top_k * (6 * cfg.hidden + 2 * ffn_in_width(cfg)) * eb
-    return (Sizes.of(cfg).symmetric_bytes if kernel else 0) + weights + rows
+    return (layer_bytes(cfg) if kernel else 0) + weights + rows
 
 
 def matrix_skip(cfg: Config, gpu_gb: float, kernel: bool = True) -> str | None:

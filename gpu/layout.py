@@ -290,16 +290,41 @@ class Sizes:
                    elem_bytes=ELEM_BYTES.get(cfg.dtype, 4), S=S, WS=ws)
 
     @property
+    def owner_rows(self) -> int:
+        """Rows of inbox and outbuf: a slot for every (local expert, source) block's C rows, L x P x C
+        = E x C, so a source stores into its block with no handshake (kernels/tiles.cuh)."""
+        return self.E * self.C
+
+    @property
+    def source_rows(self) -> int:
+        """Rows of staging and combox: the rows this rank sends and gets back, one per kept (token,
+        choice), packed expert by expert (params.cuh count_base): T k at most, E x C where fewer."""
+        return min(self.T * self.K, self.E * self.C)
+
+    @property
     def symmetric_bytes(self) -> int:
-        """NVSHMEM heap one layer takes on each rank: four E x C x H buffers of elements (P * L = E
-        blocks of rows arrive, E blocks are sent) and the signals."""
-        return 4 * (self.elem_bytes * self.E * self.C * self.H) + 8 * self.signal_words
+        """NVSHMEM heap one layer takes on each rank: inbox and outbuf (owner_rows of H elements),
+        staging and combox (source_rows), and the signals."""
+        return 2 * self.elem_bytes * self.H * (self.owner_rows + self.source_rows) + 8 * self.signal_words
+
+    @property
+    def working_bytes(self) -> int:
+        """Device memory of the layer's own buffers beside the heap (runtime.Layer), at most: y and
+        the gate's outputs per token, the slots' rows, GEMM0's output (hidden), the shared experts'
+        output, the gate's partial logits at most splits, the task queue and the telemetry logs."""
+        items = -(-self.T // GATE_TOKENS)
+        per_token = self.H * 4 + self.E * 8 * (1 + GATE_MAX_SPLITS) + self.K * (4 + 8 + 4)
+        rows = self.owner_rows * 12 + (self.owner_rows + self.S * self.T) * self.I * self.elem_bytes
+        return (self.T * per_token + rows + self.S * self.T * self.H * self.elem_bytes
+                + self.E * (4 + 4 + self.K * items * 4) + self.queue_cap * 20
+                + (MAX_PROCESSORS + OS_WARPS) * TLOG_CAP * 32)
 
     @property
     def signal_slices(self) -> dict[str, tuple[int, int]]:
         """[start, end) of each signal array in the signal words (params.cuh order): sig_count (E),
-        sig_tile (L x W), sig_comb (E x CH), sig_start (P)."""
-        sizes = {"sig_count": self.E, "sig_tile": self.L * self.W, "sig_comb": self.E * self.CH, "sig_start": self.P}
+        sig_tile (L x W), sig_comb (E x CH), sig_start (P), sig_base (E)."""
+        sizes = {"sig_count": self.E, "sig_tile": self.L * self.W, "sig_comb": self.E * self.CH, "sig_start": self.P,
+                 "sig_base": self.E}
         out, at = {}, 0
         for name, n in sizes.items():
             out[name] = (at, at + n)
@@ -309,7 +334,32 @@ class Sizes:
     @property
     def signal_words(self) -> int:
         """All of them: where the last array ends."""
-        return self.signal_slices["sig_start"][1]
+        return self.signal_slices["sig_base"][1]
+
+
+def weight_copy_bytes(cfg: Config) -> int:
+    """The expert weights the layer copies for the kernel beside its inputs (runtime.kernel_weights):
+    W1 and W2 K-major for the warpgroup GEMM; else W1 interleaved where gated and both with the shared
+    experts' appended where there are some, and padded where ragged."""
+    per_expert = cfg.hidden * (gemm0_cols(cfg) + cfg.ffn)
+    n = cfg.local_experts + cfg.shared_experts
+    copied = cfg.precision in WGMMA_PRECISIONS or cfg.gated or cfg.shared_experts or ragged(cfg)
+    return n * per_expert * ELEM_BYTES[cfg.dtype] if copied else 0
+
+
+def input_bytes(cfg: Config) -> int:
+    """One rank's inputs (runtime.Inputs): its tokens, the gate's weights and biases, and its local and
+    shared experts' weights and biases."""
+    n, i1 = cfg.local_experts + cfg.shared_experts, gemm0_cols(cfg)
+    experts = n * (cfg.hidden * (i1 + cfg.ffn) * ELEM_BYTES[cfg.dtype] + (i1 + cfg.hidden) * 4)
+    return cfg.tokens * cfg.hidden * ELEM_BYTES[cfg.dtype] + cfg.experts * (cfg.hidden * 4 + 3 * 8) + experts
+
+
+def layer_bytes(cfg: Config) -> int:
+    """Device memory one rank's layer takes beside its inputs: the NVSHMEM heap, the working buffers
+    and the weight copies."""
+    s = Sizes.of(cfg)
+    return s.symmetric_bytes + s.working_bytes + weight_copy_bytes(cfg)
 
 
 KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),

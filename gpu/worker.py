@@ -12,7 +12,7 @@ layers alone), "profile" (a torch profiler table of one baseline call per dtype)
 inputs' experts tied in pairs, cases.tie_experts, the golden's too), "calls" (run gpu.MoELayer that many
 times on new tokens instead, each call checked against the golden), "sit_out"
 (this rank does not launch: the others must time out and raise), timeout_ms, "dispatch" (how
-the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), "staged_blocks"
+the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; by default sim.costs.dispatch_path's), "staged_blocks"
 (its senders, layout.STAGED_BLOCKS by default), and "meta" (the
 run's provenance: commit, command, driver, ..., copied into the result and the trace's meta).
 Rank 0 writes OUT_DIR/results.json (one dict per case) and the traces; a bench case's trace is
@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from reference import Config, golden, routing, weights
+from sim.costs import dispatch_path
 
 from . import baseline, errors, telemetry
 from .cases import baseline_precision, tie_experts
@@ -299,7 +300,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch
 
     cfg = Config.from_dict(case["config"])
-    dispatch = case.get("dispatch", "staged")
+    dispatch = case.get("dispatch") or dispatch_path(cfg)
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
                  "dispatch": dispatch, "staged_blocks": case.get("staged_blocks", STAGED_BLOCKS)}
     t0 = time.perf_counter()

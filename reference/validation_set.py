@@ -50,8 +50,8 @@ GATES_DRAWN = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_b
 BIAS = 0.25
 WEIGHT_BYTES_MAX = 3 << 30  # a GPU's expert weights
 FLOPS_MAX = 4e12  # a GPU's expert FLOPs at its routed rows (T k), about 8 ms of bf16 tensor cores
-# a GPU's E x C slots of H elements (without dropping C is T): the kernel holds four such buffers in
-# NVSHMEM's heap (gpu/layout.py Sizes.symmetric_bytes), sized for a GPU count's largest layer
+# a GPU's E x C slots of H elements (without dropping C is T): the kernel holds two such buffers in
+# NVSHMEM's heap, and two of T k rows (gpu/layout.py Sizes.symmetric_bytes), sized for a GPU count's largest layer
 SLOT_BYTES_MAX = 2 << 30
 PRECISION = "bfloat16"
 PATH = Path(__file__).with_name("validation_set.json")

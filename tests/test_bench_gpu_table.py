@@ -4,12 +4,14 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from reference import Config, presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import bench_dispatch  # noqa: E402
 import bench_gpu  # noqa: E402
 
 
@@ -104,7 +106,9 @@ def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
     assert {"matrix-qwen3-30b-a3b-4k-bf16-p4", "matrix-gpt-oss-120b-16k-bf16-p1", "matrix-deepseek-v3-1k-bf16-p4",
             "matrix-gpt-oss-120b-4k-tf32x3-p1"} <= names
     assert not any("twin" in n for n in names | set(why))
-    assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
+    # DeepSeek-V3 at 4K a GPU fits 4 GPUs (staging and combox of T k rows), not one; at 16K, none
+    assert "matrix-deepseek-v3-4k-bf16-p4" in names and "matrix-qwen3-30b-a3b-16k-tf32x3-p1" in names
+    assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-4k-bf16-p1"]  # inbox, outbuf: 2 x 256 x 4K x 7168 bf16
     assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-16k-bf16-p4"]
     assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 3  # no twins, no torch-only points
     assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + 5 * bench_gpu.SPAWN_SECONDS_PER_GPU \
@@ -166,3 +170,13 @@ def test_committed_summaries_from_before_precision_read_as_their_precision(summa
     assert {Config.from_dict(r["config"]).precision for r in results} == {precision}
     assert {r[1] for r in bench_gpu.table_rows(results, {"float32": 50.0, "bfloat16": 800.0, "tf32": 400.0,
                                                         "tf32x3": 50.0})} == {precision}
+
+
+def test_bench_dispatch_times_one_layer_on_each_path():
+    rng = np.random.default_rng()
+    senders = sorted({int(n) for n in rng.integers(1, 128, size=3)})
+    todo = bench_dispatch.dispatch_cases("qwen3-30b-a3b", 4096, 4, "bfloat16", senders, 20)
+    assert [(c["dispatch"], c.get("staged_blocks")) for c in todo] == [("staged", n) for n in senders] + [
+        ("store", None)]
+    assert len({c["name"] for c in todo}) == len(todo) and all(c["bench"] and c["baselines"] == [] for c in todo)
+    assert {c["config"]["top_k"] for c in todo} == {8}

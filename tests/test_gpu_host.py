@@ -306,6 +306,37 @@ def test_param_fields_match_the_struct():
     assert sizes <= set(fields)
 
 
+def test_source_buffers_hold_the_rows_a_rank_sends_and_the_heap_adds_up():
+    rng = np.random.default_rng()
+    base = presets.ZOO[str(rng.choice(list(presets.ZOO)))]
+    t = int(rng.integers(1, 65)) * 64
+    for cf in (None, float(rng.uniform(0.5, 2.0))):
+        cfg = base.replace(tokens=t, capacity_factor=cf)
+        s = layout.Sizes.of(cfg)
+        # staging and combox: one row per kept (token, choice); inbox and outbuf: every (expert, slot)
+        assert s.source_rows == min(t * cfg.top_k, cfg.experts * cfg.slots) and s.owner_rows == cfg.experts * cfg.slots
+        assert s.symmetric_bytes == 2 * s.elem_bytes * s.H * (s.owner_rows + s.source_rows) + 8 * s.signal_words
+        assert s.source_rows == t * cfg.top_k or cf is not None
+    # the signal arrays in the order of their Params fields, one after another
+    slices = layout.Sizes.of(base).signal_slices
+    fields = [f for f in layout.param_fields() if f.startswith("sig_")]
+    end = slices["sig_start"][1]
+    assert list(slices) == fields and slices["sig_base"] == (end, end + base.experts)
+
+
+def test_deepseek_v3_fits_an_h100_on_four_gpus_to_4k_tokens():
+    v3 = presets.ZOO["deepseek-v3"]
+    assert v3.ranks == 4
+
+    def gb(t):
+        cfg = v3.replace(tokens=t)
+        return (layout.layer_bytes(cfg) + layout.input_bytes(cfg)) / 1e9
+
+    assert gb(1024) < gb(4096) < 80 < gb(16384)
+    # the heap before the source-side buffers were T k rows: 4 x E x T x H bf16, 60 GB at 4K
+    assert layout.Sizes.of(v3).symmetric_bytes < 0.55 * 4 * 256 * 4096 * 7168 * 2
+
+
 def test_scheduler_capacity_is_the_kernels():
     """The host refuses grids past what the scheduler warp keeps in registers, and sizes the
     mailboxes by the tasks a processor may hold (os.cuh)."""
