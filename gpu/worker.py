@@ -241,11 +241,12 @@ def run_moe_layer_case(session: Session, case: dict) -> dict:
 
 
 def zoo_check_bytes(cfg: Config) -> int:
-    """Device bytes one GPU takes at the peak of a zoo check, at least: NVSHMEM's buffers and the more of
-    the inputs' draw on the GPU (runtime.Inputs.random: each weight tensor drawn in float32 and
-    scaled into a second one, the local experts' W1, then W2, then the shared experts'; for bf16
-    every weight's copy beside the float32 ones) and the Layer's copies of the weights (the inputs,
-    the kernel's layout, and for the tensor-core GEMMs the K-major copy)."""
+    """Device bytes one GPU takes at the peak of a zoo check beyond NVSHMEM's heap (which gpu.spawn
+    sizes for a job's largest layer and NVSHMEM takes at its start), at least: the more of the
+    inputs' draw on the GPU (runtime.Inputs.random: each weight tensor drawn in float32 and scaled
+    into a second one, the local experts' W1, then W2, then the shared experts'; for bf16 every
+    weight's copy beside the float32 ones) and the Layer's copies of the weights (the inputs, the
+    kernel's layout, and for the tensor-core GEMMs the K-major copy)."""
     s = Sizes.of(cfg)
     n_in = gemm0_cols(cfg)
     w1, w2 = cfg.local_experts * cfg.hidden * n_in, cfg.local_experts * cfg.ffn * cfg.hidden
@@ -254,7 +255,7 @@ def zoo_check_bytes(cfg: Config) -> int:
     copy = s.elem_bytes * every if cfg.dtype == "bfloat16" else 0
     draw = max(8 * w1, 4 * (w1 + 2 * w2), 4 * (w1 + w2 + 2 * shared), 4 * every + copy)
     copies = 3 if cfg.gemm_precision in WGMMA_PRECISIONS else 2
-    return s.symmetric_bytes + max(draw, copies * s.elem_bytes * every)
+    return max(draw, copies * s.elem_bytes * every)
 
 
 def run_zoo_check(session: Session, case: dict) -> dict:
