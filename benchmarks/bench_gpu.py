@@ -321,15 +321,15 @@ def zoo_case_seconds(case: dict, gpu_gb: float, samples: int) -> float:
     return matrix_point_seconds(cfg, gpu_gb, torch_layers=False)
 
 
-def zoo_plan(gpus: list[int], suites: list[str], prefix: str, seed: int, gpu_gb: float,
-             samples: int) -> tuple[dict[int, list[dict]], list[dict], float]:
-    """The zoo suites' cases per GPU count (`zoo`: gpu.cases.zoo_check_cases, the worker skipping
+def zoo_plan(gpus: list[int], suites: list[str], prefix: str, seed: int, gpu_gb: float, samples: int,
+             models: list[str]) -> tuple[dict[int, list[dict]], list[dict], float]:
+    """The zoo suites' cases of `models` per GPU count (`zoo`: gpu.cases.zoo_check_cases, the worker skipping
     those past the GPUs' free memory; `zootrace`: zoo_trace_cases, those matrix_skip refuses left out
     here), the cases left out (results with `skipped`) and the guess of the whole run's seconds."""
     cases, skipped, seconds = {}, [], 0.0
     for p in gpus:
-        cases[p] = zoo_check_cases(p, seed, samples) if "zoo" in suites else []
-        for c in zoo_trace_cases(p, prefix) if "zootrace" in suites else []:
+        cases[p] = zoo_check_cases(p, seed, samples, models) if "zoo" in suites else []
+        for c in zoo_trace_cases(p, prefix, models) if "zootrace" in suites else []:
             why = c.get("skip") or matrix_skip(Config.from_dict(c["config"]), gpu_gb)
             if why:
                 skipped.append({"name": c["name"], "config": c["config"], "skipped": why})
@@ -492,7 +492,7 @@ def main() -> int:
     ap.add_argument("--layers", nargs="+", default=[*presets.ZOO, "flashmoe"], choices=[*presets.ZOO, "flashmoe"],
                     help="the matrix's layers: zoo models (reference.presets.ZOO; their kernel twins, "
                          "gpu.cases.kernel_twin, where the kernel lacks what they need) and FlashMoE's token and "
-                         "expert sweeps")
+                         "expert sweeps; the zoo suites' models")
     ap.add_argument("--tokens", nargs="+", type=int, default=list(MATRIX_TOKENS),
                     help="the matrix's tokens per GPU of the zoo models")
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU: the matrix skips points that "
@@ -552,7 +552,8 @@ def main() -> int:
     seed = int.from_bytes(os.urandom(4), "little")
     zplan, zskipped = {}, []
     if {"zoo", "zootrace"} & set(args.suite):
-        zplan, zskipped, guess = zoo_plan(args.gpus, args.suite, args.prefix, seed, args.gpu_gb, args.zoo_samples)
+        zplan, zskipped, guess = zoo_plan(args.gpus, args.suite, args.prefix, seed, args.gpu_gb, args.zoo_samples,
+                                          [x for x in args.layers if x != "flashmoe"])
         print(f"zoo: {sum(map(len, zplan.values()))} cases on {args.gpus} GPU(s), {len(zskipped)} left out; about "
               f"{guess:.0f} s (a guess)", flush=True)
         if args.estimate:

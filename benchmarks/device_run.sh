@@ -28,7 +28,8 @@
 #              GPU counts given: the routing of every token and a sample of tokens against the golden streamed
 #              one expert at a time (gpu.worker.run_zoo_check), one line per model, precision and GPU count;
 #              `python benchmarks/bench_gpu.py --gpus 1 2 4 --suite zoo --estimate` here guesses its time.
-#              ZOO_TIMEOUT (300 s) bounds the run
+#              ZOO_TIMEOUT (300 s) bounds the run; ZOO_ARGS picks a subset (e.g. "--layers deepseek-v3"), for
+#              zootrace too
 #   zootrace   every zoo model's preset (4K tokens per GPU) in bf16 on the GPU counts given, a telemetry trace
 #              each (PREFIXtrace-zoo-MODEL-4k-pP.npz, measured runs for `moelab compare`), checked against the
 #              torch layer, timed beside none; a layer past a GPU's memory is listed, not run
@@ -108,13 +109,13 @@ EOF
         $MATRIX_ARGS 2>&1 | tee "$R/matrix-log.txt"
       cp "$R/matrix.json" "$R/matrix.txt" "$OUT/" 2>/dev/null ;;
     zoo)
-      # shellcheck disable=SC2086  # GPUS is a list of counts
+      # shellcheck disable=SC2086  # GPUS and ZOO_ARGS are lists
       timeout $(( ${ZOO_TIMEOUT:-300} + 20 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite zoo --out "$R/zoo" \
-        --timeout "${ZOO_TIMEOUT:-300}" 2>&1 | tee "$R/zoo.txt" ;;
+        --timeout "${ZOO_TIMEOUT:-300}" $ZOO_ARGS 2>&1 | tee "$R/zoo.txt" ;;
     zootrace)
-      # shellcheck disable=SC2086  # GPUS is a list of counts
+      # shellcheck disable=SC2086  # GPUS and ZOO_ARGS are lists
       timeout 240 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite zootrace --prefix "$PREFIX" \
-        --out "$R/zootrace" --timeout 220 2>&1 | tee "$R/zootrace.txt" ;;
+        --out "$R/zootrace" --timeout 220 $ZOO_ARGS 2>&1 | tee "$R/zootrace.txt" ;;
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;

@@ -450,12 +450,15 @@ ZOO_CHECK_TOKENS, ZOO_CHECK_SAMPLES = 256, 32
 ZOO_CHECK_DTYPES = ("bfloat16", "tf32x3")
 
 
-def _zoo_cases(p: int, dtypes, tokens: int | None, name, fields) -> list[dict]:
-    """One case per zoo model and precision of `dtypes` at `tokens` per GPU on `p` GPUs (None: the
-    preset's own): name(model, dtype, cfg) names it, fields(cfg) gives its dict beyond name and config;
-    a case the kernel cannot run (E not a multiple of p, a field it refuses) carries the reason as `skip`."""
+def _zoo_cases(p: int, dtypes, tokens: int | None, name, fields, models=None) -> list[dict]:
+    """One case per zoo model (of `models`, default all) and precision of `dtypes` at `tokens` per GPU
+    on `p` GPUs (None: the preset's own): name(model, dtype, cfg) names it, fields(cfg) gives its dict
+    beyond name and config; a case the kernel cannot run (E not a multiple of p, a field it refuses)
+    carries the reason as `skip`."""
     out = []
     for model, layer in presets.ZOO.items():
+        if models is not None and model not in models:
+            continue
         for dtype in dtypes:
             if layer.experts % p:
                 out.append({"name": name(model, dtype, layer), "config": layer.to_dict(), "skip": f"its "
@@ -468,26 +471,26 @@ def _zoo_cases(p: int, dtypes, tokens: int | None, name, fields) -> list[dict]:
     return out
 
 
-def zoo_check_cases(p: int, seed: int, samples: int = ZOO_CHECK_SAMPLES) -> list[dict]:
+def zoo_check_cases(p: int, seed: int, samples: int = ZOO_CHECK_SAMPLES, models=None) -> list[dict]:
     """Every zoo model's layer (reference.presets.ZOO) at its true H, I, E, k, router, activation,
     shared experts and biases, ZOO_CHECK_TOKENS tokens per GPU on `p` GPUs, at the bench tile of each
     ZOO_CHECK_DTYPES precision (in_dtype), inputs drawn on the GPU from `seed`: the kernel's routing
     of every token and its output of `samples` random tokens per rank against the golden
-    (gpu.worker.run_zoo_check). Named zoo-MODEL-bf16|-tf32x3-pP."""
+    (gpu.worker.run_zoo_check). Named zoo-MODEL-bf16|-tf32x3-pP; `models` picks some."""
     return _zoo_cases(p, ZOO_CHECK_DTYPES, ZOO_CHECK_TOKENS,
                       lambda model, dtype, cfg: f"zoo-{model}{PRECISIONS[dtype][1]}-p{p}",
-                      lambda cfg: {"inputs": "random", "seed": seed, "zoo_samples": samples})
+                      lambda cfg: {"inputs": "random", "seed": seed, "zoo_samples": samples}, models)
 
 
-def zoo_trace_cases(p: int, prefix: str = "") -> list[dict]:
+def zoo_trace_cases(p: int, prefix: str = "", models=None) -> list[dict]:
     """Every zoo model's preset at its tokens per GPU (4K) on `p` GPUs in bf16 at the bench tile, run
     as validation_cases runs a layer: traced (`prefix` + trace-zoo-MODEL-4k-pP.npz, a measured run
     for `moelab compare`), checked against the torch layer, timed beside no torch layer. Named
-    zootrace-MODEL-4k-pP."""
+    zootrace-MODEL-4k-pP; `models` picks some."""
     return _zoo_cases(p, ("bfloat16",), None, lambda model, dtype, cfg: f"zootrace-{model}-4k-p{p}",
                       lambda cfg: {"inputs": "random", "seed": 1, "bench": True, "baselines": [], "warmup": 3,
                                    "iters": 10, "trace": f"{prefix}trace-zoo-{cfg.name}-p{p}.npz",
-                                   "profile": False, "dispatch": "staged"})
+                                   "profile": False, "dispatch": "staged"}, models)
 
 
 def validation_cases(p: int, prefix: str = "") -> tuple[list[dict], list[tuple[str, str]]]:
