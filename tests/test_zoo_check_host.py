@@ -218,3 +218,24 @@ def test_a_layer_past_the_free_memory_is_skipped_before_it_is_drawn(monkeypatch)
     cfg = cases.in_dtype(presets.get("tiny").replace(ranks=2, **SMALL["llama4"]), "bfloat16")
     res, asked, _ = run_world(cfg, monkeypatch, samples=4, free=worker.zoo_check_bytes(cfg))
     assert "needs" in res["skipped"] and "GiB free" in res["skipped"] and asked == [[], []]
+
+
+def test_a_zoo_trace_is_a_calibrated_measured_run_that_compare_predicts(tmp_path):
+    """A zootrace case's trace, its events simulated and its meta as the validation part's traces carry
+    it (the same worker and bench writes both), is read by `moelab compare` as a measured run on its GPU:
+    its config the zoo layer, its tile one the GPU's calibration covers, not a validation layer."""
+    from sim import compare, heldout, simulate
+    from sim.trace import Trace
+
+    case = next(c for c in cases.zoo_trace_cases(4, "h200x4-") if c["name"] == "zootrace-qwen3-30b-a3b-4k-p4")
+    cfg = Config.from_dict(case["config"])
+    assert cfg == presets.ZOO["qwen3-30b-a3b"].replace(name="qwen3-30b-a3b-4k")  # the preset, bf16 at its tile
+    like = Trace.load(sorted(compare.MEASUREMENTS.glob("gpu/h200x4-trace-val-*-p4.npz"))[0])  # the writers' meta
+    events = simulate(cfg).trace
+    meta = {**like.meta, "config": cfg.to_dict(), "name": case["name"], "processors": events.meta["processors"]}
+    Trace(events.columns, meta).save(tmp_path / case["trace"])
+    (run,) = compare.measured_runs(tmp_path)
+    assert run.name == "h200x4-trace-zoo-qwen3-30b-a3b-4k-p4" and run.config == cfg and run.gpu_tag == "h200"
+    assert compare.uncovered(run) is None and not heldout.is_validation(run)
+    c = compare.compare(run)
+    assert {r[0].split(" ")[0] for r in c.rows} >= {"layer", "gemm0", "gemm1", "dispatch", "combine"}
