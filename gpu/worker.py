@@ -40,6 +40,7 @@ from .runtime import Inputs, Layer, Session
 
 ZOO_MEMORY_SHARE = 0.95  # of the GPUs' free memory a zoo check may plan to take (zoo_check_bytes)
 ZOO_SAMPLE_STREAM = 37  # the zoo check's sample of tokens: its own random stream beside the case's seed
+ZOO_GOLDEN_THREADS = 8  # the most host threads a rank's streamed golden takes (golden_threads)
 CLOCK_SYNCS = 3  # clock-sync launches per trace: the median offset rejects one that read off
 
 
@@ -258,14 +259,36 @@ def zoo_check_bytes(cfg: Config) -> int:
     return max(draw, copies * s.elem_bytes * every)
 
 
+def golden_threads(world: int) -> int:
+    """Host threads each rank's streamed golden runs in: the host's cores shared by its ranks, at most
+    ZOO_GOLDEN_THREADS (NumPy's conversions run one core each; the threads hold an expert each)."""
+    return max(1, min(ZOO_GOLDEN_THREADS, (os.cpu_count() or 1) // world))
+
+
+def streamed_golden(cfg: Config, rows: tuple, experts: list[int], fetch, paths, threads: int) -> dict:
+    """golden.contributions of `rows` (x, expert, weight, kept) from `experts`, fetch(e) giving expert
+    e's (w1, b1, w2, b2) on the host: the experts dealt to `threads` host threads, each streaming its
+    own one at a time; the experts fill disjoint rows, so the threads' sum is exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shares = [experts[i::threads] for i in range(max(1, min(threads, len(experts))))]
+    with ThreadPoolExecutor(len(shares)) as pool:
+        parts = list(pool.map(lambda share: golden.contributions(cfg, *rows, ((e, *fetch(e)) for e in share),
+                                                                 paths), shares))
+    for other in parts[1:]:
+        for path in paths:
+            parts[0][path] += other[path]
+    return parts[0]
+
+
 def run_zoo_check(session: Session, case: dict) -> dict:
     """A full-size layer (cases.zoo_check_cases) on inputs drawn on the GPU: every token's routing and
     a random sample of case["zoo_samples"] tokens of each rank against the golden (float64, and the
     golden of the kernel's precision, golden_path), from exactly the weights the kernel read: each
     rank streams its own experts that the sample chose (and its shared ones, for its own sampled
-    tokens) from the GPU one at a time into golden.contributions, so the host holds one expert at
-    once; rank 0 sums them in choice order. Skipped, saying why, where the GPUs' free memory is
-    less than zoo_check_bytes. Collective."""
+    tokens) off the GPU into golden.contributions, one at a time in each of golden_threads threads,
+    so the host holds that many experts at once; rank 0 sums them in choice order. Skipped, saying
+    why, where the GPUs' free memory is less than zoo_check_bytes. Collective."""
     import torch
 
     cfg = Config.from_dict(case["config"])
@@ -303,22 +326,23 @@ def run_zoo_check(session: Session, case: dict) -> dict:
     paths = tuple(dict.fromkeys(("float64", golden_path(cfg))))
     lo, local = session.rank * cfg.local_experts, cfg.local_experts
     mine = sorted({int(e) for e in expert[kept] if lo <= e < lo + local})
-    names = ("w1", "b1", "w2", "b2")
-    part = golden.contributions(cfg, x, expert, weight, kept,
-                                ((e, *(host(getattr(inputs, a)[e - lo]) for a in names)) for e in mine), paths)
+    threads = golden_threads(session.world)
+    part = streamed_golden(cfg, (x, expert, weight, kept), mine,
+                           lambda e: [host(getattr(inputs, a)[e - lo]) for a in ("w1", "b1", "w2", "b2")],
+                           paths, threads)
     filled = kept & (expert >= lo) & (expert < lo + local)
     if cfg.shared_experts:
         own = src == session.rank
-        shared = golden.contributions(cfg, x[own], expert[own], weight[own], kept[own],
-                                      ((cfg.experts + j, *(host(t[j]) for t in inputs.shared))
-                                       for j in range(cfg.shared_experts)), paths)
+        shared = streamed_golden(cfg, (x[own], expert[own], weight[own], kept[own]),
+                                 list(range(cfg.experts, cfg.experts + cfg.shared_experts)),
+                                 lambda e: [host(t[e - cfg.experts]) for t in inputs.shared], paths, threads)
         filled = np.concatenate([filled, np.repeat(own[:, None], cfg.shared_experts, axis=1)], axis=1)
         for path in paths:
             part[path][own] += shared[path]  # its routed rows are zero, as part's shared rows are
     ii, jj = np.nonzero(filled)
     parts = _gather(session, (ii, jj, {path: part[path][ii, jj] for path in paths}, len(mine),
                               time.perf_counter() - t1))
-    del inputs, part
+    inputs = part = None  # the weights leave the GPU before the next case draws its own
     torch.cuda.empty_cache()
     if session.rank != 0:
         return res
@@ -326,7 +350,7 @@ def run_zoo_check(session: Session, case: dict) -> dict:
             for path in paths}
     count = np.zeros(full["float64"].shape[:2], np.int64)
     for pi, pj, values, _, _ in parts:
-        count[pi, pj] += 1
+        np.add.at(count, (pi, pj), 1)
         for path in paths:
             full[path][pi, pj] = values[path]
     # every kept choice of a sampled token and every shared expert's row, each from one rank
@@ -339,7 +363,7 @@ def run_zoo_check(session: Session, case: dict) -> dict:
     res.update(routing_check(cfg, r, list(routes)), golden_path=golden_path(cfg), samples=int(src.size),
                rel_err=_rel(y_kernel, gold[golden_path(cfg)]), nan=bool(np.isnan(np.stack(ys)).any()),
                y_max_abs=float(np.abs(y_kernel).max()), experts_streamed=int(sum(q[3] for q in parts)),
-               golden_seconds=max(q[4] for q in parts))
+               golden_seconds=max(q[4] for q in parts), golden_threads=threads)
     if golden_path(cfg) != "float64":
         res["rel_err_float64"] = _rel(y_kernel, gold["float64"])
     res["seconds"] = time.perf_counter() - t0

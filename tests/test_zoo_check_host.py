@@ -99,10 +99,11 @@ class Noting:
         return self.t[i]
 
 
-def run_world(cfg: Config, monkeypatch, samples: int, kernel=lambda y, r: (y, r), free: int = 1 << 40):
-    """run_zoo_check on cfg.ranks threads; the 'kernel' gives the golden of its precision from the
-    weights as the kernel holds them (kernel(y, routing) may change them first). Rank 0's result and
-    the experts each rank read."""
+def run_world(cfg: Config, monkeypatch, samples: int, kernel=lambda y, r: (y, r), free: int = 1 << 40,
+              threads: int = 1):
+    """run_zoo_check on cfg.ranks threads, each rank's golden in `threads` threads of its own; the
+    'kernel' gives the golden of its precision from the weights as the kernel holds them (kernel(y,
+    routing) may change them first). Rank 0's result and the experts each rank read."""
     p = cfg.ranks
     kept_w = weights.draw(cfg)
     if cfg.dtype == "bfloat16":  # the weights as the bf16 kernel holds them
@@ -131,6 +132,7 @@ def run_world(cfg: Config, monkeypatch, samples: int, kernel=lambda y, r: (y, r)
     world = World(p)
     monkeypatch.setattr(worker, "_gather", world.gather)
     monkeypatch.setattr(worker, "run_everywhere", lambda session, layer: None)
+    monkeypatch.setattr(worker, "golden_threads", lambda world: threads)
     monkeypatch.setattr(worker, "Layer", Layer)
     monkeypatch.setattr(worker.Inputs, "random", classmethod(lambda c, cfg, rank, seed: cpu_inputs(cfg, rank,
                                                                                                     asked[rank])))
@@ -145,10 +147,10 @@ def run_world(cfg: Config, monkeypatch, samples: int, kernel=lambda y, r: (y, r)
             errors.append(e)
             world.barrier.abort()
 
-    threads = [threading.Thread(target=rank, args=(i,)) for i in range(p)]
-    for t in threads:
+    ranks = [threading.Thread(target=rank, args=(i,)) for i in range(p)]
+    for t in ranks:
         t.start()
-    for t in threads:
+    for t in ranks:
         t.join(60)
     assert not errors, errors
     return results[0], asked, r
@@ -172,12 +174,13 @@ def test_a_kernel_that_computes_the_golden_passes(layer, dtype, monkeypatch):
     p = 2
     cfg = cases.in_dtype(presets.get("tiny").replace(ranks=p, seed=int.from_bytes(np.random.bytes(4), "little"),
                                                      **SMALL[layer]), dtype)
-    res, asked, r = run_world(cfg, monkeypatch, samples=8)
+    res, asked, r = run_world(cfg, monkeypatch, samples=8, threads=3)
     assert res["routing_equal"] and res["counts_equal"] and res["weight_max_abs_err"] == 0, res
     assert res["golden_path"] == worker.golden_path(cfg) and res["samples"] == 2 * 8 and not res["nan"]
     assert res["rel_err"] < 1e-12 if dtype == "tf32x3" else res["rel_err"] < 2e-2
     if dtype == "bfloat16":
         assert 1e-5 < res["rel_err_float64"] < 2e-2  # the bf16 path against the float64 truth
+    assert res["golden_threads"] == 3
     # each rank read only its own experts, each once, and only those a sampled token chose
     for rank in range(p):
         own = set(range(rank * cfg.local_experts, (rank + 1) * cfg.local_experts))
