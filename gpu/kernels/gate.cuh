@@ -18,7 +18,7 @@ constexpr int GATE_TOKENS = MOELAB_GATE_TOKENS;    // tokens per gate work item 
 constexpr int GATE_EXPERTS = MOELAB_GATE_EXPERTS;  // experts per pass over H
 constexpr int GATE_DEPTH = MOELAB_GATE_DEPTH;      // slice of H per pipeline stage (gate_scores says why 64)
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
-constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
+constexpr int GATE_SMEM_LOGITS = MOELAB_GATE_SMEM_LOGITS;  // experts whose logits selection reads from smem
 constexpr int GATE_MAX_SPLITS = MOELAB_GATE_MAX_SPLITS;  // blocks that may share one item's H (few tokens)
 constexpr int GATE_MAX_GROUPS = 32;   // n_group of group-limited top-k, at most (a bit each in a mask)
 // Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
@@ -175,8 +175,9 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
 
 __device__ __forceinline__ double sigmoid64(double z) { return 1.0 / (1.0 + exp(-z)); }
 
-constexpr int SELECT_LANES = UNIT_THREADS / GATE_TOKENS;  // lanes that share one token's selection
-static_assert(SELECT_LANES == 4, "the selection's shuffles pair lanes 1 and 2 apart");
+constexpr int SELECT_LANES = MOELAB_SELECT_LANES;  // lanes that share one token's selection
+static_assert(SELECT_LANES * GATE_TOKENS == UNIT_THREADS, "a gate unit's threads: SELECT_LANES per token");
+static_assert((SELECT_LANES & (SELECT_LANES - 1)) == 0, "the selection's shuffles halve the lanes");
 
 // The better of two candidates: the higher score, a tie to the lower expert index (-1: none).
 __device__ __forceinline__ void keep_better(int& best, double& score, int other, double other_score) {
