@@ -263,7 +263,7 @@ def matrix_point_seconds(cfg: Config, gpu_gb: float, kernel: bool = True, hw_nam
     each torch layer (with `torch_layers`; else one call of the dropless one, the point's check)."""
     hw = hardware.get(hw_name)
     even = [[cfg.tokens * cfg.top_k // cfg.experts] * cfg.experts] * cfg.ranks
-    roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.gemm_precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
+    roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
     torch_ms = TORCH_OVER_ROOFLINE * roof + TORCH_FIXED_MS
     dt = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
     padded = 0.0
@@ -361,7 +361,7 @@ def zoo_failed(r: dict) -> bool:
         return False
     if "failed" in r:
         return True
-    precision = "tf32x3" if r["config"]["tf32x3"] else "bfloat16"
+    precision = Config.from_dict(r["config"]).precision
     return not (r["routing_equal"] and r["counts_equal"] and not r["nan"]
                 and r["rel_err"] < GOLDEN_TOLERANCE[precision]
                 and r.get("rel_err_float64", 0.0) < GOLDEN_TOLERANCE["bfloat16"])
@@ -382,7 +382,7 @@ def roofline_share(gemm_pct: float, bound_pct: float) -> float:
     return 100 * gemm_pct / min(100.0, bound_pct)
 
 
-TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+TABLE_HEAD = ("point", "precision", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
               "loop torch ms", "speedup", "roofline ms", "bound", "kernel / roofline", "TFLOP/s", "% ceil",
               "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
               "overlap eff T(2)/T(N)", "telemetry +%", "rel err vs torch")
@@ -420,7 +420,7 @@ def roofline(r: dict, ceilings: dict[str, float], gbps: float | None, nvlink: fl
     if "send_counts" not in r or gbps is None:
         return None
     try:
-        return metrics.layer_roofline(cfg, r["send_counts"], roofline_tflops(cfg.gemm_precision, ceilings), gbps,
+        return metrics.layer_roofline(cfg, r["send_counts"], roofline_tflops(cfg.precision, ceilings), gbps,
                                       nvlink)
     except ValueError:
         return None
@@ -438,7 +438,7 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
     T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too. A point
     the run skipped (result with `skipped`) gets its reason in the kernel's column."""
     def precision(r):
-        return Config.from_dict(r["config"]).gemm_precision
+        return Config.from_dict(r["config"]).precision
 
     on_two = {(r["config"]["name"], precision(r)): r["kernel_ms"]
               for r in all_results if "kernel_ms" in r and r["config"]["ranks"] == 2}

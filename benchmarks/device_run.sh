@@ -79,7 +79,7 @@ EOF
       done
       # addopts cleared: the image has no pytest-xdist (pyproject's -n auto), and one GPU job runs at a time
       timeout 240 python3 -m pytest -o addopts="" -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
-      for extra in "" "--set tf32=true" "--set tf32x3=true --set hidden=128 --set ffn=256 --set tile_n=128 --set tile_k=32"; do
+      for extra in "" "--set precision=tf32" "--set precision=tf32x3 --set hidden=128 --set ffn=256 --set tile_n=128 --set tile_k=32"; do
         timeout 90 python3 -m moelab gpu --config tiny $extra --set tile_m=64 --gpus "${GPUS##* }" --check --bench \
           --out /tmp/moelab-cli 2>&1 | tee -a "$R/cli.txt"
       done ;;

@@ -40,7 +40,7 @@ def wanted() -> list[tuple[dict, str]]:
             todo += cases.matrix_cases(p, dtype, presets.ZOO, cases.MATRIX_TOKENS)
         todo += cases.validation_cases(p)[0]
         todo += [c for c in cases.zoo_check_cases(p, 0) + cases.zoo_trace_cases(p) if not c.get("skip")]
-    opts = {tuple(sorted(layout.compile_options(Config(**c["config"])).items())) for c in todo}
+    opts = {tuple(sorted(layout.compile_options(Config.from_dict(c["config"])).items())) for c in todo}
     units = [(dict(o), "moe.cu") for o in sorted(opts)]
     return units + [(microbench.tile_options(dtype, 2), "microbench.cu") for dtype in microbench.DTYPES]
 

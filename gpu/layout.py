@@ -37,8 +37,7 @@ MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a b
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
 STAGED_BLOCKS = costs.STAGED_BLOCKS  # processors that send the peers' chunks on the staged dispatch
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
-DTYPES = ("float32", "bfloat16")
-ELEM_BYTES = {d: DTYPE_BYTES[d] for d in DTYPES}  # tokens, expert weights and the rows moved
+ELEM_BYTES = DTYPE_BYTES  # tokens, expert weights and the rows moved, by Config.dtype
 MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum of one-warpgroup blocks (the kernels' default): 2 per SM
 CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
@@ -77,7 +76,7 @@ def warpgroups(cfg: Config) -> int:
     all the columns: 192 x 256 as three of 64 x 256, kernels/tile_gemm_wgmma.cuh); two for every
     tf32x3 tile, whose stages and lo parts take most of an SM's shared memory and whose split
     wants the threads; else one (two blocks per SM)."""
-    if cfg.gemm_precision == "tf32x3":
+    if cfg.precision == "tf32x3":
         return 2
     if cfg.dtype != "bfloat16" or cfg.tile_n != BF16_WIDE_TILE_N:
         return 1
@@ -102,8 +101,6 @@ def smem_per_block(cfg: Config) -> int:
 
 def check_supported(cfg: Config) -> None:
     """Raise UnsupportedConfig naming the first field the kernel does not support."""
-    if cfg.dtype not in DTYPES:
-        raise UnsupportedConfig("dtype", cfg.dtype, "one of " + ", ".join(DTYPES))
     if cfg.activation not in ACTIVATIONS + GATED:
         raise UnsupportedConfig("activation", cfg.activation, "one of " + ", ".join(ACTIVATIONS + GATED))
     if cfg.top_k + cfg.shared_experts > COMBINE_LANES:
@@ -114,7 +111,7 @@ def check_supported(cfg: Config) -> None:
         if v % cfg.tile_n and v % RAGGED_MULTIPLE:
             raise UnsupportedConfig(name, v, f"a multiple of tile_n = {cfg.tile_n} or of {RAGGED_MULTIPLE} (a ragged "
                                     "last column block stores whole 16-byte groups)")
-    if cfg.gated and cfg.gemm_precision == "float32" and cfg.tile_n % 16:
+    if cfg.gated and cfg.precision == "float32" and cfg.tile_n % 16:
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"a multiple of 16 for float32 with activation = "
                                 f"{cfg.activation!r} (each thread holds a gate column beside its up column)")
     if cfg.top_k > MAX_TOP_K:
@@ -123,9 +120,9 @@ def check_supported(cfg: Config) -> None:
         raise UnsupportedConfig("n_group", cfg.n_group, f"at most {MAX_GROUPS}")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
-    elif cfg.gemm_precision == "tf32x3":
+    elif cfg.precision == "tf32x3":
         _check_tf32x3_tiles(cfg)
-    elif cfg.tf32:
+    elif cfg.precision == "tf32":
         _check_tf32_tiles(cfg)
     elif cfg.tile_m % 16 or cfg.tile_m > 1024:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "a multiple of 16, at most 1024 (16 row groups of threads)")
@@ -208,7 +205,7 @@ def wgmma_stage_bytes(cfg: Config) -> int:
 
 
 def _lo_buffers(cfg: Config) -> int:
-    return TF32X3_LO_BUFFERS if cfg.gemm_precision == "tf32x3" else 0
+    return TF32X3_LO_BUFFERS if cfg.precision == "tf32x3" else 0
 
 
 def wgmma_stages(cfg: Config) -> int:
@@ -317,7 +314,7 @@ class Sizes:
 
 KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),
            "tf32": ("moelab_moe_tf32", {"MOE_TF32": 1}),
-           "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.gemm_precision: name, -D flags
+           "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.precision: name, -D flags
 
 
 def gemm0_cols(cfg: Config) -> int:
@@ -336,12 +333,12 @@ def compile_options(cfg: Config) -> dict[str, int]:
     the warpgroup tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says;
     the layer's features that change a task (params.cuh MOE_GATED, MOE_SHARED, MOE_SCALE_BEFORE, MOE_RAGGED),
     each only where the layer has it, so the others build as before."""
-    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
+    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.precision][1]}
     features = {"MOE_GATED": ALL_ACTIVATIONS.index(cfg.activation) if cfg.activation in GATED else 0,
                 "MOE_SHARED": int(cfg.shared_experts > 0),
                 "MOE_SCALE_BEFORE": int(cfg.scale_before_expert), "MOE_RAGGED": int(ragged(cfg))}
     opts.update({k: v for k, v in features.items() if v})
-    if cfg.gemm_precision in WGMMA_PRECISIONS:
+    if cfg.precision in WGMMA_PRECISIONS:
         opts["GEMM_STAGES"] = wgmma_stages(cfg)
     if warpgroups(cfg) > 1:
         opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
@@ -363,7 +360,7 @@ def kernel_constants() -> dict[str, int]:
 
 
 def kernel_name(cfg: Config) -> str:
-    return KERNELS[cfg.gemm_precision][0]
+    return KERNELS[cfg.precision][0]
 
 
 def param_fields() -> list[str]:

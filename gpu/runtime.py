@@ -340,7 +340,7 @@ class Layer:
         # held by the layer: the kernel reads them by address (a copy where shared or gated)
         self._kernel_weights = kernel_weights(cfg, inputs)
         tensors.update(self._kernel_weights)
-        if cfg.gemm_precision in layout.WGMMA_PRECISIONS:
+        if cfg.precision in layout.WGMMA_PRECISIONS:
             # the bf16 and tf32x3 kernels read their expert weights K-major (both wgmma operands from
             # shared memory, kernels/tile_gemm_wgmma.cuh): a transposed copy, taken once, held by the layer
             self._weights_k_major = {k: tensors[k].transpose(1, 2).contiguous() for k in ("w1", "w2")}

@@ -63,7 +63,7 @@ def golden_path(cfg: Config) -> str:
     bf16-emulated path (bf16 operands and activation, float32 accumulation) for the bf16 one, its
     tf32 path (GEMM operands rounded as cvt.rna.tf32.f32 rounds them) for the TF32 one; float64
     for the split TF32 one too, which is held to float32's accuracy."""
-    return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
+    return "float64" if cfg.precision in ("float32", "tf32x3") else cfg.precision
 
 
 def routing_check(cfg: Config, r: routing.Routing, routes: list) -> dict:
@@ -257,7 +257,7 @@ def zoo_check_bytes(cfg: Config) -> int:
     every = w1 + w2 + shared
     copy = s.elem_bytes * every if cfg.dtype == "bfloat16" else 0
     draw = max(8 * w1, 4 * (w1 + 2 * w2), 4 * (w1 + w2 + 2 * shared), 4 * every + copy)
-    copies = 3 if cfg.gemm_precision in WGMMA_PRECISIONS else 2
+    copies = 3 if cfg.precision in WGMMA_PRECISIONS else 2
     return max(draw, copies * s.elem_bytes * every)
 
 

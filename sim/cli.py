@@ -162,8 +162,8 @@ def register(sub) -> None:
                    help="when a tile's GEMM tasks are queued: GEMM0's with the rest of its expert's tiles once the "
                         "last has landed and GEMM1's once every tile's GEMM0 is done (expert-both), GEMM0's so and "
                         "GEMM1's as the tile's GEMM0 ends (expert, the older bf16 kernel), or each as the tile "
-                        "lands and as its GEMM0 ends (tile); default: as the kernel build of the config's dtype does "
-                        "(bf16: expert-both, float32 and tf32: tile)")
+                        "lands and as its GEMM0 ends (tile); default: as the kernel build of the config's precision "
+                        "does (bf16: expert-both, float32 and tf32: tile)")
     p.add_argument("--baseline", action="store_true", help="simulate the bulk-synchronous baseline instead")
     p.add_argument("--long", action="store_true",
                    help=f"go on with a config estimated to take over {budget.LONG_S:.0f} s (e.g. perseus-comm)")

@@ -141,7 +141,7 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
         flops, nbytes = np.where(combine, 0.0, flops), np.where(combine, 0.0, nbytes)
     hbm_bytes = np.where(combine, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
     # the GEMM tasks multiply in the GEMM precision; a combine's few flops (its weighting) in dtype
-    compute = flops / np.where(combine, block_flops_per_ns(hw, cfg.dtype), block_flops_per_ns(hw, cfg.gemm_precision))
+    compute = flops / np.where(combine, block_flops_per_ns(hw, cfg.dtype), block_flops_per_ns(hw, cfg.precision))
     memory = hbm_bytes / block_bytes_per_ns(hw)
     combine_fixed = 0.0
     if hw.copy_ns_per_byte:
@@ -436,4 +436,4 @@ def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool
     """A whole-chip kernel of the bulk-synchronous baseline (launch gap not included); its expert
     GEMMs multiply in the config's GEMM precision (torch with TF32 allowed for a tf32 config)."""
     hbm_bytes = nbytes * (1.0 - hw.l2_hit_fraction) if gemm else nbytes
-    return max(flops / chip_flops_per_ns(hw, cfg.gemm_precision if gemm else cfg.dtype), hbm_bytes / hw.hbm_gbps)
+    return max(flops / chip_flops_per_ns(hw, cfg.precision if gemm else cfg.dtype), hbm_bytes / hw.hbm_gbps)

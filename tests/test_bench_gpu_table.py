@@ -1,11 +1,12 @@
 """The GPU benchmark's table (benchmarks/bench_gpu.py): figures derived from worker results."""
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from reference import presets
+from reference import Config, presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -14,7 +15,7 @@ import bench_gpu  # noqa: E402
 
 def point(name, ranks, kernel_ms):
     cfg = {"name": name, "ranks": ranks, "tokens": 1024, "experts": 64, "hidden": 2048, "ffn": 2048, "top_k": 2,
-           "dtype": "bfloat16"}
+           "precision": "bfloat16"}
     return {"name": f"bench-{name}-p{ranks}", "config": cfg, "kernel_ms": kernel_ms,
             "kernel_telemetry_ms": kernel_ms * 1.01, "kept_rows": 2048 * ranks, "torch_bfloat16_ms": 2 * kernel_ms,
             "gemm_ms_per_proc": 0.5, "sm_utilization": 0.8}
@@ -49,7 +50,7 @@ def test_weights_bound_is_rows_per_expert_times_memory_rate_over_the_ceiling():
     # their rows)
     assert bench_gpu.weights_bound(point("a", 2, 1.0), 800.0, 4000.0) == pytest.approx(32.0)
     # float32 weights are twice the bytes
-    f32 = {**p1, "config": {**p1["config"], "dtype": "float32"}}
+    f32 = {**p1, "config": {**p1["config"], "precision": "float32"}}
     assert bench_gpu.weights_bound(f32, 800.0, 4000.0) == pytest.approx(8.0)
     col = bench_gpu.TABLE_HEAD.index("weights' bound % ceil")
     rows = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)
@@ -152,6 +153,19 @@ def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are()
     assert row[col["kernel ms"]].startswith("not in the kernel") and row[col["dropless torch ms"]] == 3.0
     assert row[col["padded torch ms"]] == "no room" and row[col["bound"]] == "nvlink"
     assert len(row) == len(bench_gpu.TABLE_HEAD)
+
+
+@pytest.mark.parametrize("summary,precision", [("h200x4-bench-bf16.json", "bfloat16"),
+                                               ("h200x2-bench-tf32.json", "tf32"),
+                                               ("h200x4-bench-tf32x3.json", "tf32x3")])
+def test_committed_summaries_from_before_precision_read_as_their_precision(summary, precision):
+    # their configs carry dtype / tf32 / tf32x3 (some without tf32x3): Config.from_dict reads the precision
+    path = Path(__file__).resolve().parents[1] / "measurements" / "gpu" / summary
+    results = json.loads(path.read_text())["results"]
+    assert all("precision" not in r["config"] for r in results)
+    assert {Config.from_dict(r["config"]).precision for r in results} == {precision}
+    assert {r[1] for r in bench_gpu.table_rows(results, {"float32": 50.0, "bfloat16": 800.0, "tf32": 400.0,
+                                                        "tf32x3": 50.0})} == {precision}
 
 
 def test_zoo_plan_lines_and_misses():

@@ -15,6 +15,7 @@ import cuda_gpus
 import pytest
 
 from gpu.cases import GOLDEN_TOLERANCE
+from reference import Config
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +29,7 @@ def test_every_zoo_layer_matches_the_golden_at_full_size(p, tmp_path):
     checked = [r for r in results if "skipped" not in r]
     assert checked
     for r in checked:
-        precision = "tf32x3" if r["config"]["tf32x3"] else "bfloat16"
+        precision = Config.from_dict(r["config"]).precision
         assert r["routing_equal"] and r["counts_equal"], r["name"]
         assert r["weight_max_abs_err"] < 1e-12 * r["config"]["routed_scaling"], (r["name"], r["weight_max_abs_err"])
         assert not r["nan"] and r["y_max_abs"] > 0, r["name"]

@@ -182,7 +182,7 @@ def test_precision_paths_differ_as_their_dtypes_do():
 def test_tf32_path_within_5e3_of_float64_on_fresh_inputs(seed, activation, gate, skew):
     # the GPU checks' shape (H = 128, I = 256, 2 ranks), fresh seeds: the bar gpu.cases sets for TF32
     cfg = Config(tokens=200, hidden=128, ffn=256, experts=8, top_k=2, gate=gate, activation=activation,
-                 skew=skew, ranks=2, tile_m=64, tile_n=32, tile_k=16, tf32=True, seed=seed)
+                 skew=skew, ranks=2, tile_m=64, tile_n=32, tile_k=16, precision="tf32", seed=seed)
     w, r, tp = forward_all(cfg)
     truth = golden.dense(cfg, w, r, "float64")
     tf32 = golden.dense(cfg, w, r, "tf32")
@@ -200,7 +200,7 @@ def test_tf32_path_rounds_exactly_the_gemm_operands():
     # rounded again before GEMM1 (it is GEMM1's operand); biases are not rounded
     from reference.numerics import round_tf32
 
-    cfg = presets.get("tiny").replace(top_k=1, experts=2, ranks=1, tf32=True)
+    cfg = presets.get("tiny").replace(top_k=1, experts=2, ranks=1, precision="tf32")
     w, r, _ = forward_all(cfg)
     y = golden.dense(cfg, w, r, "tf32")
     e = r.expert[0, 0, 0]

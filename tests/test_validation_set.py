@@ -26,7 +26,7 @@ DEVICE_BUDGET_S = 180.0  # the whole set on 1, 2 and 4 GPUs of one 4-GPU call
 def shape(cfg: Config) -> tuple:
     """What makes two layers the same layer: every field but the name, the tile and the precision."""
     d = cfg.to_dict()
-    for f in ("name", "tile_m", "tile_n", "tile_k", "dtype", "tf32", "tf32x3", "seed"):
+    for f in ("name", "tile_m", "tile_n", "tile_k", "precision", "seed"):
         d.pop(f)
     return tuple(sorted(d.items(), key=lambda kv: kv[0]))
 

@@ -27,10 +27,10 @@ def test_every_zoo_model_is_checked_at_full_size_on_1_2_and_4_gpus():
             cfg = Config.from_dict(case["config"])
             model = case["name"].removeprefix("zoo-").rsplit("-", 2)[0]
             layer = presets.ZOO[model]
-            run = dict(name=cfg.name, tokens=cases.ZOO_CHECK_TOKENS, ranks=p, dtype=cfg.dtype, tf32x3=cfg.tf32x3,
+            run = dict(name=cfg.name, tokens=cases.ZOO_CHECK_TOKENS, ranks=p, precision=cfg.precision,
                        tile_m=cfg.tile_m, tile_n=cfg.tile_n, tile_k=cfg.tile_k)
             assert cfg == layer.replace(**run)  # the true layer: H, I, E, k, router, activation, shared, bias
-            assert cfg == cases.in_dtype(cfg, "tf32x3" if cfg.tf32x3 else "bfloat16")  # at the bench tile
+            assert cfg.precision in cases.ZOO_CHECK_DTYPES and cfg == cases.in_dtype(cfg, cfg.precision)  # bench tile
             layout.check_supported(cfg)
             assert case["zoo_samples"] == cases.ZOO_CHECK_SAMPLES and case["seed"] == 7
     names = [c["name"] for c in cases.zoo_trace_cases(4, "h100x4-")]
