@@ -30,9 +30,9 @@
 #              `python benchmarks/bench_gpu.py --gpus 1 2 4 --suite zoo --estimate` here guesses its time.
 #              ZOO_TIMEOUT (300 s) bounds the run; ZOO_ARGS picks a subset (e.g. "--layers deepseek-v3"), for
 #              zootrace too
-#   zootrace   every zoo model's preset (4K tokens per GPU) in bf16 on the GPU counts given, a telemetry trace
-#              each (PREFIXtrace-zoo-MODEL-4k-pP.npz, measured runs for `moelab compare`), checked against the
-#              torch layer, timed beside none; a layer past a GPU's memory is listed, not run
+#   zootrace   every zoo model's preset (4K tokens per GPU) in bf16 on the largest GPU count given, a telemetry
+#              trace each (PREFIXtrace-zoo-MODEL-4k-pP.npz, measured runs for `moelab compare`), checked against
+#              the torch layer, timed beside none; a layer past a GPU's memory is listed, not run
 #   stream     the bf16 GEMM's TMA ring streaming the 128-expert layer's weights with no GEMM
 #              (benchmarks/weight_stream.cu: the bound on a task whose slice comes from HBM alone)
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
@@ -113,8 +113,8 @@ EOF
       timeout $(( ${ZOO_TIMEOUT:-300} + 20 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite zoo --out "$R/zoo" \
         --timeout "${ZOO_TIMEOUT:-300}" $ZOO_ARGS 2>&1 | tee "$R/zoo.txt" ;;
     zootrace)
-      # shellcheck disable=SC2086  # GPUS and ZOO_ARGS are lists
-      timeout 240 python3 benchmarks/bench_gpu.py --gpus $GPUS --suite zootrace --prefix "$PREFIX" \
+      # shellcheck disable=SC2086  # ZOO_ARGS is a list
+      timeout 240 python3 benchmarks/bench_gpu.py --gpus "${GPUS##* }" --suite zootrace --prefix "$PREFIX" \
         --out "$R/zootrace" --timeout 220 $ZOO_ARGS 2>&1 | tee "$R/zootrace.txt" ;;
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
