@@ -17,6 +17,9 @@ stages deep), tf32 (TF32_TILE, 128 x 128 x 8: three stages of float slices fit t
 memory) or tf32x3 (TF32X3_TILE, 128 x 128 x 32: two warpgroups of 64 columns, 32-float slices;
 TF32X3_SHORT_TILE, 64 x 256 x 32, where an expert's rows on a GPU fit 64). validation_cases: the
 validation set's layers (reference/validation_set.py) on P GPUs at the bf16 bench tile, traced.
+zoo_check_cases: every zoo model's layer at full size, 256 tokens per GPU, bf16 and tf32x3, a sample
+of its tokens against the golden streamed one expert at a time; zoo_trace_cases: every zoo model's
+preset (4K tokens per GPU) in bf16, traced for the simulator's cross-check.
 """
 
 from __future__ import annotations
@@ -439,6 +442,55 @@ def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torc
                                   "torch_only": f"not in the kernel: {why}", "baselines": [baseline_precision(c)],
                                   "warmup": 3, "iters": 10})
     return cases
+
+
+# the zoo's full-size checks: every model's layer at its true shape, ZOO_CHECK_TOKENS per GPU, in each
+# of ZOO_CHECK_DTYPES; ZOO_CHECK_SAMPLES tokens of each rank against the golden (gpu.worker.run_zoo_check)
+ZOO_CHECK_TOKENS, ZOO_CHECK_SAMPLES = 256, 32
+ZOO_CHECK_DTYPES = ("bfloat16", "tf32x3")
+
+
+def _zoo_cases(p: int, dtypes, tokens: int | None, name, fields, models=None) -> list[dict]:
+    """One case per zoo model (of `models`, default all) and precision of `dtypes` at `tokens` per GPU
+    on `p` GPUs (None: the preset's own): name(model, dtype, cfg) names it, fields(cfg) gives its dict
+    beyond name and config; a case the kernel cannot run (E not a multiple of p, a field it refuses)
+    carries the reason as `skip`."""
+    out = []
+    for model, layer in presets.ZOO.items():
+        if models is not None and model not in models:
+            continue
+        for dtype in dtypes:
+            if layer.experts % p:
+                out.append({"name": name(model, dtype, layer), "config": layer.to_dict(), "skip": f"its "
+                            f"{layer.experts} experts do not divide over {p} GPUs (the kernel places E / P on each)"})
+                continue
+            cfg = zoo_layer(model, tokens or layer.tokens, p, dtype)
+            case = {"name": name(model, dtype, cfg), "config": cfg.to_dict(), **fields(cfg)}
+            why = kernel_refuses(cfg)
+            out.append({**case, "skip": f"not in the kernel: {why}"} if why else case)
+    return out
+
+
+def zoo_check_cases(p: int, seed: int, samples: int = ZOO_CHECK_SAMPLES, models=None) -> list[dict]:
+    """Every zoo model's layer (reference.presets.ZOO) at its true H, I, E, k, router, activation,
+    shared experts and biases, ZOO_CHECK_TOKENS tokens per GPU on `p` GPUs, at the bench tile of each
+    ZOO_CHECK_DTYPES precision (in_dtype), inputs drawn on the GPU from `seed`: the kernel's routing
+    of every token and its output of `samples` random tokens per rank against the golden
+    (gpu.worker.run_zoo_check). Named zoo-MODEL-bf16|-tf32x3-pP; `models` picks some."""
+    return _zoo_cases(p, ZOO_CHECK_DTYPES, ZOO_CHECK_TOKENS,
+                      lambda model, dtype, cfg: f"zoo-{model}{PRECISIONS[dtype][1]}-p{p}",
+                      lambda cfg: {"inputs": "random", "seed": seed, "zoo_samples": samples}, models)
+
+
+def zoo_trace_cases(p: int, prefix: str = "", models=None) -> list[dict]:
+    """Every zoo model's preset at its tokens per GPU (4K) on `p` GPUs in bf16 at the bench tile, run
+    as validation_cases runs a layer: traced (`prefix` + trace-zoo-MODEL-4k-pP.npz, a measured run
+    for `moelab compare`), checked against the torch layer, timed beside no torch layer. Named
+    zootrace-MODEL-4k-pP; `models` picks some."""
+    return _zoo_cases(p, ("bfloat16",), None, lambda model, dtype, cfg: f"zootrace-{model}-4k-p{p}",
+                      lambda cfg: {"inputs": "random", "seed": 1, "bench": True, "baselines": [], "warmup": 3,
+                                   "iters": 10, "trace": f"{prefix}trace-zoo-{cfg.name}-p{p}.npz",
+                                   "profile": False, "dispatch": "staged"}, models)
 
 
 def validation_cases(p: int, prefix: str = "") -> tuple[list[dict], list[tuple[str, str]]]:

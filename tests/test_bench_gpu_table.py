@@ -180,3 +180,28 @@ def test_bench_dispatch_times_one_layer_on_each_path():
         ("store", None)]
     assert len({c["name"] for c in todo}) == len(todo) and all(c["bench"] and c["baselines"] == [] for c in todo)
     assert {c["config"]["top_k"] for c in todo} == {8}
+
+
+def test_zoo_plan_lines_and_misses():
+    """The zoo suites' plan: every check on each GPU count, the traced presets that fit a GPU (the others
+    listed with the reason), a guess of the time; one line per check, and which of them miss."""
+    cases, skipped, guess = bench_gpu.zoo_plan([1, 4], ["zoo", "zootrace"], "h100x4-", 3, 80.0, 32,
+                                               list(presets.ZOO))
+    checks = [c for c in cases[1] + cases[4] if "zoo_samples" in c]
+    assert len(checks) == 2 * 2 * len(presets.ZOO) and all(c["seed"] == 3 for c in checks)
+    traced = [c["name"] for c in cases[1] + cases[4] if c.get("trace")] + [r["name"] for r in skipped]
+    assert sorted(traced) == sorted(f"zootrace-{m}-4k-p{p}" for m in presets.ZOO for p in (1, 4))
+    too_big = {c["name"] for p in (1, 4) for c in bench_gpu.zoo_trace_cases(p)
+               if bench_gpu.matrix_skip(bench_gpu.Config.from_dict(c["config"]), 80.0)}
+    assert {r["name"] for r in skipped} == too_big and "zootrace-qwen3-30b-a3b-4k-p4" not in too_big
+    assert all("GB a GPU" in r["skipped"] for r in skipped) and 0 < guess < 600
+    cfg = checks[0]["config"]
+    ok = {"name": "zoo-x-bf16-p1", "config": cfg, "routing_equal": True, "counts_equal": True, "nan": False,
+          "rel_err": 4e-3, "rel_err_float64": 5e-3, "golden_path": "bfloat16", "seconds": 3.2, "samples": 32,
+          "experts_streamed": 8, "golden_seconds": 1.5}
+    assert "vs float64 5.00e-03, vs bfloat16 golden 4.00e-03, routing equal" in bench_gpu.zoo_line(ok)
+    assert not bench_gpu.zoo_failed(ok) and not bench_gpu.zoo_failed({"name": "s", "skipped": "needs 90 GiB"})
+    for bad in ({"rel_err": 0.05}, {"rel_err_float64": 0.03}, {"routing_equal": False}, {"nan": True}):
+        assert bench_gpu.zoo_failed({**ok, **bad}), bad
+    assert bench_gpu.zoo_failed({"name": "f", "failed": "KernelTimeout: ..."})
+    assert "skipped: needs 90 GiB" in bench_gpu.zoo_line({"name": "s", "skipped": "needs 90 GiB"})
