@@ -36,7 +36,7 @@ from sim.costs import dispatch_path
 
 from . import baseline, errors, telemetry
 from .cases import baseline_precision, tie_experts
-from .layout import STAGED_BLOCKS, Sizes, gemm0_cols, input_bytes, weight_copy_bytes
+from .layout import STAGED_BLOCKS, WGMMA_PRECISIONS, Sizes, gemm0_cols
 from .runtime import Inputs, Layer, Session
 
 # of the GPUs' free memory a zoo check may plan to take (zoo_check_bytes counts live tensors; torch's
@@ -249,8 +249,8 @@ def zoo_check_bytes(cfg: Config) -> int:
     sizes for a job's largest layer and NVSHMEM takes at its start), at least: the more of the
     inputs' draw on the GPU (runtime.Inputs.random: each weight tensor drawn in float32 and scaled
     into a second one, the local experts' W1, then W2, then the shared experts'; for bf16 every
-    weight's copy beside the float32 ones) and the Layer's inputs, working buffers and weight copies
-    (gpu.layout, the owner of the layer's sizes)."""
+    weight's copy beside the float32 ones) and the Layer's copies of the weights (the inputs, the
+    kernel's layout, and for the tensor-core GEMMs the K-major copy)."""
     s = Sizes.of(cfg)
     n_in = gemm0_cols(cfg)
     w1, w2 = cfg.local_experts * cfg.hidden * n_in, cfg.local_experts * cfg.ffn * cfg.hidden
@@ -258,7 +258,8 @@ def zoo_check_bytes(cfg: Config) -> int:
     every = w1 + w2 + shared
     copy = s.elem_bytes * every if cfg.dtype == "bfloat16" else 0
     draw = max(8 * w1, 4 * (w1 + 2 * w2), 4 * (w1 + w2 + 2 * shared), 4 * every + copy)
-    return max(draw, input_bytes(cfg) + s.working_bytes + weight_copy_bytes(cfg))
+    copies = 3 if cfg.precision in WGMMA_PRECISIONS else 2
+    return max(draw, copies * s.elem_bytes * every)
 
 
 def golden_threads(world: int) -> int:

@@ -7,30 +7,30 @@ block's bandwidth, whichever dominates, plus the per-task overhead. GEMM operand
 many tasks, so only (1 - L2 hit fraction) of a GEMM task's bytes reach HBM; a combine streams.
 
 Beyond that roofline, the megakernel's own mechanisms (0 in the presets, measured and set by
-calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on every block
-(an item's H split over up to 8 blocks when the items are fewer than the blocks), each item's tokens
-pick their top k in k passes over their logits (4 lanes a token; from shared memory up to 64 experts,
-else from global memory), then one block per expert scans its row counts per (choice, item) for its
-slots; a tile GEMM task costs `gemm_fixed_ns` beyond its FLOPs however few its rows (the weight slice loads whole), and
-`weight_load_ns_per_byte` per byte of its weight slice over the tiles of its expert that share the
-slice at once (a slice one tile uses alone comes from HBM), the multiply and that load added, or
-where measured overlapped as the p-norm of the two (`gemm_overlap_power`: a slice streamed from HBM
-hides most of a short tile's multiply), its rows computed in whole groups of
-`gemm_row_group` (where measured); a block copies token rows
-at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched
-chunk's rows (a tile's rows of one source) are gathered straight into the owner's inbox (its GPU,
-or an NVLink peer at the block's copy rate and the port's share), by one of STAGED_BLOCKS processors
-for a peer and by one of the others for this GPU (the "staged" path, the kernel's default below
-FLAT_DISPATCH_TOP_K choices a token on one node), or shared by up to 4 processors when the dispatch slots are
-fewer than they (the "store" path, and the staged one on one GPU), or, across nodes and on the
-kernel's "put" path, packed by one block and put by its threads, slowed the same way by the
-bytes in flight; a GEMM1 task stores its output of each chunk straight into the chunk's source
-GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts it
-through the NIC); after its last task every processor sums its share of tokens in choice
-order. The float32 kernel weights a chunk's returned rows in its combine task (a copy); the bf16
-kernel weights the bf16 rows in float32 in that final sum, its combine task only marks the
-chunk's arrival (modeled with the measured copy rate, i.e. for a calibrated preset). Times in
-ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
+calibration): the gate runs in float64 work items of 32 tokens x 64 experts (FP64 tensor cores) on
+every block (an item's H split over up to 8 blocks when the items are fewer than the blocks), each
+item's tokens pick their top k in k passes over their logits (4 lanes a token; from shared memory up
+to 64 experts, else from global memory), then one block per expert scans its row counts per (choice,
+item) for its slots; a tile GEMM task costs `gemm_fixed_ns` beyond its FLOPs however few its rows
+(the weight slice loads whole), and `weight_load_ns_per_byte` per byte of its weight slice over the
+tiles of its expert that share the slice at once (a slice one tile uses alone comes from HBM), the
+multiply and that load added, or where measured overlapped as the p-norm of the two
+(`gemm_overlap_power`: a slice streamed from HBM hides most of a short tile's multiply), its rows
+computed in whole groups of `gemm_row_group` (where measured); a block copies token rows at its own
+rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched chunk's rows (a
+tile's rows of one source) are gathered straight into the owner's inbox (its GPU, or an NVLink peer
+at the block's copy rate and the port's share), by one of STAGED_BLOCKS processors for a peer and by
+one of the others for this GPU (the "staged" path, the kernel's default below FLAT_DISPATCH_TOP_K
+choices a token or FLAT_DISPATCH_RANKS GPUs on one node), or shared by up to 4 processors when the
+dispatch slots are fewer than they (the "store" path, and the staged one on one GPU), or, across
+nodes and on the kernel's "put" path, packed by one block and put by its threads, slowed the same
+way by the bytes in flight; a GEMM1 task stores its output of each chunk straight into the chunk's
+source GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts it
+through the NIC); after its last task every processor sums its share of tokens in choice order. The
+float32 kernel weights a chunk's returned rows in its combine task (a copy); the bf16 kernel weights
+the bf16 rows in float32 in that final sum, its combine task only marks the chunk's arrival (modeled
+with the measured copy rate, i.e. for a calibrated preset). Times in ns; flops per ns = TFLOP/s x
+1e3, bytes per ns = GB/s.
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ SELECT_LANES, GATE_SMEM_LOGITS = 4, 64
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (the host hands the kernel this count: gpu/layout.py)
 STAGED_BLOCKS = 16
-# the top-k from which the kernel dispatches a one-node layer flat ("store", dispatch_path): k times the
-# rows outgrow the staged senders, and the other processors wait for them (docs/notes/dispatch.md)
-FLAT_DISPATCH_TOP_K = 8
+# the top-k and GPU count from which the kernel dispatches a one-node layer flat ("store", dispatch_path):
+# k times the rows to three or more peers outgrow the staged senders, and the other processors wait for
+# them; to one peer the staged senders keep up (docs/notes/dispatch.md)
+FLAT_DISPATCH_TOP_K, FLAT_DISPATCH_RANKS = 8, 4
 # when a tile's GEMM tasks are queued (queue_policy): "expert-both", its GEMM0 tasks with the rest of
 # its expert's tiles, from every source, once the last has landed, and its GEMM1 tasks with theirs
 # once every tile's GEMM0 tasks are done (os.cuh enqueue_expert); "expert", its GEMM0 tasks so and
@@ -92,9 +93,10 @@ def block_bytes_per_ns(hw: Hardware) -> float:
 
 def dispatch_path(cfg: Config) -> str:
     """The dispatch path the kernel takes for cfg unless told another (sim.trace.DISPATCH_PATHS):
-    "store", every chunk shared by the processors at once, on one node where each token sends
-    FLAT_DISPATCH_TOP_K or more rows (measured there); else "staged"."""
-    return "store" if cfg.top_k >= FLAT_DISPATCH_TOP_K and cfg.nodes == 1 else "staged"
+    "store", every chunk shared by the processors at once, on one node of FLAT_DISPATCH_RANKS or more
+    GPUs where each token sends FLAT_DISPATCH_TOP_K or more rows (measured there); else "staged"."""
+    flat = cfg.top_k >= FLAT_DISPATCH_TOP_K and cfg.ranks >= FLAT_DISPATCH_RANKS and cfg.nodes == 1
+    return "store" if flat else "staged"
 
 
 def queue_policy(cfg: Config) -> str:
