@@ -1,10 +1,12 @@
 """What keeps the simulator fast and small at cluster scale changes no result: the trace builder's
-packed columns, the routing drawn rank by rank, and sweeps run in worker processes."""
+packed columns, the routing drawn rank by rank, its top-k by partition, and sweeps run in worker
+processes."""
 
 import numpy as np
 
 import reference
 from reference import presets, routing, weights
+from reference.routing import _top
 from sim import sweeps
 from sim.trace import COLUMNS, KINDS, ROLES, TraceBuilder
 
@@ -34,6 +36,20 @@ def test_routing_rank_by_rank_is_the_routing_of_all_ranks_at_once():
     streamed = reference.route_config(cfg)
     for f in ("expert", "weight", "slot"):
         assert np.array_equal(getattr(streamed, f), getattr(at_once, f)), f
+
+
+def test_top_k_by_partition_is_the_stable_sorts_first_k():
+    rng = np.random.default_rng()
+    for trial in range(200):
+        t, e = int(rng.integers(1, 50)), int(rng.integers(2, 40))
+        k = int(rng.integers(1, e + 1))
+        if trial % 2:  # ties everywhere, excluded experts (-inf), signed zeros and NaN
+            score = rng.integers(-3, 3, (t, e)).astype(np.float64) * rng.choice([1.0, -0.0], (t, e))
+            score[rng.random((t, e)) < 0.2] = -np.inf
+            score[rng.random((t, e)) < 0.03] = np.nan
+        else:
+            score = rng.standard_normal((t, e))
+        assert np.array_equal(_top(score, k), np.argsort(-score, axis=-1, kind="stable")[:, :k]), (score, k)
 
 
 def test_parallel_points_come_back_in_the_jobs_order():
