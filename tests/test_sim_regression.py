@@ -29,7 +29,7 @@ LAYERS = {
     "tiny-nodrop-4x1": presets.get("tiny-nodrop").replace(gpus_per_node=1),
     "perseus-small-4x1": presets.get("perseus-comm").replace(name="perseus-small", tokens=64, hidden=256,
                                                              experts=16, ranks=4, gpus_per_node=1, tile_m=32,
-                                                             dtype="bfloat16"),
+                                                             precision="bfloat16"),
 }
 POINTS = [(layer, t, d) for layer in LAYERS for t in TRANSPORTS for d in DISPATCH_PATHS]
 
