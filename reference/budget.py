@@ -25,15 +25,19 @@ LONG_S = 120.0  # past this, a job asks to be let go on (a few minutes with a fa
 NORMALS_PER_S = 6e7  # seeded float32 draws (reference.weights)
 GATE_FLOPS_PER_S = 1.5e10  # the float64 gate projection (a skinny GEMM: E columns)
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
-ROUTE_NS_PER_SCORE = 40.0  # softmax, top-k and slot assignment, per (token, expert) score
+ROUTE_NS_PER_SCORE = 35.0  # softmax, top-k (a partition) and slot assignment, per (token, expert) score
 ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
 # SimPy events of a fused run, per chunk moved: 8-10 on one node, 20-29 across nodes (proxies,
 # fences), measured on tiny at 2, 16 and 64 GPUs, flashmoe, and the node sweep at 4 and 16 nodes
 SIM_EVENTS_PER_CHUNK = 10.0
 SIM_EVENTS_PER_NETWORK_CHUNK = 30.0
-SIM_US_PER_EVENT = 30.0  # 13 us an event and pass on a quiet 2-core VM, twice that and more when busy
+# CPU per event and pass on the busy 2-core VM: 13 us at 8 nodes, 17 at 64 (perseus-comm, ibrc); its wall
+# is twice that and more when other processes share the cores
+SIM_US_PER_EVENT = 20.0
 SIM_PASSES = 1.25  # a second pass where stores meet at a port, in some runs
-SIM_BYTES_PER_EVENT = 1000  # SimPy events and processes, trace rows as Python tuples
+# SimPy's live events and processes, trace rows packed into columns: a bound, about twice the peak measured
+# on perseus-comm (394 MB at 8 nodes, 3.3 GB at 64 against 0.77 and 6.6 GB estimated)
+SIM_BYTES_PER_EVENT = 350
 SIM_BYTES_PER_TASK = 200  # the kernel model's tables
 
 

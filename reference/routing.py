@@ -88,8 +88,18 @@ def logits(cfg: Config, x: np.ndarray, wg: np.ndarray, wg_bias: np.ndarray | Non
 
 def _top(score: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest entries of each row, best first, ties to the lower index."""
-    # stable sort of -score: equal scores keep ascending index order
-    return np.argsort(-score, axis=-1, kind="stable")[..., :k]
+    # the first k of a stable sort of -score (equal scores keep ascending index order), found by
+    # partition: a row's k best, in index order, stably sorted. A row where the k-th best ties an
+    # entry left out (or is NaN) is not settled by the partition and takes the whole sort.
+    neg = -score
+    if neg.ndim != 2 or k >= neg.shape[-1]:
+        return np.argsort(neg, axis=-1, kind="stable")[..., :k]
+    best = np.sort(np.argpartition(neg, k - 1, axis=-1)[:, :k], axis=-1)
+    vals = np.take_along_axis(neg, best, axis=-1)
+    top = np.take_along_axis(best, np.argsort(vals, axis=-1, kind="stable"), axis=-1)
+    unsettled = np.flatnonzero((neg <= vals.max(axis=-1, keepdims=True)).sum(axis=-1) != k)
+    top[unsettled] = np.argsort(neg[unsettled], axis=-1, kind="stable")[:, :k]
+    return top
 
 
 def group_limit(cfg: Config, score: np.ndarray) -> np.ndarray:

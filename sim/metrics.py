@@ -104,6 +104,16 @@ def layer_roofline(cfg: Config, send_counts, ceiling_tflops: float, memory_gbps:
     return {"ms": float(ms[bound]), "bound": bound, **{f"{b}_ms": float(ms[b]) for b in ROOFLINE_BOUNDS}}
 
 
+def by_rank(rank: np.ndarray, mask: np.ndarray, values: np.ndarray, ranks) -> list[np.ndarray]:
+    """values[mask & (rank == r)] for each r of `ranks`, in trace order, from one sort (a mask a
+    rank would read the whole trace once per GPU)."""
+    rows = np.flatnonzero(mask)
+    rows = rows[np.argsort(rank[rows], kind="stable")]
+    ranks, sorted_rank, picked = np.asarray(ranks), rank[rows], values[rows]
+    lo, hi = np.searchsorted(sorted_rank, ranks, "left"), np.searchsorted(sorted_rank, ranks, "right")
+    return [picked[a:b].copy() for a, b in zip(lo.tolist(), hi.tolist())]
+
+
 def compute(trace: Trace, cfg: Config, latency_2gpu_ns: float | None = None) -> dict:
     if not len(trace):
         return {"latency_ns": 0.0, "latency_ms": 0.0, "gpus": cfg.ranks, "nodes": cfg.nodes}
@@ -113,10 +123,11 @@ def compute(trace: Trace, cfg: Config, latency_2gpu_ns: float | None = None) -> 
     proc = role == ROLE["processor"]
     busy = proc & ~np.isin(kind, NOT_BUSY)
     dur = end - start
-    util = []
-    for r in range(cfg.ranks):
-        lanes = trace.meta.get("processors") or np.unique(trace["lane"][proc & (rank == r)]).size
-        util.append(float(dur[busy & (rank == r)].sum()) / (lanes * latency) if lanes and latency else 0.0)
+    lanes = trace.meta.get("processors")
+    lanes = [lanes] * cfg.ranks if lanes else [np.unique(x).size for x in by_rank(rank, proc, trace["lane"],
+                                                                                  range(cfg.ranks))]
+    util = [float(d.sum()) / (n * latency) if n and latency else 0.0
+            for d, n in zip(by_rank(rank, busy, dur, range(cfg.ranks)), lanes)]
     busy_total = float(dur[busy].sum())
     share = {KINDS[k]: float(dur[busy & (kind == k)].sum()) / busy_total if busy_total else 0.0
              for k in np.unique(kind[busy])}
@@ -125,7 +136,7 @@ def compute(trace: Trace, cfg: Config, latency_2gpu_ns: float | None = None) -> 
     nbytes = trace["bytes"]
     fence = kind == KIND["fence"]
     proxy_fence = fence & (role == ROLE["proxy"])
-    blocked = [float(dur[proxy_fence & (rank == r)].sum()) for r in np.unique(rank[proxy_fence])]
+    blocked = [float(d.sum()) for d in by_rank(rank, proxy_fence, dur, np.unique(rank[proxy_fence]))]
     out = {
         "latency_ns": latency,
         "latency_ms": latency / 1e6,

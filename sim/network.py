@@ -55,13 +55,16 @@ class Nic:
         self.env, self.hw, self.rank, self.node, self.rec = env, hw, rank, node, rec
         # the NIC reads GPU memory over PCIe (GPUDirect RDMA): the slower of the two bounds it
         self.link = SharedLink(env, min(hw.nic_gbps, hw.pcie_gbps))
-        # per peer, in posting order: the completions not yet seen (a write leaves as it completes)
+        # per peer, and for all peers, in posting order: the completions not yet seen (a write
+        # leaves as it completes)
         self.inflight: dict[int, dict[simpy.Event, None]] = {}
+        self.posted: dict[simpy.Event, None] = {}
 
     def write(self, peer: int, tile: int, nbytes: int, expert: int) -> simpy.Event:
         """Post an RDMA write; the event is its completion (the sender's view)."""
         done = self.env.event()
         self.inflight.setdefault(peer, {})[done] = None
+        self.posted[done] = None
         self.env.process(self._write(peer, tile, nbytes, expert, done))
         return done
 
@@ -72,13 +75,12 @@ class Nic:
         self.rec.add(self.rank, self.node, 0, "nic", "put", posted, self.env.now, expert, tile, peer, nbytes)
         yield self.env.timeout(self.hw.nic_latency_ns)
         del self.inflight[peer][done]
+        del self.posted[done]
         done.succeed()
 
     def pending(self, peer: int | None = None) -> list[simpy.Event]:
         """Writes (to `peer`, or to anyone) posted so far that have not completed."""
-        if peer is not None:
-            return list(self.inflight.get(peer, ()))
-        return [e for p in sorted(self.inflight) for e in self.inflight[p]]
+        return list(self.inflight.get(peer, ()) if peer is not None else self.posted)
 
     def signal(self, peer: int, tile: int, flagged: bool):
         """Send a signal (a small RDMA atomic); with a fence flag the NIC first waits until the
@@ -95,14 +97,12 @@ class Nic:
 class Proxy:
     """The CPU proxy thread of one GPU: takes requests from its ring and drives the NIC."""
 
-    def __init__(self, env, hw: Hardware, transport: str, nic: Nic, fabric: Fabric):
+    def __init__(self, env, hw: Hardware, transport: str, nic: Nic, fabric: Fabric, batch_size: Counter):
+        """`batch_size`: the chunks of each of this GPU's destination batches, by (peer, phase)."""
         self.env, self.hw, self.transport, self.nic, self.fabric = env, hw, transport, nic, fabric
         self.ring: deque[int] = deque()
         self.wake: simpy.Event | None = None
-        plan = fabric.plan
-        mine = np.flatnonzero((plan.transfer_src == nic.rank) & (plan.transfer_link == NETWORK))
-        # a destination batch: this GPU's chunks for one peer in one phase (dispatch or return)
-        self.batch_size = Counter(zip(plan.transfer_dst[mine].tolist(), plan.transfer_kind[mine].tolist()))
+        self.batch_size = batch_size
         self.batches: dict[tuple[int, int], list[int]] = {}
         env.process(self.run())
 
@@ -121,8 +121,8 @@ class Proxy:
                 self.wake = self.env.event()
                 yield self.wake
             x = self.ring.popleft()
-            peer = int(self.fabric.plan.transfer_dst[x])
-            yield from self._op("put", x, peer, int(self.fabric.plan.transfer_bytes[x]))
+            peer = self.fabric.dst[x]
+            yield from self._op("put", x, peer, self.fabric.nbytes[x])
             self.fabric.write(self.nic, x)
             batch = self.complete_batch(x, peer)
             if batch:
@@ -133,7 +133,7 @@ class Proxy:
         the whole destination batch once its last chunk is written (else none yet)."""
         if self.transport not in BATCHED:
             return [x]
-        key = (peer, int(self.fabric.plan.transfer_kind[x]))
+        key = (peer, self.fabric.kind[x])
         batch = self.batches.setdefault(key, [])
         batch.append(x)
         return self.batches.pop(key) if len(batch) == self.batch_size[key] else []
@@ -158,10 +158,9 @@ class Proxy:
         self._row(kind, start, x, peer, nbytes)
 
     def _row(self, kind, start, x, peer, nbytes):
-        plan = self.fabric.plan
-        t = int(plan.transfer_tile[x])
-        self.fabric.rec.add(self.nic.rank, self.nic.node, 0, "proxy", kind, start, self.env.now,
-                            int(plan.tile_expert[t]), t, peer, nbytes)
+        f = self.fabric
+        t = f.tile[x]
+        f.rec.add(self.nic.rank, self.nic.node, 0, "proxy", kind, start, self.env.now, f.expert[t], t, peer, nbytes)
 
 
 class Fabric:
@@ -171,17 +170,29 @@ class Fabric:
                  rec: TraceBuilder, deliver: Deliver):
         self.env, self.cfg, self.plan, self.hw, self.transport, self.rec = env, cfg, plan, hw, transport, rec
         self.deliver = deliver
+        # the plan's per-transfer and per-tile columns as Python lists: read once per event
+        self.link, self.src, self.dst, self.kind, self.nbytes, self.tile = (
+            a.tolist() for a in (plan.transfer_link, plan.transfer_src, plan.transfer_dst, plan.transfer_kind,
+                                 plan.transfer_bytes, plan.transfer_tile))
+        self.expert = plan.tile_expert.tolist()
         ranks = range(cfg.ranks)
         self.nvlink = [SharedLink(env, hw.nvlink_gbps) for _ in ranks]
         self.nics = [Nic(env, hw, r, cfg.node_of(r), rec) for r in ranks] if cfg.nodes > 1 else []
-        self.proxies = [Proxy(env, hw, transport, nic, self) for nic in self.nics] \
-            if transport in PROXY_TRANSPORTS else []
+        self.proxies = []
+        if self.nics and transport in PROXY_TRANSPORTS:
+            # a destination batch: one GPU's chunks for one peer in one phase (dispatch or return)
+            batches = [Counter() for _ in ranks]
+            net = np.flatnonzero(plan.transfer_link == NETWORK)
+            for src, dst, kind in zip(*(a[net].tolist() for a in (plan.transfer_src, plan.transfer_dst,
+                                                                   plan.transfer_kind))):
+                batches[src][dst, kind] += 1
+            self.proxies = [Proxy(env, hw, transport, nic, self, batches[nic.rank]) for nic in self.nics]
         self.qp_free: dict[tuple[int, int], float] = {}  # ibgda: when each (GPU, peer) queue pair is free
 
     def send(self, x: int, stored: bool = False) -> None:
         """The GPU issues transfer `x` now (a put with its signal), or, `stored`, only the signal of
         one whose bytes its blocks have already stored into the peer (over NVLink or locally)."""
-        link, src, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_src[x]), int(self.plan.transfer_dst[x])
+        link, src, dst = self.link[x], self.src[x], self.dst[x]
         if link == LOCAL:
             self._link_rows(x, self.env.now)
             self.deliver(dst, [x])
@@ -195,24 +206,23 @@ class Fabric:
     def _nvlink_put(self, x: int, stored: bool):
         start = self.env.now
         if not stored:  # the port moves the bytes; stored ones moved during the tasks
-            yield self.nvlink[int(self.plan.transfer_src[x])].transfer(int(self.plan.transfer_bytes[x]))
+            yield self.nvlink[self.src[x]].transfer(self.nbytes[x])
         yield self.env.timeout(self.hw.nvlink_latency_ns)
         self._link_rows(x, start)
-        self.deliver(int(self.plan.transfer_dst[x]), [x])
+        self.deliver(self.dst[x], [x])
 
     def _link_rows(self, x: int, start: float) -> None:
         """A put and its signal on the source's link lane to the destination (lane = peer rank)."""
-        p = self.plan
-        src, dst, t = int(p.transfer_src[x]), int(p.transfer_dst[x]), int(p.transfer_tile[x])
-        e, node, now = int(p.tile_expert[t]), self.cfg.node_of(src), self.env.now
-        self.rec.add(src, node, dst, "link", "put", start, now, e, t, dst, int(p.transfer_bytes[x]))
+        src, dst, t = self.src[x], self.dst[x], self.tile[x]
+        e, node, now = self.expert[t], self.cfg.node_of(src), self.env.now
+        self.rec.add(src, node, dst, "link", "put", start, now, e, t, dst, self.nbytes[x])
         self.rec.add(src, node, dst, "link", "signal", now, now, e, t, dst, 0)
 
     def _ibgda_put(self, x: int):
         """A GPU thread takes the queue pair to the peer (its blocks share it under a lock), writes the
         put's and the signal's work requests and rings the doorbell for each: one peer's put-with-
         signals are posted one after another."""
-        src, dst = int(self.plan.transfer_src[x]), int(self.plan.transfer_dst[x])
+        src, dst = self.src[x], self.dst[x]
         start = max(self.env.now, self.qp_free.get((src, dst), 0.0))
         self.qp_free[src, dst] = start + 2 * self.hw.gpu_post_ns
         yield self.env.timeout(start - self.env.now + self.hw.gpu_post_ns)
@@ -222,11 +232,10 @@ class Fabric:
         yield from self.signal(nic, dst, [x], flagged=True)
 
     def write(self, nic: Nic, x: int) -> simpy.Event:
-        p = self.plan
-        t = int(p.transfer_tile[x])
-        return nic.write(int(p.transfer_dst[x]), t, int(p.transfer_bytes[x]), int(p.tile_expert[t]))
+        t = self.tile[x]
+        return nic.write(self.dst[x], t, self.nbytes[x], self.expert[t])
 
     def signal(self, nic: Nic, peer: int, xs: list[int], flagged: bool):
         """Send the signal covering transfers `xs`; deliver them when it lands."""
-        yield from nic.signal(peer, int(self.plan.transfer_tile[xs[-1]]), flagged)
+        yield from nic.signal(peer, self.tile[xs[-1]], flagged)
         self.deliver(peer, xs)

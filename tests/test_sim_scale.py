@@ -1,11 +1,13 @@
 """What keeps the simulator fast and small at cluster scale changes no result: the trace builder's
-packed columns, the routing drawn rank by rank, and sweeps run in worker processes."""
+packed columns, the routing drawn rank by rank, its top-k by partition, the metrics' per-GPU sums
+from one sort, and sweeps run in worker processes."""
 
 import numpy as np
 
 import reference
 from reference import presets, routing, weights
-from sim import sweeps
+from reference.routing import _top
+from sim import metrics, sweeps
 from sim.trace import COLUMNS, KINDS, ROLES, TraceBuilder
 
 
@@ -34,6 +36,30 @@ def test_routing_rank_by_rank_is_the_routing_of_all_ranks_at_once():
     streamed = reference.route_config(cfg)
     for f in ("expert", "weight", "slot"):
         assert np.array_equal(getattr(streamed, f), getattr(at_once, f)), f
+
+
+def test_top_k_by_partition_is_the_stable_sorts_first_k():
+    rng = np.random.default_rng()
+    for trial in range(200):
+        t, e = int(rng.integers(1, 50)), int(rng.integers(2, 40))
+        k = int(rng.integers(1, e + 1))
+        if trial % 2:  # ties everywhere, excluded experts (-inf), signed zeros and NaN
+            score = rng.integers(-3, 3, (t, e)).astype(np.float64) * rng.choice([1.0, -0.0], (t, e))
+            score[rng.random((t, e)) < 0.2] = -np.inf
+            score[rng.random((t, e)) < 0.03] = np.nan
+        else:
+            score = rng.standard_normal((t, e))
+        assert np.array_equal(_top(score, k), np.argsort(-score, axis=-1, kind="stable")[:, :k]), (score, k)
+
+
+def test_per_gpu_sums_from_one_sort_are_the_masked_sums():
+    rng = np.random.default_rng()
+    n, ranks = int(rng.integers(1000, 5000)), int(rng.integers(1, 40))
+    rank, mask = rng.integers(0, ranks, n).astype(np.int32), rng.random(n) < 0.6
+    values = rng.exponential(1e3, n)
+    asked = np.unique(rng.integers(0, ranks + 2, ranks))  # some with no rows
+    for r, got in zip(asked, metrics.by_rank(rank, mask, values, asked)):
+        assert got.sum() == values[mask & (rank == r)].sum()  # the same floats in the same order
 
 
 def test_parallel_points_come_back_in_the_jobs_order():
