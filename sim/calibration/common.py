@@ -47,9 +47,11 @@ class Fit:
         self.residuals.extend(other.residuals)
         return self
 
-    def worst_fitted(self) -> float:
-        """The largest |model - measured| / measured over the points the fit took (not the checks)."""
-        return max((abs(y - m) / m for p, m, y in self.residuals if m and "not fitted" not in p), default=0.0)
+    def fitted_misses(self) -> tuple[float, float]:
+        """(mean, largest) |model - measured| / measured over the points the fit took (not the
+        checks, whose names say "not fitted"); (0, 0) where it took none."""
+        miss = [abs(y - m) / m for p, m, y in self.residuals if m and "not fitted" not in p]
+        return (sum(miss) / len(miss), max(miss)) if miss else (0.0, 0.0)
 
 
 def need(raw: dict, key: str, what: str):

@@ -4,7 +4,7 @@ l2_knee_bytes, then saturating towards + extra: one knee for copies and local pu
 L2), a put over NVLink by one block alone and the largest aggregate to the peer (the port), and
 copy_rows into the peer by a staged sender (its rate, or its share of the port). A one-GPU file
 (an H100 lent alone) has no peer: its NVLink figures stay the base preset's, and say so.
-Residual bound: BOUND on the fitted copies and puts."""
+Residual bound: BOUND."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from reference.plan import LOCAL, NVLINK
 from .. import costs
 from .common import KNEES, CalibrationError, Fit, need, preset_with, saturating
 
-BOUND = 0.25  # the largest |model - measured| / measured of a fitted copy or put (one curve per path)
+# (mean, largest) |model - measured| / measured over the fitted copies and puts (one curve per path:
+# a float32 copy by one block alone is up to 41% off it)
+BOUND = (0.10, 0.45)
 MOVE_FIGURES = ("blocks_per_sm", "l2_knee_bytes", "copy_ns_per_byte", "copy_extra_ns_per_byte", "copy_half_bytes",
                 "put_local_ns_per_byte", "put_local_extra_ns_per_byte", "put_local_half_bytes",
                 "put_nvlink_ns_per_byte", "copy_nvlink_ns_per_byte", "nvlink_gbps", "nvlink_latency_ns")
@@ -87,7 +89,8 @@ def fit_moves(raw: dict, hw, base: str, origin: str, given: dict) -> Fit:
     into_peer = fit_nvlink(f, raw, remote, big, alone, hw, base, origin)
     model = preset_with({**given, **f.values}, MOVE_FIGURES)
     for c in into_peer:  # each block at its own rate or its share of the port
-        f.check(f"copy_rows {c['bytes']} B into the peer, {c['blocks']} blocks (ns)", c["ns_per_copy"]["median"],
+        note = "" if c["blocks"] == 1 else "; not fitted"
+        f.check(f"copy_rows {c['bytes']} B into the peer, {c['blocks']} blocks (ns{note})", c["ns_per_copy"]["median"],
                 c["bytes"] * costs.port_ns_per_byte(model.copy_nvlink_ns_per_byte, c["blocks"], model.nvlink_gbps))
     for c in copies:
         f.check(f"copy_rows {c['bytes']} B{' weighted' if c['scaled'] else ''}, {c['blocks']} blocks (ns)",
