@@ -118,7 +118,7 @@ def preset_json(fits: dict[str, Fit], tiles: dict[str, list[int]], base: str, na
     the top level, so a change made there reaches every dtype)."""
     f = fits["float32"]
     dtypes = {"float32": {"tile": tiles["float32"]}}
-    for d in fits.keys() - {"float32"}:
+    for d in [d for d in fits if d != "float32"]:  # in the file's order (a set's would vary from run to run)
         own = {k: v for k, v in fits[d].values.items() if v != f.values.get(k)}
         dtypes[d] = {"tile": tiles[d], **own, "sources": {k: fits[d].sources[k] for k in own}}
     return {"base": base, "name": name, **f.values, "sources": f.sources, "dtypes": dtypes}
