@@ -170,6 +170,9 @@ def fit_gemm(raw: dict, hw, blocks: int, origin: str, dtype: str) -> Fit:
           f"{list(ROW_GROUPS)} rows halves its squared residuals)")
     _record_terms(f, t.shared, fixed, per_byte, power, gain, sorted({g.get("tiles_per_expert", 2) for g in pts}),
                   origin)
+    if t.shared:  # the first-principles rate beside it: a block's share of HBM
+        f.check("weight slice streamed alone, ns per byte (the fit; model: HBM rate / blocks; not fitted)",
+                f.values["weight_load_ns_per_byte"], blocks / hw.hbm_gbps)
     full = max(pts, key=lambda g: (g["flops"], g.get("tiles_per_expert", 2) == 2))
     _check_tasks(f, raw, {id(g) for g in pts}, blocks, full, rate, whole)
     return f
