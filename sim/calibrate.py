@@ -114,12 +114,17 @@ def tile_of(raw: dict, where: str) -> list[int]:
 
 def preset_json(fits: dict[str, Fit], tiles: dict[str, list[int]], base: str, name: str) -> dict:
     """The calibrated preset: float32's figures at the top level, every dtype's tile, and in the
-    other dtypes' sections the figures their fit gave differently (the shared byte moves stay at
-    the top level, so a change made there reaches every dtype)."""
+    other dtypes' sections the figures their fit gave differently or by another method (the shared
+    byte moves stay at the top level, so a change made there reaches every dtype)."""
     f = fits["float32"]
     dtypes = {"float32": {"tile": tiles["float32"]}}
+
+    def method(how: str) -> str:  # a source less its file and build
+        return how.split(": ", 1)[-1]
+
     for d in [d for d in fits if d != "float32"]:  # in the file's order (a set's would vary from run to run)
-        own = {k: v for k, v in fits[d].values.items() if v != f.values.get(k)}
+        own = {k: v for k, v in fits[d].values.items()
+               if v != f.values.get(k) or method(fits[d].sources[k]) != method(f.sources.get(k, ""))}
         dtypes[d] = {"tile": tiles[d], **own, "sources": {k: fits[d].sources[k] for k in own}}
     return {"base": base, "name": name, **f.values, "sources": f.sources, "dtypes": dtypes}
 
