@@ -16,8 +16,10 @@ item) for its slots; a tile GEMM task costs `gemm_fixed_ns` beyond its FLOPs how
 tiles of its expert that share the slice at once (a slice one tile uses alone comes from HBM), the
 multiply and that load added, or where measured overlapped as the p-norm of the two
 (`gemm_overlap_power`: a slice streamed from HBM hides most of a short tile's multiply), its rows
-computed in whole groups of `gemm_row_group` (where measured); a block copies token rows at its own
-rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched chunk's rows (a
+computed in whole groups of `gemm_row_group` (where measured; the tensor-core builds' whole 64-row
+blocks) and its columns a whole tile_n-wide slice (a ragged last column block multiplies the zero
+fill past the matrix too, and loads its own columns); a block copies token rows at its own rate
+alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched chunk's rows (a
 tile's rows of one source) are gathered straight into the owner's inbox (its GPU, or an NVLink peer
 at the block's copy rate and the port's share), by one of STAGED_BLOCKS processors for a peer and by
 one of the others for this GPU (the "staged" path, the kernel's default below FLAT_DISPATCH_TOP_K
@@ -129,10 +131,19 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
 
 
 def flops_per_row(cfg: Config, plan) -> np.ndarray:
-    """Per task: the FLOPs of one of its tile's rows (2 x its GEMM's depth x its weight columns, a
-    gated GEMM0 task's gate and up ones); 0 for a combine."""
+    """Per task: the FLOPs its multiply spends on one of its tile's rows, 2 x its GEMM's depth x
+    tile_n weight columns (a gated GEMM0 task's gate and up ones): every build multiplies a whole
+    tile_n-wide weight slice, so a ragged last column block's columns past the matrix (the TMA's
+    zero fill, or a row's next columns) cost as much as its own; 0 for a combine."""
     depth = np.where(plan.task_kind == GEMM0, cfg.hidden, cfg.ffn)
-    return np.where(plan.task_kind == COMBINE, 0.0, 2.0 * depth * weight_columns(cfg, plan.task_kind, plan.task_cols))
+    return np.where(plan.task_kind == COMBINE, 0.0, 2.0 * depth * cfg.tile_n)
+
+
+def multiply_flops(cfg: Config, plan) -> np.ndarray:
+    """Per task: the FLOPs its multiply spends (its tile's rows x flops_per_row; plan.task_flops
+    counts a ragged block's own columns only); a combine's, the plan's (its weighting)."""
+    rows = plan.tile_rows[plan.task_tile].astype(np.float64)
+    return np.where(plan.task_kind == COMBINE, plan.task_flops.astype(np.float64), rows * flops_per_row(cfg, plan))
 
 
 def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray,
@@ -146,7 +157,8 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
             raise ValueError(f"row_flops = {row_flops!r}: {hw.name} computes tile rows in groups of "
                              f"{hw.gemm_row_group:g}, so task_ns needs each task's FLOPs per row (flops_per_row)")
         rows = np.divide(flops, row_flops, out=np.zeros_like(flops, dtype=float), where=np.asarray(row_flops) > 0)
-        flops = np.where(combine, flops, grouped_rows(rows, hw.gemm_row_group) * row_flops)
+        whole = cfg.precision in WHOLE_ROW_BLOCKS
+        flops = np.where(combine, flops, grouped_rows(rows, hw.gemm_row_group, whole) * row_flops)
     if hw.copy_ns_per_byte and not WEIGHTED_IN_TASK[cfg.dtype]:
         # moelab's measured bf16 kernel: the combine task only marks the arrival (the roofline
         # presets keep FlashMoE's weighting task)
@@ -184,16 +196,20 @@ def overlapped(multiply, load, power: float):
 
 # the warps of a tile GEMM block that share one row group's rows (the float32 SIMT GEMM: 4 warps)
 GROUP_WARPS = 4
+# the tensor-core builds' rows: tile_gemm_wgmma.cuh copies and multiplies only the 64-row blocks of
+# A that hold a row, each whole (wgmma's M); their gemm_row_group is this block, not a fitted one
+WGMMA_ROW_BLOCK = 64
+WHOLE_ROW_BLOCKS = ("bfloat16", "tf32x3")  # the GEMM precisions of the wgmma builds
 
 
-def grouped_rows(rows, group: float):
-    """A tile's rows as its multiply computes them: in whole groups of `group` (1: each row),
-    and a tile of one group or less in whole warps' shares of it (a warp whose rows all lie past
-    the tile's skips the multiply: one H100's float32 tasks of 13-15, 17-48, 49-64 and 65-128
-    rows took 103, 133-137, 166-170 and 208-222 us in the layers)."""
+def grouped_rows(rows, group: float, whole: bool = False):
+    """A tile's rows as its multiply computes them: in whole groups of `group` (1: each row), and
+    (not `whole`: the float32 SIMT GEMM) a tile of one group or less in whole warps' shares of it
+    (a warp whose rows all lie past the tile's skips the multiply: one H100's float32 tasks of
+    13-15, 17-48, 49-64 and 65-128 rows took 103, 133-137, 166-170 and 208-222 us in the layers)."""
     rows = np.asarray(rows, np.float64)
-    step = np.where(rows <= group, group / GROUP_WARPS, group) if group > 1 else 1.0
-    return np.ceil(np.round(rows / step, 9)) * step
+    step = group if whole else np.where(rows <= group, group / GROUP_WARPS, group)
+    return np.ceil(np.round(rows / step, 9)) * step if group > 1 else rows
 
 
 def returned_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:

@@ -167,7 +167,7 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
                ) -> tuple[list[FusedKernel], list[int]]:
     """Set up every GPU's kernel on the fabric; returns [chunks not yet combined]."""
     phases = TilePhases(plan)
-    durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(np.float64),
+    durations = costs.task_ns(hw, cfg, plan.task_kind, costs.multiply_flops(cfg, plan),
                               plan.task_bytes.astype(np.float64),
                               costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan)
                               ).tolist()

@@ -82,7 +82,8 @@ class Hardware:
     # a tile of one group or less in its warps' quarters of it (costs.grouped_rows): the float32
     # SIMT GEMM gives each thread 4 rows of every 64 and each warp 16 of those, so a tile
     # of 96 rows takes about as long as one of 128, one of 32 less than one of 64 (one H100,
-    # microbenchmark at the megakernel's grid: 155, 173, 240, 243 us)
+    # microbenchmark at the megakernel's grid: 155, 173, 240, 243 us); the tensor-core builds'
+    # multiply, whole 64-row blocks (costs.WHOLE_ROW_BLOCKS)
     gemm_row_group: float
     # per byte of the task's weight slice over the tiles of its expert that share it at once (a
     # slice one tile uses alone comes from HBM; shared, from L2 for all but the first)

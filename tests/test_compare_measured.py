@@ -78,14 +78,14 @@ FP32_DISPATCH_4 = ("float32 on four GPUs with the flat dispatch: busy time model
                    "flight; not analysed")
 SIXTEEN_FP32 = ("p2", "tokens-4k-p2", "tokens-16k-p2", "experts-8-p2", "experts-16-p2", "experts-32-p2",
                 "experts-128-p2")  # the float32 two-GPU runs whose dispatch misses with 16 senders
-FOUR_H100_BF16 = ("on four H100s (33d8ac7) the bf16 layer is modelled 11.6-24.3% short at 1K-4K tokens and 8 "
+FOUR_H100_BF16 = ("on four H100s (33d8ac7) the bf16 layer is modelled 11.2-25.0% short at 1K-4K tokens and 8 "
                   "experts, as on four H200s (FOUR_GPU_STAGED_BF16): its phases run later and less overlapped than "
                   "modelled (with 8 experts SM utilization 0.75 against 0.83, GEMM0 busy -13.7%); at 1K the gate "
                   "and dispatch busy times miss too (0.0447 against 0.0353 ms a block, -21%; dispatch -23%) and "
-                  "T(2)/T(4) is 1.25 against 1.43")
+                  "T(2)/T(4) is 1.25 against 1.42")
 SMALL_TWO_H100 = ("at 1K and 2K tokens on two H100s (33d8ac7), as at 8e14b82 (SMALL_TWO_GPU): the gate 0.043 and "
-                  "0.051 ms a block against 0.035 and 0.045, GEMM0 0.115 and 0.122 against 0.103 and 0.108: layer "
-                  "-13.7% and -12.5%")
+                  "0.051 ms a block against 0.035 and 0.045, GEMM0 0.115 and 0.122 against 0.101 and 0.106: layer "
+                  "-14.9% and -13.6%")
 DISPATCH_128_H100 = ("128 bf16 experts on two H100s (163bbf2 and 33d8ac7): the staged dispatch's busy time modelled "
                      "27-28% short (33d8ac7: 0.0295 ms a block against 0.0216), the latency within 5.3%")
 

@@ -26,9 +26,9 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
             weight_load_ns_per_byte=0.03, wake_ns=4000.0, assign_ns=60.0, stop_ns=7000.0,
             gemm_row_group=0.0)
-# the bf16 build's: its own GEMM (against the BF16 peak), copies of 2-byte rows, gate, combine and
-# scheduler; the knee, puts and link are the float32 job's byte moves, shared
-TRUE_BF16 = dict(TRUE, matrix_efficiency=0.2, gemm_fixed_ns=60000.0, copy_ns_per_byte=0.05,
+# the bf16 build's: its own GEMM (against the BF16 peak, rows in whole 64-row blocks), copies of
+# 2-byte rows, gate, combine and scheduler; the knee, puts and link are the float32 job's byte moves, shared
+TRUE_BF16 = dict(TRUE, matrix_efficiency=0.2, gemm_fixed_ns=60000.0, gemm_row_group=64.0, copy_ns_per_byte=0.05,
                  copy_extra_ns_per_byte=0.09, copy_half_bytes=float(HALVES[40]), reduce_ns_per_byte=0.4,
                  gate_item_ns_per_h=200.0, gate_slot_ns=3.0, gate_fixed_ns=30000.0, gate_split_ns=6000.0,
                  handoff_ns=4000.0)
@@ -47,7 +47,8 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
 
     def task(r, n=2):  # r rows (in whole groups), n tiles per expert sharing the 2048 x 64 weight slice
         group = t["gemm_row_group"] or 1
-        return (t["gemm_fixed_ns"] + 2 * float(costs.grouped_rows(r, group)) * 2048 * 64 / rate
+        computed = float(costs.grouped_rows(r, group, dtype in costs.WHOLE_ROW_BLOCKS))
+        return (t["gemm_fixed_ns"] + 2 * computed * 2048 * 64 / rate
                 + t["weight_load_ns_per_byte"] * 2048 * 64 * nb / n)
 
     gemm = [{"task": k, "blocks": b, "rows": r, "k": 2048, "n": 64, "flops": 2 * r * 2048 * 64, "tiles_per_expert": n,

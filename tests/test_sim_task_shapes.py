@@ -46,23 +46,44 @@ def test_gated_gemm0_reads_and_multiplies_twice_its_columns(queue):
     assert tg[g0].sum() > tp[p0].sum()
 
 
-def test_a_ragged_last_block_costs_its_own_columns():
+def test_a_ragged_last_block_multiplies_a_whole_tile_but_streams_its_own_columns():
+    """The kernel multiplies a whole tile_n-wide weight slice (the columns past the matrix are the
+    TMA's zero fill): a ragged block's multiply costs a full one's, its weight load its own columns'."""
     cfg = presets.get("small").replace(precision="bfloat16", tile_n=384, tile_k=64, activation="swiglu", seed=1)
     plan = reference.plan_of(cfg)  # I = 1024 in gated blocks of 192: 5 x 192 + 64; H = 512: 384 + 128
     t0 = plan.task_tile == 0
+    multiply = costs.multiply_flops(cfg, plan)
     for kind, widths in ((tile_plan.GEMM0, [192] * 5 + [64]), (tile_plan.GEMM1, [384, 128])):
         sel = t0 & gemm(plan, kind)
         assert plan.task_cols[sel].tolist() == widths
         wide = np.array(widths) * (2 if kind == tile_plan.GEMM0 else 1)  # weight columns
-        fpr = costs.flops_per_row(cfg, plan)[sel]
-        assert np.array_equal(fpr, 2 * (cfg.hidden if kind == tile_plan.GEMM0 else cfg.ffn) * wide)
+        depth = cfg.hidden if kind == tile_plan.GEMM0 else cfg.ffn
+        assert np.all(costs.flops_per_row(cfg, plan)[sel] == 2 * depth * cfg.tile_n)
+        assert np.all(multiply[sel] == plan.tile_rows[0] * 2 * depth * cfg.tile_n)
+        assert np.array_equal(plan.task_flops[sel], plan.tile_rows[0] * 2 * depth * wide)  # the useful FLOPs
         wb = costs.weight_bytes_alone(cfg, plan, 1, "tile")[sel]  # one processor: every slice alone
         assert np.allclose(wb / wb[0], wide / wide[0])
-    durations = costs.task_ns(HW.for_config(cfg), cfg, plan.task_kind, plan.task_flops.astype(float),
-                              plan.task_bytes.astype(float), costs.weight_bytes_alone(cfg, plan, 132, "tile"),
-                              costs.flops_per_row(cfg, plan))
+    hw = HW.for_config(cfg)
+    args = (cfg, plan.task_kind, multiply, plan.task_bytes.astype(float))
     g1 = np.flatnonzero(t0 & gemm(plan, tile_plan.GEMM1))
-    assert durations[g1[1]] < durations[g1[0]]
+    streamed = costs.task_ns(hw.replace(weight_load_ns_per_byte=1.0), *args,
+                             costs.weight_bytes_alone(cfg, plan, 1, "tile"), costs.flops_per_row(cfg, plan))
+    assert streamed[g1[1]] < streamed[g1[0]]  # a third of the slice to load
+    in_l2 = costs.task_ns(hw.replace(weight_load_ns_per_byte=0.0), *args, 0.0, costs.flops_per_row(cfg, plan))
+    assert in_l2[g1[1]] == pytest.approx(in_l2[g1[0]])  # the same multiply
+
+
+def test_a_tensor_core_builds_rows_are_multiplied_in_whole_64_row_blocks():
+    rows = np.array([1, 20, 64, 65, 100, 128])
+    assert costs.grouped_rows(rows, costs.WGMMA_ROW_BLOCK, True).tolist() == [64, 64, 64, 128, 128, 128]
+    # the float32 SIMT GEMM: a short tile in its warps' 16-row shares
+    assert costs.grouped_rows(rows, 64, False).tolist() == [16, 32, 64, 128, 128, 128]
+    cfg = presets.get("flashmoe").replace(precision="bfloat16", tile_n=256, tile_k=64)
+    hw = hardware.get(str(compare.MEASUREMENTS / "calibrated-h200.json")).for_config(cfg)
+    assert hw.gemm_row_group == costs.WGMMA_ROW_BLOCK
+    row = 2.0 * cfg.hidden * cfg.tile_n
+    ns = costs.task_ns(hw, cfg, np.zeros(4, int), rows[[1, 2, 3, 5]] * row, np.zeros(4), 0.0, row)
+    assert ns[0] == pytest.approx(ns[1]) and ns[2] == pytest.approx(ns[3]) and ns[2] > ns[1]
 
 
 @pytest.mark.parametrize("queue", costs.QUEUE_POLICIES)

@@ -1,0 +1,82 @@
+"""The dispatch: a share of a tile stored into this GPU's inbox, all processors at once on one GPU
+alone (on two the NVLink shares beside it hold it back, which the model checks, not fits). From the
+megakernel's own layers where IN_LAYER_MIN or more were timed (right after the gate, the scheduler
+and subscriber polling beside it): a share's median time = dispatch_store_fixed_ns + the first
+round's mean share of bytes x (the L2's rate x held + HBM's x (1 - held)), held = min(1, knee / its
+bytes in flight), the knee searched (costs.dispatch_ns charges every share that mean); else the
+dispatch microbenchmark, least squares of time = fixed + bytes x per byte. Every dispatch entry
+(put path, two GPUs) is checked against the moves' figures. Residual bound: BOUND."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reference.plan import LOCAL, NVLINK
+
+from .. import costs
+from .common import IN_LAYER_MIN, Fit, fixed_and_rates, layer_label, one_gpu_layers, preset_with, tokens_label
+from .moves import MOVE_FIGURES
+
+BOUND = (0.10, 0.20)  # (mean, largest) |model - measured| / measured over the fitted dispatch shares
+NAMES = ("dispatch_store_fixed_ns", "dispatch_store_l2_ns_per_byte", "dispatch_store_ns_per_byte",
+         "dispatch_store_knee_bytes")
+
+
+def _world(raw: dict, d: dict):
+    """An entry's GPUs (files from before the entries said theirs: the file's world)."""
+    return d.get("world", raw.get("world"))
+
+
+def fit_store(pts: list[dict], layers: list[dict], hw, origin: str) -> Fit:
+    """The store path's figures from the in-layer `layers` or the one-GPU store shares `pts`;
+    files with neither keep preset `hw`'s figures (a gather at the copy rate)."""
+    f = Fit()
+    in_layer = [(f"in layer: dispatch share, {layer_label(c)}, {c['inflight_bytes'] / 2 ** 20:.1f} MiB in flight",
+                 c["inflight_bytes"] / c["first_round_shares"], c["inflight_bytes"], c["dispatch_ns"]["median"])
+                for c in layers]
+    if len(layers) >= IN_LAYER_MIN:
+        knee, fixed, l2, hbm = fixed_and_rates(in_layer)
+        how = (f"{origin}: the dispatch shares inside the megakernel at {tokens_label(layers)} tokens (layers no "
+               "measured run uses, one GPU), least squares of relative residuals of time = fixed + bytes x (L2 rate x "
+               "held + HBM rate x (1 - held)), held = min(1, knee / the bytes in flight), the knee where it halves one "
+               "rate's")
+    elif len(pts) >= 2:
+        a = np.array([(1.0, d["rows"]["median"] * d["bytes_per_row"]) for d in pts])
+        (fixed, hbm), *_ = np.linalg.lstsq(a, np.array([d["ns_per_tile"]["median"] for d in pts]), rcond=None)
+        knee = l2 = 0.0
+        how = (f"{origin}: a share of a stored dispatch tile at {len(pts)} layer sizes ({tokens_label(pts)} tokens, "
+               "all processors at once, one GPU), least squares of time = fixed + bytes x per byte")
+    else:
+        for name in NAMES:
+            f.set(name, getattr(hw, name), f"{origin}: no store-path dispatch timed on one GPU alone (a file from "
+                  "before it): the base preset's")
+        return f
+    for name, v in zip(NAMES, (fixed, l2, hbm, knee)):
+        f.set(name, max(float(v), 0.0), how)
+    model = preset_with(f.values, NAMES)
+    for point, nbytes, inflight, y in in_layer:
+        f.check(f"{point} (ns)", y, costs.store_dispatch_ns(model, nbytes, inflight))
+    return f
+
+
+def fit_dispatch(raw: dict, hw, origin: str, given: dict) -> Fit:
+    """The store path's figures, and every dispatch entry checked against them and `given`'s moves."""
+    dispatches = raw.get("dispatch", [])
+    layers = one_gpu_layers(raw)
+    f = fit_store([d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"
+                   and _world(raw, d) == 1], layers, hw, origin)
+    model = preset_with({**given, **f.values}, MOVE_FIGURES + NAMES)
+    for d in dispatches:
+        # files before the kernel stored dispatched rows timed packed and put tiles, one a block
+        n, link, path = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK, d.get("path", "put")
+        nbytes = d["rows"]["median"] * d["bytes_per_row"]
+        # the shares over each link in the same layer's dispatch (its other entry, on two GPUs)
+        over = {LOCAL if e["peer"] == "self" else NVLINK: e.get("shares", e.get("tiles")) for e in dispatches
+                if (e.get("tokens"), _world(raw, e), e.get("path")) == (d.get("tokens"), _world(raw, d), d.get("path"))}
+        ns = costs.dispatch_ns(model, nbytes, link, path, n * nbytes, over) - model.task_overhead_ns
+        layer = f"T={d['tokens']}, " if "tokens" in d else ""
+        fitted = path == "store" and link == LOCAL and _world(raw, d) == 1 and not layers and \
+            f.values["dispatch_store_ns_per_byte"]
+        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{_world(raw, d)} GPU(s), "
+                f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], ns)
+    return f

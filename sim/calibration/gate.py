@@ -1,0 +1,71 @@
+"""The gate phase on `units` workers (blocks x their warpgroups, costs.gate_units): least squares of
+its time over tokens, experts and top_k against the kernel's work items (H spanned per unit), slot
+scans, a fixed time, the H split over units, and the logits a selecting lane reads from shared and
+from global memory (sim.costs.gate_ns). Residual bound: BOUND."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import costs
+from .common import CalibrationError, Fit, need
+
+BOUND = (0.08, 0.15)  # (mean, largest) |model - measured| / measured over the fitted gate points
+NAMES = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
+         "gate_select_global_ns")
+HOW = ("time = H spanned per unit x a + slot scan x b + c + (H split over units) x d + logits considered by a "
+       "selecting lane from shared memory x e and from global memory x f (costs.gate_work, costs.slot_scan, "
+       "costs.gate_select_reads)")
+SELECTIONS = ((4, "shared"), (5, "global"))  # the selection columns and the memory each reads its logits from
+
+
+def gate_rows(pts: list[dict], units: int, wgs: int) -> np.ndarray:
+    """Each point's terms, in NAMES' order."""
+    rows = []
+    for g in pts:
+        grid = g["grid"] * wgs if "grid" in g else units
+        split = float(costs.gate_splits(g["tokens"], g["hidden"], grid) > 1)
+        rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid),
+                     costs.slot_scan(g["tokens"], g["top_k"], g["experts"], grid), 1.0, split,
+                     *costs.gate_select_reads(g["tokens"], g["top_k"], g["experts"], grid)))
+    return np.array(rows, np.float64)
+
+
+def nonnegative_lstsq(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Least squares over the columns `keep`, a figure it wants negative dropped and the rest fitted
+    again (the slot scans of the bf16 128 x 256 build: as many per unit at 8 as at 64 and 128
+    experts, whose gate times differ by the selection alone); clipping it instead threw the others
+    off by 20%."""
+    keep = keep.copy()
+    while True:
+        coef = np.zeros(a.shape[1])
+        coef[keep], *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
+        if (coef >= 0).all():
+            return coef
+        keep &= coef >= 0
+
+
+def fit_gate(raw: dict, units: int, wgs: int, origin: str) -> Fit:
+    """The gate's figures. A selection's time per logit (from shared or from global memory) is
+    fitted only where the points vary top_k among layers whose logits are read from that memory:
+    the E-dependent costs of points of one top_k (the softmax, the row counts) are no selection's."""
+    pts = need(raw, "gate", "gate phase times")
+    if len(pts) < 4:
+        raise CalibrationError("gate", len(pts), "at least 4 (tokens, experts) points")
+    a = gate_rows(pts, units, wgs)
+    keep = np.ones(a.shape[1], bool)
+    unfitted = {}
+    for col, memory in SELECTIONS:
+        ks = sorted({g["top_k"] for g, row in zip(pts, a) if row[col]})
+        if len(ks) < 2:
+            keep[col] = False
+            unfitted[NAMES[col]] = (f"{origin}: none (no gate point with its logits in {memory} memory varies top_k: "
+                                    f"{ks or 'none there'})")
+    coef = nonnegative_lstsq(a, np.array([g["ns"] for g in pts]), keep)
+    f = Fit()
+    for name, c in zip(NAMES, coef):
+        f.set(name, float(c), unfitted.get(name) or f"{origin}: gate phase over {len(pts)} (tokens, experts, top_k) "
+              f"points, least squares of {HOW}")
+    for g, row in zip(pts, a):
+        f.check(f"gate T={g['tokens']} E={g['experts']} k={g['top_k']} (ns)", g["ns"], float(row @ coef))
+    return f

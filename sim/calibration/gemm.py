@@ -1,0 +1,219 @@
+"""The tile GEMM task's figures: time = gemm_fixed_ns + the multiply (its FLOPs, rows in whole
+`gemm_row_group`s, at matrix_efficiency x the precision's peak per block) with its weight slice's
+load (bytes over the tiles sharing it x weight_load_ns_per_byte), added or overlapped as the p-norm
+of `gemm_overlap_power` (sim.costs.task_ns prices every GEMM task, gated and shared ones too, so).
+
+Points: the megakernel's own tasks on the in_layer layers of one GPU where IN_LAYER_MIN or more
+timed them (tasks out of step, as in a measured layer), else the microbenchmark's at the
+megakernel's grid (every block in step; their short tiles ran 10-13% longer than a layer's, H100).
+Residual bound: BOUND."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import costs
+from .common import IN_LAYER_MIN, LINE_MISS, CalibrationError, Fit, layer_label, need, one_gpu_layers, tokens_label
+
+ROW_GROUPS = (16, 32, 64)  # the row groups a tile GEMM may compute in (its threads' rows x their count)
+OVERLAP_POWERS = (1.5, 2.0, 3.0, 4.0)  # p-norms of a GEMM task's multiply and weight load the fit tries
+OVERLAP_GAIN = 0.1  # the share of the added form's squared residuals a p-norm must take off to be kept
+IN_LAYER_TASKS = 4  # tasks of one (kind, height, sharing) in a layer that make it a point of the fit
+# (mean, largest) |model - measured| / measured over the fitted tasks, every committed file: a
+# layer's typical tasks within a few %, its rare heights (8 tasks a point) up to 41% off
+BOUND = (0.08, 0.45)
+
+
+def gemm_points(raw: dict, blocks: int) -> tuple[list[dict], str]:
+    """The tile GEMM tasks the fit takes and a phrase saying which."""
+    layers = [c for c in one_gpu_layers(raw) if c.get("gemm")]
+    if len(layers) >= IN_LAYER_MIN:
+        pts = [g for c in layers for g in c["gemm"] if g["ns_per_task"]["n"] >= IN_LAYER_TASKS]
+        return pts, f"the megakernel's own tasks on layers of {tokens_label(layers)} tokens (no measured run's size)"
+    pts = [g for g in need(raw, "gemm", "tile GEMM task times") if g["blocks"] >= blocks]
+    return pts, "the microbenchmark's tasks at the megakernel's grid"
+
+
+def weight_alone(g: dict) -> float:
+    """A task's weight slice's bytes over the tiles of its expert sharing it."""
+    return g.get("weight_bytes", 0) / g.get("tiles_per_expert", 2)
+
+
+def computed(flops, rows, group, whole: bool = False):
+    """A task's FLOPs with its rows in whole groups (costs.grouped_rows)."""
+    return costs.grouped_rows(rows, group, whole) * (flops / rows)
+
+
+@dataclass
+class Tasks:
+    """The fitted tasks as arrays: FLOPs, rows, weight bytes alone, median time, and each point's
+    weight (the square root of the tasks it holds: a layer's typical tasks, not its rare heights)."""
+
+    flops: np.ndarray
+    rows: np.ndarray
+    alone: np.ndarray
+    ns: np.ndarray
+    sw: np.ndarray
+
+    @classmethod
+    def of(cls, pts: list[dict]) -> Tasks:
+        col = lambda fn: np.array([fn(g) for g in pts], np.float64)  # noqa: E731
+        return cls(col(lambda g: g["flops"]), col(lambda g: g["rows"]), col(weight_alone),
+                   col(lambda g: g["ns_per_task"]["median"]), np.sqrt(col(lambda g: g["ns_per_task"].get("n", 1))))
+
+    @property
+    def shared(self) -> bool:  # files from before the sharing points (2 tiles per expert throughout): no weight term
+        return len(set(self.alone.tolist())) > 1
+
+    def lstsq(self, cols: list[np.ndarray], y: np.ndarray) -> tuple[np.ndarray, float]:
+        a = np.column_stack(cols)
+        coef, *_ = np.linalg.lstsq(a * self.sw[:, None], y * self.sw, rcond=None)
+        return coef, float(np.sum(((a @ coef - y) * self.sw) ** 2))
+
+
+def row_group(t: Tasks) -> tuple[int, np.ndarray, float]:
+    """(group, coefficients of fixed + computed FLOPs [+ weight bytes], the straight line's worst
+    miss): a group among ROW_GROUPS below the tallest tile is kept where the straight line misses a
+    task by more than LINE_MISS and the group at least halves its squared residuals (the float32
+    SIMT GEMM gives each thread 4 rows of every 64: its 32-row tasks take about its 64-row ones')."""
+    extra = [t.alone] if t.shared else []
+    one = np.ones_like(t.flops)
+
+    def solve(group):
+        a = np.column_stack([one, computed(t.flops, t.rows, group)] + extra)
+        coef, sse = t.lstsq(list(a.T), t.ns)
+        return coef, sse, float(np.max(np.abs(a @ coef - t.ns) / t.ns))
+
+    coef, line_sse, line_miss = solve(1)
+    group, sse = 1, line_sse
+    for gr in ROW_GROUPS if line_miss > LINE_MISS else ():
+        if gr < t.rows.max():
+            c, e, _ = solve(gr)
+            if c[1] > 0 and e <= line_sse / 2 and e < sse:
+                group, coef, sse = gr, c, e
+    return group, coef, line_miss
+
+
+def wgmma_rows(t: Tasks) -> tuple[int, np.ndarray, float]:
+    """row_group's answer for a tensor-core build: its multiply's whole row blocks, not searched."""
+    extra = [t.alone] if t.shared else []
+    group = costs.WGMMA_ROW_BLOCK
+    coef, _ = t.lstsq([np.ones_like(t.flops), computed(t.flops, t.rows, group, True)] + extra, t.ns)
+    return group, coef, 0.0
+
+
+def fit_overlap(work: np.ndarray, alone: np.ndarray, y: np.ndarray, weight: np.ndarray, power: float,
+                peak: float) -> tuple[float, float, float, float]:
+    """rate, fixed and per byte of y = fixed + costs.overlapped(work / rate, per byte x alone,
+    power) by weighted least squares, the rate at most `peak` (rate and per byte on log grids,
+    narrowed around their best; fixed, given them, in closed form, at least 0): (rate, fixed, per
+    byte, squared residuals)."""
+    def solve(rates, per_bytes):
+        base = costs.overlapped(work / rates[:, None, None], per_bytes[None, :, None] * alone, power)
+        fixed = np.maximum(np.sum(weight * (y - base), axis=-1) / np.sum(weight), 0.0)
+        return fixed, np.sum(weight * (y - fixed[..., None] - base) ** 2, axis=-1)
+
+    rates, per_bytes = np.geomspace(peak / 30, peak, 41), np.geomspace(1e-5, 10.0, 61)
+    for _ in range(5):
+        _, sse = solve(rates, per_bytes)
+        i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
+        rates = np.geomspace(rates[max(i - 1, 0)], rates[min(i + 1, len(rates) - 1)], 21)
+        per_bytes = np.geomspace(per_bytes[max(j - 1, 0)], per_bytes[min(j + 1, len(per_bytes) - 1)], 21)
+    fixed, sse = solve(rates, per_bytes)
+    i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
+    return float(rates[i]), float(fixed[i, j]), float(per_bytes[j]), float(sse[i, j])
+
+
+def rate_and_terms(t: Tasks, work: np.ndarray, slope: float, peak: float) -> tuple[float, float, float, float, float]:
+    """(rate, fixed, per byte, power, share of squared residuals the p-norm took off): the rate
+    the slope gives, at most `peak`; fixed and per byte again with it, multiply and load added;
+    then each p-norm of OVERLAP_POWERS (where there is a weight term), kept where it takes
+    OVERLAP_GAIN or more off the added form's squared residuals (a slice streamed from HBM hides a
+    short tile's multiply: one H200's bf16 tasks alone on their expert took 38-44 us for 13-128 rows)."""
+    rate = min(1.0 / slope, peak) if slope > 0 else peak
+    rest = [np.ones_like(work)] + ([t.alone] if t.shared else [])
+    sol, added_sse = t.lstsq(rest, t.ns - work / rate)
+    fixed, per_byte = sol[0], (sol[-1] if t.shared else 0.0)
+    power, best_sse = 1.0, added_sse
+    for pw in OVERLAP_POWERS if t.shared else ():
+        r, fx, pb, e = fit_overlap(work, t.alone, t.ns, t.sw ** 2, pw, peak)
+        if e <= (1 - OVERLAP_GAIN) * added_sse and e < best_sse:
+            power, rate, fixed, per_byte, best_sse = pw, r, fx, pb, e
+    return rate, float(fixed), float(per_byte), power, 1 - best_sse / added_sse if added_sse else 0.0
+
+
+def fit_gemm(raw: dict, hw, blocks: int, origin: str, dtype: str) -> Fit:
+    """The tile GEMM task's figures from `raw`'s GEMM points on `blocks` blocks of preset `hw`."""
+    pts, which = gemm_points(raw, blocks)
+    pts = sorted(pts, key=lambda g: g["flops"])
+    if len({g["flops"] for g in pts}) < 2:
+        raise CalibrationError("gemm", len(pts), "tasks of two tile heights at the megakernel's grid")
+    t = Tasks.of(pts)
+    whole = dtype in costs.WHOLE_ROW_BLOCKS
+    group, coef, line_miss = wgmma_rows(t) if whole else row_group(t)
+    peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
+    rate, fixed, per_byte, power, gain = rate_and_terms(t, computed(t.flops, t.rows, group, whole), coef[1], peak)
+    heights = sorted({g["rows"] for g in pts})
+    f = Fit()
+    span = f"{heights[0]} to {heights[-1]}" if len(heights) > 4 else str(heights)
+    f.set("matrix_efficiency", rate / peak, f"{origin}: slope of the tile GEMM task time over tile heights {span} "
+          f"({which}){' beside the p-norm of gemm_overlap_power' if power > 1 else ''}: {rate:.0f} FLOP/ns per "
+          f"block (capped at the {dtype} peak, {peak:.0f})")
+    f.set("gemm_row_group", float(group) if group > 1 else 0.0,
+          f"{origin}: the build's tensor-core GEMM (tile_gemm_wgmma.cuh) multiplies whole {group}-row blocks of A "
+          "(costs.WGMMA_ROW_BLOCK)" if whole else
+          f"{origin}: the group of least squares among {list(ROW_GROUPS)} rows (the straight line missed a task by "
+          f"{100 * line_miss:.0f}%; the group halves its squared residuals or more)" if group > 1 else
+          f"{origin}: none (the straight line misses no task by more than {100 * LINE_MISS:.0f}%, or no group among "
+          f"{list(ROW_GROUPS)} rows halves its squared residuals)")
+    _record_terms(f, t.shared, fixed, per_byte, power, gain, sorted({g.get("tiles_per_expert", 2) for g in pts}),
+                  origin)
+    if t.shared:  # the first-principles rate beside it: a block's share of HBM
+        f.check("weight slice streamed alone, ns per byte (the fit; model: HBM rate / blocks; not fitted)",
+                f.values["weight_load_ns_per_byte"], blocks / hw.hbm_gbps)
+    full = max(pts, key=lambda g: (g["flops"], g.get("tiles_per_expert", 2) == 2))
+    _check_tasks(f, raw, {id(g) for g in pts}, blocks, full, rate, whole)
+    return f
+
+
+def _record_terms(f: Fit, shared: bool, fixed: float, per_byte: float, power: float, gain: float, sharing: list,
+                  origin: str) -> None:
+    f.set("gemm_fixed_ns", max(fixed, 0.0), f"{origin}: the same tasks' time beyond their FLOPs at that rate"
+          + (" and their weight loads" if shared else ""))
+    f.set("weight_load_ns_per_byte", max(per_byte, 0.0),
+          f"{origin}: the same least squares over {sharing} tiles per expert sharing each weight slice"
+          if shared else f"{origin}: not measured (every task at 2 tiles per expert): in gemm_fixed_ns")
+    f.set("gemm_overlap_power", power if power > 1 else 0.0,
+          f"{origin}: the p-norm of multiply and load among {list(OVERLAP_POWERS)} of least squares over the same "
+          f"tasks ({100 * gain:.0f}% fewer squared residuals than the two added)"
+          if power > 1 else f"{origin}: none (added: no p-norm among {list(OVERLAP_POWERS)} took "
+          f"{100 * OVERLAP_GAIN:.0f}% off the squared residuals)" if shared else
+          f"{origin}: not measured (no weight term): added")
+    f.set("task_overhead_ns", 0.0, f"{origin}: 0, every microbenchmark times a whole task body (its overhead "
+          "included); the gap between tasks is handoff_ns")
+
+
+def task_model_ns(values: dict, rate: float, g: dict, whole: bool = False) -> float:
+    """A microbenchmark row's time under the fitted figures `values` and block rate `rate` (its rows
+    in whole groups of gemm_row_group, in warps' shares of a short tile unless `whole`)."""
+    group = values["gemm_row_group"] or 1
+    return values["gemm_fixed_ns"] + float(costs.overlapped(computed(g["flops"], g["rows"], group, whole) / rate,
+                                                            values["weight_load_ns_per_byte"] * weight_alone(g),
+                                                            values["gemm_overlap_power"]))
+
+
+def _check_tasks(f: Fit, raw: dict, fitted: set, blocks: int, full: dict, rate: float, whole: bool) -> None:
+    """Every GEMM row of the file against the model at block rate `rate` (those the fit did not
+    take say so), and the scheduler layer's median task against the tallest fitted task's model."""
+    for g in raw["gemm"] + [g for c in raw.get("in_layer") or [] for g in c.get("gemm", [])]:
+        where = f"in layer {layer_label(g)}, " if "tokens" in g else ""
+        note = "" if id(g) in fitted else ", alone; not fitted" if g["blocks"] < blocks else "; not fitted"
+        share = f", {g['tiles_per_expert']} tiles per expert" if g.get("tiles_per_expert", 2) != 2 else ""
+        f.check(f"{where}{g['task']} {g['rows']} rows{share}, {g['blocks']} blocks (ns{note})",
+                g["ns_per_task"]["median"], task_model_ns(f.values, rate, g, whole))
+    layer = (raw.get("scheduler") or {}).get("task_ns")
+    if layer:
+        f.check("megakernel task on the scheduler layer, median (ns; not fitted)", layer["median"],
+                task_model_ns(f.values, rate, full, whole))

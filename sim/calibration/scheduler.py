@@ -1,0 +1,81 @@
+"""The scheduler's and the signals' latencies: handoff_ns, the processors' median gap between tasks
+(the megakernel's telemetry on a 12K-token layer); wake_ns, assign_ns and stop_ns on a 1.5K-token
+layer on one GPU (processors idle); nvlink_latency_ns, half a bare-signal round trip between two
+GPUs, with the put-with-signal round trips checked against it. Each figure is one measured median
+(no residual to bound); the checks print the two-GPU and round-trip figures beside the model's."""
+
+from __future__ import annotations
+
+from .common import CalibrationError, Fit, need
+
+IDLE_NEEDS = ("first_task_ns", "assign_ns_per_task", "stop_ns")
+
+
+def fit_latency(raw: dict, origin: str) -> Fit:
+    """The NVLink latency, before the moves' fits (a share stored into the peer ends with a round trip)."""
+    f = Fit()
+    bare = [p for p in pings(raw) if p["bytes"] == 0]
+    if bare:
+        f.set("nvlink_latency_ns", bare[0]["round_trip_ns"] / 2, f"{origin}: half a bare-signal round trip")
+    return f
+
+
+def pings(raw: dict) -> list[dict]:
+    return [p for p in raw.get("pingpong", []) if not p.get("failed")]
+
+
+def check_round_trips(raw: dict, given: dict) -> Fit:
+    """Put-with-signal round trips against `given`'s NVLink latency and put rate (checks only)."""
+    f = Fit()
+    if "nvlink_latency_ns" in given:
+        for p in pings(raw):
+            if p["bytes"]:
+                f.check(f"put-with-signal round trip {p['bytes']} B, 1 block (ns; not fitted)", p["round_trip_ns"],
+                        2 * (given["nvlink_latency_ns"] + p["bytes"] * given.get("put_nvlink_ns_per_byte", 0.0)))
+    return f
+
+
+def fit_scheduler(raw: dict, hw, origin: str) -> Fit:
+    s = need(raw, "scheduler", "the megakernel's task gaps")
+    if not s.get("gap_ns"):
+        raise CalibrationError("scheduler", sorted(s), "gap_ns")
+    f = Fit()
+    f.set("handoff_ns", s["gap_ns"]["median"], f"{origin}: median gap between a processor's tasks "
+          f"({s['tasks']} tasks of a layer no measured run uses)")
+    delay = s.get("arrival_to_first_task_ns") or {}
+    if delay.get("min", -1) >= 0:  # files before the fix also matched returned tiles (negative delays)
+        # printed, not fitted: even the shortest delay waits for a processor (the first tiles land
+        # while every processor still dispatches), which the model times itself; taken as the
+        # subscriber's turn it made the model's subscriber warps the bottleneck of every large layer
+        f.check("a tile's arrival to its first task, shortest (ns; not fitted)", delay["min"],
+                f.values["handoff_ns"] + hw.subscriber_ns)
+    return f.merge(fit_idle(raw, s, hw, f.values["handoff_ns"], origin))
+
+
+def fit_idle(raw: dict, s: dict, hw, handoff_ns: float, origin: str) -> Fit:
+    """The latencies around idle processors, from the small scheduler layer on one GPU (on two, the
+    peer's late row counts hold back the first tasks: its figures are printed beside the model's).
+    Files from before it: no wake or pace, the final combine a hand-off after the last task."""
+    f = Fit()
+    idle = s.get("idle_one_gpu") or (s.get("idle") if raw.get("world") == 1 else None)
+    if not idle or any(k not in idle for k in IDLE_NEEDS):
+        f.set("wake_ns", 0.0, f"{origin}: not measured (a file from before the small scheduler layer)")
+        f.set("assign_ns", 0.0, f"{origin}: not measured (a file from before the small scheduler layer)")
+        f.set("stop_ns", handoff_ns, f"{origin}: not measured: the hand-off")
+        return f
+    where = f"{origin}: the small scheduler layer ({idle['config']['tokens']} tokens, one GPU)"
+    f.set("wake_ns", max(idle["first_task_ns"] - hw.subscriber_ns, 0.0),
+          f"{where}: its first task's start after its tile's signal, less the subscriber's turn")
+    f.set("assign_ns", idle["assign_ns_per_task"], f"{where}: the first round of tasks once every processor has "
+          "dispatched, from first start to last over their number")
+    f.set("stop_ns", idle["stop_ns"]["median"], f"{where}: median over processors of the final combine's start "
+          "after the last task's end")
+    other = s.get("idle") if s.get("idle_one_gpu") else None
+    if other and all(k in other for k in IDLE_NEEDS):
+        f.check("small layer, two GPUs: signal to first task (ns; not fitted)", other["first_task_ns"],
+                f.values["wake_ns"] + hw.subscriber_ns)
+        f.check("small layer, two GPUs: first round, per task (ns; not fitted)", other["assign_ns_per_task"],
+                f.values["assign_ns"])
+        f.check("small layer, two GPUs: last task to final combine (ns; not fitted)", other["stop_ns"]["median"],
+                f.values["stop_ns"])
+    return f
