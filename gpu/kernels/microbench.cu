@@ -56,7 +56,8 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
   // GEMM1's rows all go to `out`, as to one source whose slots span every position
   __shared__ elem_t* out_rows[1];
   constexpr int ONE_SOURCE = 1 << 30;
-  if (threadIdx.x == 0) out_rows[0] = out;
+  __shared__ int out_count[1];  // every slot is one of the source's rows: none goes to the spare
+  if (threadIdx.x == 0) out_rows[0] = out, out_count[0] = ONE_SOURCE;
   __syncthreads();
   const uint64_t t0 = now_ns();
   for (int j = 0; j < reps; ++j) {
@@ -64,7 +65,7 @@ MB_KERNEL mb_gemm(int kind, int act, const elem_t* A, int a_tiles, int rows, con
     int le, col0;
     task_of(j, &s0, &le, &col0);
     gemm_task<TILE_M, TILE_N, TILE_K>(q, kind, s0, rows, le, col0,
-                                      [&] { return SourceRows{out_rows, (int)s0, ONE_SOURCE, 0, N}; }, smem_raw);
+                                      [&] { return SourceRows{out_rows, out_rows, out_count, (int)s0, ONE_SOURCE, 0, N}; }, smem_raw);
     __syncthreads();
     if (threadIdx.x == 0) __threadfence();  // the task's completion flag follows its stores
 #if MOE_WGMMA
