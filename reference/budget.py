@@ -27,12 +27,12 @@ GATE_FLOPS_PER_S = 1.5e10  # the float64 gate projection (a skinny GEMM: E colum
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
 ROUTE_NS_PER_SCORE = 40.0  # softmax, top-k and slot assignment, per (token, expert) score
 ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
-# SimPy events of a fused run, per chunk moved: 8-10 on one node, 20-29 across nodes (proxies,
-# fences), measured on tiny at 2, 16 and 64 GPUs, flashmoe, and the node sweep at 4 and 16 nodes
-SIM_EVENTS_PER_CHUNK = 10.0
+# SimPy events of a fused run, per chunk moved: 9-18 on one node (the GEMM1 tasks' stores through
+# the NVLink port), 20-28 across nodes (proxies, fences), measured on tiny at 2, 16 and 64 GPUs,
+# flashmoe on 2 and 4 GPUs, and the node sweep at 4 and 16 nodes
+SIM_EVENTS_PER_CHUNK = 15.0
 SIM_EVENTS_PER_NETWORK_CHUNK = 30.0
-SIM_US_PER_EVENT = 30.0  # 13 us an event and pass on a quiet 2-core VM, twice that and more when busy
-SIM_PASSES = 1.25  # a second pass where stores meet at a port, in some runs
+SIM_US_PER_EVENT = 30.0  # 13 us an event on a quiet 2-core VM, twice that and more when busy
 SIM_BYTES_PER_EVENT = 1000  # SimPy events and processes, trace rows as Python tuples
 SIM_BYTES_PER_TASK = 200  # the kernel model's tables
 
@@ -108,7 +108,7 @@ def simulation(cfg: Config) -> Estimate:
     route, (tasks, chunks) = estimate(cfg, "route"), _work(cfg)
     events = chunks * (SIM_EVENTS_PER_NETWORK_CHUNK if cfg.nodes > 1 else SIM_EVENTS_PER_CHUNK)
     return Estimate("sim", route.bytes + tasks * SIM_BYTES_PER_TASK + events * SIM_BYTES_PER_EVENT,
-                    route.seconds + SIM_PASSES * events * SIM_US_PER_EVENT * 1e-6)
+                    route.seconds + events * SIM_US_PER_EVENT * 1e-6)
 
 
 def available_bytes() -> float | None:
