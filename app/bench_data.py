@@ -60,7 +60,7 @@ def rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
 def torch_only_rows(meta: dict, results: list[dict], gbps: float) -> list[dict]:
     """The table's records of the layers the kernel does not run yet, timed in torch alone."""
     alone = [r for r in results if "kernel_skipped" in r]
-    keep = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+    keep = ("point", "precision", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
             "loop torch ms", "roofline ms", "bound")
     table = table_rows(alone, ceilings_of(meta), gbps, meta.get("nvlink_gbps"))
     return [{k: v for k, v in zip(TABLE_HEAD, row) if k in keep} for row in table]
@@ -79,8 +79,8 @@ def roofline_curves(meta: dict, results: list[dict], gbps: float, per_expert: li
         if "kernel_ms" not in r:
             continue
         c = config_of(r)
-        name = f"{c.gemm_precision} weights' roofline ({gbps:.0f} GB/s)"
+        name = f"{c.precision} weights' roofline ({gbps:.0f} GB/s)"
         if name not in curves:
             curves[name] = (list(per_expert), [min(100.0, metrics.weights_roofline(
-                c, rows * c.experts, ceilings[c.gemm_precision], gbps)) for rows in per_expert])
+                c, rows * c.experts, ceilings[c.precision], gbps)) for rows in per_expert])
     return curves

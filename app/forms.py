@@ -14,7 +14,7 @@ import streamlit as st
 
 from reference import Config, ConfigError, budget, presets
 from reference.budget import BudgetError
-from reference.config import DTYPES
+from reference.config import PRECISIONS
 
 DEFAULT_PRESET = "small"  # simulates in about a second: the app must be fast to start
 DEFAULT_HARDWARE, DEFAULT_TRANSPORT = "h100-sxm", "ibgda"  # sim.simulate's defaults
@@ -32,12 +32,13 @@ INT_FIELDS = (
     ("tile_k", "tile depth (bK)", "reduction depth per step inside a task"),
 )
 FORMS = ("cfg", "fences", "sim")  # key prefixes of the widgets whose values outlive a page
-# how a float32 config's expert GEMMs multiply: the Config fields each choice sets
-FP32_GEMMS = {"float32 FMAs": {}, "tf32 (10-bit operands)": {"tf32": True},
-              "tf32x3 (float32 accuracy)": {"tf32x3": True}}
+# what each GEMM precision (Config.precision) multiplies, as the form's choice shows it
+PRECISION_LABELS = {"float32": "float32 FMAs", "tf32": "tf32 (float32 data, 10-bit operands)",
+                    "tf32x3": "tf32x3 (float32 data and accuracy)", "bfloat16": "bfloat16"}
 
 
 KERNEL_QUEUE = "as the kernel build"  # the queue choice that leaves it to sim.costs.queue_policy
+KERNEL_DISPATCH = "as the kernel"  # the dispatch choice that leaves it to sim.costs.dispatch_path
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class SimOptions:
     transport: str
     baseline: bool
     queue: str | None  # sim.costs.QUEUE_POLICIES, or None: as the config's kernel build queues
-    dispatch: str  # sim.trace.DISPATCH_PATHS
+    dispatch: str | None  # sim.trace.DISPATCH_PATHS; None: as the kernel does (sim.costs.dispatch_path)
     staged_blocks: int  # the staged dispatch's senders
 
 
@@ -62,9 +63,7 @@ def _load_preset(form: str) -> None:
     cfg = presets.get(st.session_state[f"{form}.preset"])
     for f, _, _ in INT_FIELDS:
         st.session_state[f"{form}.{f}"] = getattr(cfg, f)
-    st.session_state[f"{form}.dtype"] = cfg.dtype
-    chosen = {f: True for f in ("tf32", "tf32x3") if getattr(cfg, f)}
-    st.session_state[f"{form}.fp32_gemm"] = next(k for k, v in FP32_GEMMS.items() if v == chosen)
+    st.session_state[f"{form}.precision"] = cfg.precision
     st.session_state[f"{form}.drop"] = cfg.capacity_factor is not None
     st.session_state[f"{form}.capacity_factor"] = float(cfg.capacity_factor or 1.0)
 
@@ -87,14 +86,12 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
         col.number_input(label, key=f"{form}.{f}", step=1, help=help_)
         slots[f] = col.empty()
     bar.caption(_nodes_caption(form))
-    bar.selectbox("dtype", DTYPES, key=f"{form}.dtype", help="element type of activations and weights")
-    slots["dtype"] = bar.empty()
-    bar.selectbox("float32 GEMMs", list(FP32_GEMMS), key=f"{form}.fp32_gemm",
-                  disabled=st.session_state[f"{form}.dtype"] != "float32",
-                  help="how a float32 layer's expert GEMMs multiply: float32 FMAs on CUDA cores, TF32 tensor "
-                       "cores (operands rounded to 10 mantissa bits), or TF32 tensor cores with each operand "
-                       "split in two and three products per pair (float32's accuracy, the tf32x3 kernel)")
-    slots["tf32"] = slots["tf32x3"] = bar.empty()
+    bar.selectbox("precision", PRECISIONS, key=f"{form}.precision", format_func=PRECISION_LABELS.get,
+                  help="how the expert GEMMs multiply: float32 FMAs on CUDA cores; float32 data on TF32 tensor "
+                       "cores (operands rounded to 10 mantissa bits); float32 data on TF32 tensor cores with each "
+                       "operand split in two and three products per pair (float32's accuracy, the tf32x3 "
+                       "kernel); or bfloat16 data and tensor cores")
+    slots["precision"] = bar.empty()
     bar.checkbox("drop tokens over capacity", key=f"{form}.drop",
                  help="each GPU may send at most capacity factor x T x k / E rows to an expert")
     bar.number_input("capacity factor", key=f"{form}.capacity_factor", step=0.25, format="%.2f",
@@ -109,7 +106,7 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
         st.session_state.setdefault("sim.transport", DEFAULT_TRANSPORT)
         st.session_state.setdefault("sim.baseline", False)
         st.session_state.setdefault("sim.queue", KERNEL_QUEUE)
-        st.session_state.setdefault("sim.dispatch", DISPATCH_PATHS[0])
+        st.session_state.setdefault("sim.dispatch", KERNEL_DISPATCH)
         st.session_state.setdefault("sim.staged_blocks", costs.STAGED_BLOCKS)
         bar.selectbox("hardware", list(hardware.PRESETS), key="sim.hardware")
         bar.selectbox("transport", list(TRANSPORTS), key="sim.transport",
@@ -121,20 +118,22 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
                       help="when a landed tile's GEMM0 tasks are queued: with the rest of its expert's tiles once "
                            "the last has landed (expert: the bf16 kernel's rule, its tasks reading each weight "
                            "slice together), or as it lands (tile: the float32 kernel's)")
-        bar.selectbox("dispatch", list(DISPATCH_PATHS), key="sim.dispatch",
-                      help="how dispatched rows reach their expert's GPU: staged (the kernel's: a few blocks "
-                           "send the peers' chunks one local expert after another, so experts complete in waves), "
-                           "store (every block shares every chunk at once), or put (one block packs and puts each "
-                           "chunk)")
+        bar.selectbox("dispatch", [KERNEL_DISPATCH, *DISPATCH_PATHS], key="sim.dispatch",
+                      help="how dispatched rows reach their expert's GPU: staged (a few blocks send the peers' "
+                           "chunks one local expert after another, so experts complete in waves), store (every "
+                           "block shares every chunk at once: the kernel's from top_k "
+                           f"{costs.FLAT_DISPATCH_TOP_K} on one node, else staged), or put (one block packs and "
+                           "puts each chunk)")
         bar.number_input("staged senders", key="sim.staged_blocks", min_value=1, step=1,
                          max_value=hardware.get(st.session_state["sim.hardware"]).processors - 1,
-                         disabled=st.session_state["sim.dispatch"] != "staged",
+                         disabled=st.session_state["sim.dispatch"] not in ("staged", KERNEL_DISPATCH),
                          help=f"blocks that send the peers' chunks on the staged dispatch (the kernel's: "
                               f"{costs.STAGED_BLOCKS})")
-        queue = st.session_state["sim.queue"]
+        queue, dispatch = st.session_state["sim.queue"], st.session_state["sim.dispatch"]
         options = SimOptions(st.session_state["sim.hardware"], st.session_state["sim.transport"],
                              st.session_state["sim.baseline"], None if queue == KERNEL_QUEUE else queue,
-                             st.session_state["sim.dispatch"], int(st.session_state["sim.staged_blocks"]))
+                             None if dispatch == KERNEL_DISPATCH else dispatch,
+                             int(st.session_state["sim.staged_blocks"]))
     try:
         cfg = build_config(form)
         budget.check(cfg, job, flag=None)
@@ -153,10 +152,7 @@ def build_config(form: str) -> Config:
     state = st.session_state
     base = presets.get(state[f"{form}.preset"])
     changes = {f: state[f"{form}.{f}"] for f, _, _ in INT_FIELDS}
-    changes["dtype"] = state[f"{form}.dtype"]
-    changes.update(tf32=False, tf32x3=False)
-    if changes["dtype"] == "float32":
-        changes.update(FP32_GEMMS[state[f"{form}.fp32_gemm"]])
+    changes["precision"] = state[f"{form}.precision"]
     changes["capacity_factor"] = float(state[f"{form}.capacity_factor"]) if state[f"{form}.drop"] else None
     cfg = Config.from_dict({**base.to_dict(), **changes})
     return cfg if cfg == base else cfg.replace(name=f"{base.name}-edited")

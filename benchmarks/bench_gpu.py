@@ -54,8 +54,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpu import UnsupportedConfig, check_supported, spawn  # noqa: E402
 from gpu.baseline import padded_bytes  # noqa: E402
 from gpu.cases import (  # noqa: E402
+    GOLDEN_TOLERANCE,
     MATRIX_TOKENS,
     PRECISIONS,
+    ZOO_CHECK_SAMPLES,
     baseline_precision,
     bench_cases,
     bf16_check_cases,
@@ -66,8 +68,11 @@ from gpu.cases import (  # noqa: E402
     tf32_check_cases,
     tf32x3_check_cases,
     validation_cases,
+    zoo_check_cases,
+    zoo_trace_cases,
 )
-from gpu.layout import Sizes  # noqa: E402
+from gpu.layout import Sizes, layer_bytes  # noqa: E402
+from gpu.worker import ZOO_GOLDEN_THREADS  # noqa: E402
 from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
 from reference.weights import ffn_in_width  # noqa: E402
@@ -226,15 +231,16 @@ MEMORY_SHARE = 0.85  # of a GPU's memory a point may plan to take
 
 
 def matrix_bytes(cfg: Config, kernel: bool = True) -> int:
-    """Device memory one GPU takes for a matrix point, at least: the kernel's NVSHMEM buffers
-    (gpu.layout.Sizes; not for a torch-only point), its local and shared experts' weights (float32
-    too for a torch-only point, as drawn) and the dropless torch layer's rows (k T rows of H six
-    times, of I' twice). The padded layer is measured against the free memory by the worker."""
+    """Device memory one GPU takes for a matrix point, at least: the kernel layer's heap, working
+    buffers and weight copies (gpu.layout.layer_bytes; not for a torch-only point), its local and shared
+    experts' weights (float32 too for a torch-only point, as drawn) and the dropless torch layer's rows
+    (k T rows of H six times, of I' twice). The padded layer is measured against the free memory by the
+    worker."""
     eb = Sizes.of(cfg).elem_bytes
     per_expert = cfg.hidden * (ffn_in_width(cfg) + cfg.ffn)
     weights = (cfg.local_experts + cfg.shared_experts) * per_expert * (eb if kernel else eb + 4)
     rows = cfg.tokens * cfg.top_k * (6 * cfg.hidden + 2 * ffn_in_width(cfg)) * eb
-    return (Sizes.of(cfg).symmetric_bytes if kernel else 0) + weights + rows
+    return (layer_bytes(cfg) if kernel else 0) + weights + rows
 
 
 def matrix_skip(cfg: Config, gpu_gb: float, kernel: bool = True) -> str | None:
@@ -251,20 +257,21 @@ def matrix_skip(cfg: Config, gpu_gb: float, kernel: bool = True) -> str | None:
     return None
 
 
-def matrix_point_seconds(cfg: Config, gpu_gb: float, kernel: bool = True, hw_name: str = "h100-sxm") -> float:
+def matrix_point_seconds(cfg: Config, gpu_gb: float, kernel: bool = True, hw_name: str = "h100-sxm",
+                         torch_layers: bool = True) -> float:
     """The guess of one matrix point's time (see KERNEL_OVER_ROOFLINE): 13 timed and warm-up
     launches with and without telemetry and four more (none for a torch-only point), 14 calls of
-    each torch layer."""
+    each torch layer (with `torch_layers`; else one call of the dropless one, the point's check)."""
     hw = hardware.get(hw_name)
     even = [[cfg.tokens * cfg.top_k // cfg.experts] * cfg.experts] * cfg.ranks
-    roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.gemm_precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
+    roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
     torch_ms = TORCH_OVER_ROOFLINE * roof + TORCH_FIXED_MS
     dt = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
     padded = 0.0
     if padded_bytes(cfg, dt) < MEMORY_SHARE * gpu_gb * 1e9 - matrix_bytes(cfg, kernel):
         padded = TORCH_OVER_ROOFLINE * roof * cfg.experts * cfg.slots / max(1, cfg.tokens * cfg.top_k)
-    ms = 30 * KERNEL_OVER_ROOFLINE * roof * kernel + 14 * (2 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT
-                                                         + padded)
+    torch_part = 14 * (2 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT + padded) if torch_layers else torch_ms
+    ms = 30 * KERNEL_OVER_ROOFLINE * roof * kernel + torch_part
     return POINT_SECONDS + ms / 1e3
 
 
@@ -288,6 +295,79 @@ def matrix_plan(gpus: list[int], dtypes: list[str], layers: list[str], tokens: l
     return cases, skipped, seconds
 
 
+# ZOO_CASE_SECONDS a zoo check beyond its golden (the draw, the layer, one launch, the gathers),
+# ZOO_GOLDEN_NS one host thread's nanoseconds per streamed expert weight and golden path (the copy
+# off the GPU, the conversions, the product of the sampled rows; 25-30 on this project's loaded
+# 2-core CI machine, DeepSeek-V3's experts): guesses until a device run measures them
+ZOO_CASE_SECONDS, ZOO_GOLDEN_NS = 2.0, 8.0
+
+
+def zoo_check_seconds(cfg: Config, samples: int) -> float:
+    """The guess of one zoo check's time (gpu.worker.run_zoo_check): its fixed part, and the golden
+    of the slowest rank, which streams its experts that the P x samples sampled tokens' k choices
+    hit (expected, routes spread evenly) and its shared ones, once per golden path, in
+    ZOO_GOLDEN_THREADS threads (the GPU machines have 16 cores a GPU)."""
+    draws = cfg.ranks * min(samples, cfg.tokens) * cfg.top_k
+    streamed = cfg.local_experts * (1 - (1 - 1 / cfg.experts) ** draws) + cfg.shared_experts
+    paths = 2 if cfg.dtype == "bfloat16" else 1
+    weights = cfg.hidden * (ffn_in_width(cfg) + cfg.ffn)
+    return ZOO_CASE_SECONDS + streamed * weights * paths * ZOO_GOLDEN_NS / 1e9 / ZOO_GOLDEN_THREADS
+
+
+def zoo_case_seconds(case: dict, gpu_gb: float, samples: int) -> float:
+    """The guess of a zoo suite case's time: a check's (zoo_check_seconds; none where it is skipped),
+    or a traced point's (matrix_point_seconds without the torch layers' timing)."""
+    cfg = Config.from_dict(case["config"])
+    if case.get("skip"):
+        return 0.0
+    if "zoo_samples" in case:
+        return zoo_check_seconds(cfg, samples)
+    return matrix_point_seconds(cfg, gpu_gb, torch_layers=False)
+
+
+def zoo_plan(gpus: list[int], suites: list[str], prefix: str, seed: int, gpu_gb: float, samples: int,
+             models: list[str]) -> tuple[dict[int, list[dict]], list[dict], float]:
+    """The zoo suites' cases of `models` per GPU count (`zoo`: gpu.cases.zoo_check_cases, the worker skipping
+    those past the GPUs' free memory; `zootrace`: zoo_trace_cases, those matrix_skip refuses left out
+    here), the cases left out (results with `skipped`) and the guess of the whole run's seconds."""
+    cases, skipped, seconds = {}, [], 0.0
+    for p in gpus:
+        cases[p] = zoo_check_cases(p, seed, samples, models) if "zoo" in suites else []
+        for c in zoo_trace_cases(p, prefix, models) if "zootrace" in suites else []:
+            why = c.get("skip") or matrix_skip(Config.from_dict(c["config"]), gpu_gb)
+            if why:
+                skipped.append({"name": c["name"], "config": c["config"], "skipped": why})
+            else:
+                cases[p].append(c)
+        seconds += sum(zoo_case_seconds(c, gpu_gb, samples) for c in cases[p])
+        seconds += SPAWN_SECONDS + SPAWN_SECONDS_PER_GPU * p if cases[p] else 0.0
+    return cases, skipped, seconds
+
+
+def zoo_line(r: dict) -> str:
+    """One zoo check's result in a line: its errors against float64 and against the golden of its
+    precision, its routing, its seconds; or why it did not run, or failed."""
+    if "skipped" in r or "failed" in r:
+        return f"{r['name']}: {'skipped: ' + r['skipped'] if 'skipped' in r else 'FAILED: ' + r['failed']}"
+    f64 = r.get("rel_err_float64", r["rel_err"])
+    own = f", vs {r['golden_path']} golden {r['rel_err']:.2e}" if "rel_err_float64" in r else ""
+    routing = "routing equal" if r["routing_equal"] and r["counts_equal"] else "ROUTING DIFFERS"
+    return (f"{r['name']}: rel err vs float64 {f64:.2e}{own}, {routing}, {r['seconds']:.1f} s "
+            f"({r['samples']} tokens, {r['experts_streamed']} experts streamed, golden {r['golden_seconds']:.1f} s)")
+
+
+def zoo_failed(r: dict) -> bool:
+    """A zoo check that ran and missed: its routing, NaN left, or its precision's tolerance."""
+    if "skipped" in r:
+        return False
+    if "failed" in r:
+        return True
+    precision = Config.from_dict(r["config"]).precision
+    return not (r["routing_equal"] and r["counts_equal"] and not r["nan"]
+                and r["rel_err"] < GOLDEN_TOLERANCE[precision]
+                and r.get("rel_err_float64", 0.0) < GOLDEN_TOLERANCE["bfloat16"])
+
+
 def compact(results: list[dict], meta: dict) -> list[dict]:
     """Results without the per-iteration times, profiles, tracebacks and the run's meta they repeat:
     the matrix's committed JSON."""
@@ -303,7 +383,7 @@ def roofline_share(gemm_pct: float, bound_pct: float) -> float:
     return 100 * gemm_pct / min(100.0, bound_pct)
 
 
-TABLE_HEAD = ("point", "dtype", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
+TABLE_HEAD = ("point", "precision", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
               "loop torch ms", "speedup", "roofline ms", "bound", "kernel / roofline", "TFLOP/s", "% ceil",
               "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
               "overlap eff T(2)/T(N)", "telemetry +%", "rel err vs torch")
@@ -341,7 +421,7 @@ def roofline(r: dict, ceilings: dict[str, float], gbps: float | None, nvlink: fl
     if "send_counts" not in r or gbps is None:
         return None
     try:
-        return metrics.layer_roofline(cfg, r["send_counts"], roofline_tflops(cfg.gemm_precision, ceilings), gbps,
+        return metrics.layer_roofline(cfg, r["send_counts"], roofline_tflops(cfg.precision, ceilings), gbps,
                                       nvlink)
     except ValueError:
         return None
@@ -359,7 +439,7 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
     T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too. A point
     the run skipped (result with `skipped`) gets its reason in the kernel's column."""
     def precision(r):
-        return Config.from_dict(r["config"]).gemm_precision
+        return Config.from_dict(r["config"]).precision
 
     on_two = {(r["config"]["name"], precision(r)): r["kernel_ms"]
               for r in all_results if "kernel_ms" in r and r["config"]["ranks"] == 2}
@@ -410,11 +490,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[1])
     ap.add_argument("--suite", nargs="+", default=["checks"], choices=["checks", "bench", "sitout", "matrix",
-                                                                          "validate"])
+                                                                          "validate", "zoo", "zootrace"])
+    ap.add_argument("--zoo-samples", type=int, default=ZOO_CHECK_SAMPLES, metavar="N",
+                    help="tokens of each rank the zoo checks hold to the golden")
     ap.add_argument("--layers", nargs="+", default=[*presets.ZOO, "flashmoe"], choices=[*presets.ZOO, "flashmoe"],
                     help="the matrix's layers: zoo models (reference.presets.ZOO; their kernel twins, "
                          "gpu.cases.kernel_twin, where the kernel lacks what they need) and FlashMoE's token and "
-                         "expert sweeps")
+                         "expert sweeps; the zoo suites' models")
     ap.add_argument("--tokens", nargs="+", type=int, default=list(MATRIX_TOKENS),
                     help="the matrix's tokens per GPU of the zoo models")
     ap.add_argument("--gpu-gb", type=float, default=80.0, help="memory of one GPU: the matrix skips points that "
@@ -469,19 +551,34 @@ def main() -> int:
             rows = [(name, f"{seconds:.1f}") for name, seconds in guesses]
             print(format_table(("point", "guess s"), rows + [(r["name"], r["skipped"]) for r in mskipped]))
             return 0
+    if args.zoo_samples < 1:
+        ap.error(f"--zoo-samples {args.zoo_samples}: a positive number of tokens per rank")
+    seed = int.from_bytes(os.urandom(4), "little")
+    zplan, zskipped = {}, []
+    if {"zoo", "zootrace"} & set(args.suite):
+        zplan, zskipped, guess = zoo_plan(args.gpus, args.suite, args.prefix, seed, args.gpu_gb, args.zoo_samples,
+                                          [x for x in args.layers if x != "flashmoe"])
+        print(f"zoo: {sum(map(len, zplan.values()))} cases on {args.gpus} GPU(s), {len(zskipped)} left out; about "
+              f"{guess:.0f} s (a guess)", flush=True)
+        if args.estimate:
+            rows = [(c["name"], c.get("skip") or f"{zoo_case_seconds(c, args.gpu_gb, args.zoo_samples):.1f}")
+                    for p in args.gpus for c in zplan[p]]
+            print(format_table(("case", "guess s"), rows + [(r["name"], r["skipped"]) for r in zskipped]))
+            return 0
     why = spawn.unmet(max(args.gpus))
     if why:
         ap.error(why)
     t0 = time.monotonic()
     meta = run_meta(shlex.join(["python3", *sys.argv]))
-    for dt, key in CEILING_KEYS.items():
-        meta[key] = ceiling_tflops(dt)
-    ceilings = ceilings_of(meta)
-    meta["memory_gbps"] = gbps = memory_gbps()
-    meta["nvlink_gbps"] = nvlink = nvlink_gbps(max(args.gpus))
-    print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s; NVLink of one GPU "
-          f"to its peers {'-' if nvlink is None else f'{nvlink:.0f}'} GB/s", flush=True)
-    seed = int.from_bytes(os.urandom(4), "little")
+    ceilings, gbps, nvlink = {}, None, None
+    if set(args.suite) != {"zoo"}:  # the zoo checks time nothing
+        for dt, key in CEILING_KEYS.items():
+            meta[key] = ceiling_tflops(dt)
+        ceilings = ceilings_of(meta)
+        meta["memory_gbps"] = gbps = memory_gbps()
+        meta["nvlink_gbps"] = nvlink = nvlink_gbps(max(args.gpus))
+        print(f"measured matmul ceilings per GPU: {ceiling_text(ceilings)}; memory {gbps:.0f} GB/s; NVLink of one "
+              f"GPU to its peers {'-' if nvlink is None else f'{nvlink:.0f}'} GB/s", flush=True)
     meta["seed"] = seed
     everything = []
     for p in args.gpus:
@@ -506,7 +603,7 @@ def main() -> int:
                 print(f"gpus={p}: {name} not run: {why}", flush=True)
         if "sitout" in args.suite and p > 1:
             cases.append(sit_out_case(p))
-        cases += mplan.get(p, [])
+        cases += mplan.get(p, []) + zplan.get(p, [])
         for c in cases:
             c["meta"] = meta
         out = Path(args.out) / f"gpus-{p}"
@@ -517,7 +614,7 @@ def main() -> int:
             print(f"gpus={p}: {e}", flush=True)
             results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else []
         everything += results
-    everything += mskipped
+    everything += mskipped + zskipped
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "summary.json").write_text(json.dumps({"meta": meta, "results": everything},
                                                             separators=(",", ":"), default=str))
@@ -530,15 +627,22 @@ def main() -> int:
                 "dropped", "nan",
                 "telemetry_same_output", "sm_utilization", "raised", "seconds_to_raise", "error", "failed")
         print(r["name"], {k: r[k] for k in keys if k in r}, flush=True)
-    print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}, "
-          f"ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s, NVLink {nvlink or '-'} GB/s")
-    text = table(everything, ceilings, gbps, nvlink)
+    zoo = [r for r in everything if r["name"].startswith("zoo-")]
+    for r in zoo:
+        print(zoo_line(r), flush=True)
+    print(f"commit {meta['commit']}, {', '.join(meta['gpus_seen'])}, driver {meta['driver']}"
+          + (f", ceilings per GPU: {ceiling_text(ceilings)}, memory {gbps:.0f} GB/s, NVLink {nvlink or '-'} GB/s"
+             if ceilings else ""))
+    text = table([r for r in everything if r not in zoo], ceilings, gbps, nvlink) if ceilings else ""
     print(text)
     if args.compact:
         args.compact.parent.mkdir(parents=True, exist_ok=True)
         args.compact.write_text(json.dumps({"meta": meta, "results": compact(everything, meta)}, default=str) + "\n")
         args.compact.with_suffix(".txt").write_text(text + "\n")
-    return 0
+    failed = [r["name"] for r in zoo if zoo_failed(r)]
+    if failed:
+        print(f"{len(failed)} zoo check(s) missed: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

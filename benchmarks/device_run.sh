@@ -24,6 +24,15 @@
 #              qwen3-30b-a3b --tokens 4096"); `python benchmarks/bench_gpu.py --suite matrix --estimate`
 #              here lists the points, the skipped ones and the guess of the time; MATRIX_TIMEOUT (420 s)
 #              bounds the run, whose points then past it are missing from the table
+#   zoo        every zoo model's layer at full size (its true shape, 256 tokens per GPU) in bf16 and tf32x3 on the
+#              GPU counts given: the routing of every token and a sample of tokens against the golden streamed
+#              one expert at a time (gpu.worker.run_zoo_check), one line per model, precision and GPU count;
+#              `python benchmarks/bench_gpu.py --gpus 1 2 4 --suite zoo --estimate` here guesses its time.
+#              ZOO_TIMEOUT (300 s) bounds the run; ZOO_ARGS picks a subset (e.g. "--layers deepseek-v3"), for
+#              zootrace too
+#   zootrace   every zoo model's preset (4K tokens per GPU) in bf16 on the largest GPU count given, a telemetry
+#              trace each (PREFIXtrace-zoo-MODEL-4k-pP.npz, measured runs for `moelab compare`), checked against
+#              the torch layer, timed beside none; a layer past a GPU's memory is listed, not run
 #   stream     the bf16 GEMM's TMA ring streaming the 128-expert layer's weights with no GEMM
 #              (benchmarks/weight_stream.cu: the bound on a task whose slice comes from HBM alone)
 #   MOELAB_COMMIT=$(git rev-parse HEAD) bash benchmarks/device_run.sh h200x2- "1 2" checks calibrate bench-bfloat16
@@ -70,7 +79,7 @@ EOF
       done
       # addopts cleared: the image has no pytest-xdist (pyproject's -n auto), and one GPU job runs at a time
       timeout 240 python3 -m pytest -o addopts="" -m gpu tests/test_gpu_kernel.py -v -rs -p no:cacheprovider 2>&1 | tee "$R/pytest.txt"
-      for extra in "" "--set tf32=true" "--set tf32x3=true --set hidden=128 --set ffn=256 --set tile_n=128 --set tile_k=32"; do
+      for extra in "" "--set precision=tf32" "--set precision=tf32x3 --set hidden=128 --set ffn=256 --set tile_n=128 --set tile_k=32"; do
         timeout 90 python3 -m moelab gpu --config tiny $extra --set tile_m=64 --gpus "${GPUS##* }" --check --bench \
           --out /tmp/moelab-cli 2>&1 | tee -a "$R/cli.txt"
       done ;;
@@ -99,11 +108,19 @@ EOF
         --dtypes bfloat16 tf32x3 --out "$R/matrix" --compact "$R/matrix.json" --timeout "${MATRIX_TIMEOUT:-420}" \
         $MATRIX_ARGS 2>&1 | tee "$R/matrix-log.txt"
       cp "$R/matrix.json" "$R/matrix.txt" "$OUT/" 2>/dev/null ;;
+    zoo)
+      # shellcheck disable=SC2086  # GPUS and ZOO_ARGS are lists
+      timeout $(( ${ZOO_TIMEOUT:-300} + 20 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite zoo --out "$R/zoo" \
+        --timeout "${ZOO_TIMEOUT:-300}" $ZOO_ARGS 2>&1 | tee "$R/zoo.txt" ;;
+    zootrace)
+      # shellcheck disable=SC2086  # ZOO_ARGS is a list
+      timeout 240 python3 benchmarks/bench_gpu.py --gpus "${GPUS##* }" --suite zootrace --prefix "$PREFIX" \
+        --out "$R/zootrace" --timeout 220 $ZOO_ARGS 2>&1 | tee "$R/zootrace.txt" ;;
     stream)
       timeout 120 python3 benchmarks/weight_stream.py --out "$R" --commit "$MOELAB_COMMIT" --prefix "$PREFIX" \
         2>&1 | tee "$R/stream.txt" ;;
     *) echo "unknown part $part: checks, calibrate, bench-D, apart-D, store-D, put-D (D: float32, bfloat16, tf32, tf32x3),"\
-         "matrix, validate or stream"
+         "matrix, validate, zoo, zootrace or stream"
        exit 2 ;;
   esac
 done
@@ -112,6 +129,8 @@ tail -n 3 "$R/pytest.txt" 2>/dev/null
 for part in "$@"; do [[ $part == bench-* || $part == store-* || $part == put-* || $part == apart-* ]] && tail -n 24 "$R/${part}.txt"; done
 [[ " $* " == *" matrix "* ]] && cat "$R/matrix.txt" 2>/dev/null
 for part in "$@"; do
+  [[ $part == zoo ]] && grep -E "^zoo-|zoo check|FAILED" "$R/zoo.txt"
+  [[ $part == zootrace ]] && tail -n 14 "$R/zootrace.txt"
   [[ $part == validate ]] && { grep -E "not run|FAILED" "$R/validate.txt" | head -n 20; tail -n 40 "$R/validate.txt"; }
 done
 exit 0

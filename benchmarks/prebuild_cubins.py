@@ -3,7 +3,8 @@
     python benchmarks/prebuild_cubins.py            # then carry .cache with the call
 
 Collects the compile-time options (tile shape, GEMM precision) of every GPU test case, benchmark point,
-benchmark matrix point and validation layer (the `validate` part) on 1, 2, 4 and 8 GPUs, plus the
+benchmark matrix point, validation layer (the `validate` part) and zoo check and trace (the `zoo` and
+`zootrace` parts) on 1, 2, 4 and 8 GPUs, plus the
 calibration microbenchmarks, and builds them into .cache/moelab/cubins (the folder
 benchmarks/device_env.sh points MOELAB_CACHE to), two at a time, and removes the folder's other cubins
 (stale keys), since the carried folder is capped at 64 MiB.
@@ -38,7 +39,8 @@ def wanted() -> list[tuple[dict, str]]:
         for dtype in cases.MATRIX_DTYPES:
             todo += cases.matrix_cases(p, dtype, presets.ZOO, cases.MATRIX_TOKENS)
         todo += cases.validation_cases(p)[0]
-    opts = {tuple(sorted(layout.compile_options(Config(**c["config"])).items())) for c in todo}
+        todo += [c for c in cases.zoo_check_cases(p, 0) + cases.zoo_trace_cases(p) if not c.get("skip")]
+    opts = {tuple(sorted(layout.compile_options(Config.from_dict(c["config"])).items())) for c in todo}
     units = [(dict(o), "moe.cu") for o in sorted(opts)]
     return units + [(microbench.tile_options(dtype, 2), "microbench.cu") for dtype in microbench.DTYPES]
 

@@ -17,6 +17,9 @@ stages deep), tf32 (TF32_TILE, 128 x 128 x 8: three stages of float slices fit t
 memory) or tf32x3 (TF32X3_TILE, 128 x 128 x 32: two warpgroups of 64 columns, 32-float slices;
 TF32X3_SHORT_TILE, 64 x 256 x 32, where an expert's rows on a GPU fit 64). validation_cases: the
 validation set's layers (reference/validation_set.py) on P GPUs at the bf16 bench tile, traced.
+zoo_check_cases: every zoo model's layer at full size, 256 tokens per GPU, bf16 and tf32x3, a sample
+of its tokens against the golden streamed one expert at a time; zoo_trace_cases: every zoo model's
+preset (4K tokens per GPU) in bf16, traced for the simulator's cross-check.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from reference import Config, plan, presets, validation_set
 from . import layout
 
 # the kernel's max rel. error against the golden of its precision (gpu.worker.golden_path), by
-# Config.gemm_precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
+# Config.precision: float32 against float64; bf16 against the bf16-emulated path (the kernel
 # rounds the rows it returns once more); tf32 against the tf32 path at TF32's half-ulp, 2**-11: a
 # GEMM0 output one float32 rounding away from the golden's may round to the other TF32 neighbour
 # as GEMM1's operand (measured 1.5e-4 on H200 for one check case, so 1e-4 was too tight)
@@ -38,7 +41,7 @@ TF32_VS_FLOAT64 = 5e-3  # the project's bar for the TF32 kernel against the floa
 def baseline_precision(cfg: Config) -> str:
     """The torch layer a kernel run is measured beside, in the same dtype: float32 (no TF32) for
     the split TF32 kernel, whose accuracy is float32's, else the kernel's GEMM precision."""
-    return "float32" if cfg.gemm_precision == "tf32x3" else cfg.gemm_precision
+    return "float32" if cfg.precision == "tf32x3" else cfg.precision
 
 
 def check_cases(p: int, seed: int, prefix: str = "") -> list[dict]:
@@ -87,7 +90,7 @@ BF16_TILE_VARIANTS = ((128, 128, 64), (128, 64, 64), (64, 128, 64), (192, 256, 6
 
 def bf16_check_cases(p: int, seed: int) -> list[dict]:
     base = dict(tokens=200, hidden=128, ffn=256, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
-                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=64, seed=seed, dtype="bfloat16")
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=64, seed=seed, precision="bfloat16")
     cases = [
         ("fresh", {}),
         ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
@@ -124,7 +127,7 @@ TF32_TILE_VARIANTS = ((128, 64, 16),)
 
 def tf32_check_cases(p: int, seed: int) -> list[dict]:
     base = dict(tokens=200, hidden=128, ffn=256, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
-                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=16, seed=seed, tf32=True)
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=16, seed=seed, precision="tf32")
     cases = [
         ("fresh", {}),
         ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
@@ -154,7 +157,7 @@ TF32X3_SHORT_TILE = (64, 256, 32)
 
 def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
     base = dict(tokens=200, hidden=256, ffn=512, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
-                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=128, tile_k=32, seed=seed, tf32x3=True)
+                bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=128, tile_k=32, seed=seed, precision="tf32x3")
     cases = [
         ("fresh", {}),
         ("e_8p_gelu_tanh", dict(experts=8 * p, activation="gelu_tanh", gate="softmax_topk_renorm")),
@@ -173,10 +176,10 @@ def tf32x3_check_cases(p: int, seed: int) -> list[dict]:
 
 
 # the feature checks' tile per precision: 128 columns, so that H and I of 64s but not 128s are ragged
-FEATURE_TILES = {"float32": dict(tile_m=64, tile_n=128, tile_k=8), "tf32": dict(tf32=True, tile_m=64, tile_n=128,
+FEATURE_TILES = {"float32": dict(tile_m=64, tile_n=128, tile_k=8), "tf32": dict(precision="tf32", tile_m=64, tile_n=128,
                                                                                  tile_k=16),
-                 "bfloat16": dict(dtype="bfloat16", tile_m=64, tile_n=128, tile_k=64),
-                 "tf32x3": dict(tf32x3=True, tile_m=64, tile_n=128, tile_k=32)}
+                 "bfloat16": dict(precision="bfloat16", tile_m=64, tile_n=128, tile_k=64),
+                 "tf32x3": dict(precision="tf32x3", tile_m=64, tile_n=128, tile_k=32)}
 # each feature of real models' layers alone, then together: gated (a tight swiglu_oai limit, so its
 # clamps bite), shared experts, ragged H and I (the last column block narrower), and Llama 4's top-1
 # scaled before its expert beside a shared one
@@ -248,7 +251,7 @@ def router_check_cases(p: int, seed: int) -> list[dict]:
     (check-router-NAME[-ties]-pP), in float32 and, for two of them, bf16 (check-router-bf16-...)."""
     base = dict(tokens=200, hidden=128, ffn=64, capacity_factor=1.0, activation="relu", bias=True, ranks=p,
                 gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed)
-    bf16 = dict(dtype="bfloat16", tile_k=64)
+    bf16 = dict(precision="bfloat16", tile_k=64)
     todo = [(f"{n}{'-ties' if ties else ''}", {**base, **router}, ties)
             for n, router in ROUTERS.items() for ties in (False, True)]
     todo += [(f"bf16-{n}-ties", {**base, **ROUTERS[n], **bf16}, True) for n in ("deepseek_v3", "gpt_oss")]
@@ -262,7 +265,7 @@ def moe_layer_cases(p: int, seed: int) -> list[dict]:
     base = dict(tokens=160, hidden=128, ffn=64, experts=4 * p, top_k=2, capacity_factor=1.0, activation="relu",
                 bias=True, ranks=p, gpus_per_node=8, tile_m=64, tile_n=32, tile_k=8, seed=seed,
                 gate="softmax_topk_renorm")
-    todo = {"float32": {}, "bf16": dict(dtype="bfloat16", tile_k=64),
+    todo = {"float32": {}, "bf16": dict(precision="bfloat16", tile_k=64),
             "gpt_oss_router": dict(ROUTERS["gpt_oss"], experts=8 * p, bias=False)}
     return [{"name": f"moe-layer-{n}-p{p}", "config": {**base, **ch}, "calls": 3, "seed": seed}
             for n, ch in todo.items()]
@@ -277,11 +280,11 @@ def sit_out_case(p: int) -> dict:
 # timed beside (its own precision first) and its tile variants
 PRECISIONS = {
     "float32": (dict(tile_k=FP32_TILE_K), "", ["float32", "bfloat16"], ()),
-    "bfloat16": (dict(dtype="bfloat16", tile_m=BF16_TILE[0], tile_n=BF16_TILE[1], tile_k=BF16_TILE[2]), "-bf16",
+    "bfloat16": (dict(precision="bfloat16", tile_m=BF16_TILE[0], tile_n=BF16_TILE[1], tile_k=BF16_TILE[2]), "-bf16",
                  ["bfloat16"], BF16_TILE_VARIANTS),
-    "tf32": (dict(tf32=True, tile_m=TF32_TILE[0], tile_n=TF32_TILE[1], tile_k=TF32_TILE[2]), "-tf32",
+    "tf32": (dict(precision="tf32", tile_m=TF32_TILE[0], tile_n=TF32_TILE[1], tile_k=TF32_TILE[2]), "-tf32",
              ["tf32", "float32"], TF32_TILE_VARIANTS),
-    "tf32x3": (dict(tf32x3=True, tile_m=TF32X3_TILE[0], tile_n=TF32X3_TILE[1], tile_k=TF32X3_TILE[2]), "-tf32x3",
+    "tf32x3": (dict(precision="tf32x3", tile_m=TF32X3_TILE[0], tile_n=TF32X3_TILE[1], tile_k=TF32X3_TILE[2]), "-tf32x3",
                ["float32", "tf32"], TF32X3_TILE_VARIANTS),
 }
 
@@ -391,7 +394,7 @@ def zoo_layer(model: str, tokens: int, p: int, dtype: str) -> Config:
     if model not in presets.ZOO:
         raise ValueError(f"matrix layer {model!r} is not known: one of {', '.join(presets.ZOO)}")
     name = f"{model}-{tokens // 1024}k" if tokens % 1024 == 0 else f"{model}-{tokens}"
-    cfg = presets.ZOO[model].replace(name=name, tokens=tokens, ranks=p, dtype="float32", tf32=False, tf32x3=False)
+    cfg = presets.ZOO[model].replace(name=name, tokens=tokens, ranks=p, precision="float32")
     return in_dtype(cfg, dtype)
 
 
@@ -439,6 +442,55 @@ def matrix_cases(p: int, dtype: str, layers, tokens, flashmoe: bool = True, torc
                                   "torch_only": f"not in the kernel: {why}", "baselines": [baseline_precision(c)],
                                   "warmup": 3, "iters": 10})
     return cases
+
+
+# the zoo's full-size checks: every model's layer at its true shape, ZOO_CHECK_TOKENS per GPU, in each
+# of ZOO_CHECK_DTYPES; ZOO_CHECK_SAMPLES tokens of each rank against the golden (gpu.worker.run_zoo_check)
+ZOO_CHECK_TOKENS, ZOO_CHECK_SAMPLES = 256, 32
+ZOO_CHECK_DTYPES = ("bfloat16", "tf32x3")
+
+
+def _zoo_cases(p: int, dtypes, tokens: int | None, name, fields, models=None) -> list[dict]:
+    """One case per zoo model (of `models`, default all) and precision of `dtypes` at `tokens` per GPU
+    on `p` GPUs (None: the preset's own): name(model, dtype, cfg) names it, fields(cfg) gives its dict
+    beyond name and config; a case the kernel cannot run (E not a multiple of p, a field it refuses)
+    carries the reason as `skip`."""
+    out = []
+    for model, layer in presets.ZOO.items():
+        if models is not None and model not in models:
+            continue
+        for dtype in dtypes:
+            if layer.experts % p:
+                out.append({"name": name(model, dtype, layer), "config": layer.to_dict(), "skip": f"its "
+                            f"{layer.experts} experts do not divide over {p} GPUs (the kernel places E / P on each)"})
+                continue
+            cfg = zoo_layer(model, tokens or layer.tokens, p, dtype)
+            case = {"name": name(model, dtype, cfg), "config": cfg.to_dict(), **fields(cfg)}
+            why = kernel_refuses(cfg)
+            out.append({**case, "skip": f"not in the kernel: {why}"} if why else case)
+    return out
+
+
+def zoo_check_cases(p: int, seed: int, samples: int = ZOO_CHECK_SAMPLES, models=None) -> list[dict]:
+    """Every zoo model's layer (reference.presets.ZOO) at its true H, I, E, k, router, activation,
+    shared experts and biases, ZOO_CHECK_TOKENS tokens per GPU on `p` GPUs, at the bench tile of each
+    ZOO_CHECK_DTYPES precision (in_dtype), inputs drawn on the GPU from `seed`: the kernel's routing
+    of every token and its output of `samples` random tokens per rank against the golden
+    (gpu.worker.run_zoo_check). Named zoo-MODEL-bf16|-tf32x3-pP; `models` picks some."""
+    return _zoo_cases(p, ZOO_CHECK_DTYPES, ZOO_CHECK_TOKENS,
+                      lambda model, dtype, cfg: f"zoo-{model}{PRECISIONS[dtype][1]}-p{p}",
+                      lambda cfg: {"inputs": "random", "seed": seed, "zoo_samples": samples}, models)
+
+
+def zoo_trace_cases(p: int, prefix: str = "", models=None) -> list[dict]:
+    """Every zoo model's preset at its tokens per GPU (4K) on `p` GPUs in bf16 at the bench tile, run
+    as validation_cases runs a layer: traced (`prefix` + trace-zoo-MODEL-4k-pP.npz, a measured run
+    for `moelab compare`), checked against the torch layer, timed beside no torch layer. Named
+    zootrace-MODEL-4k-pP; `models` picks some."""
+    return _zoo_cases(p, ("bfloat16",), None, lambda model, dtype, cfg: f"zootrace-{model}-4k-p{p}",
+                      lambda cfg: {"inputs": "random", "seed": 1, "bench": True, "baselines": [], "warmup": 3,
+                                   "iters": 10, "trace": f"{prefix}trace-zoo-{cfg.name}-p{p}.npz",
+                                   "profile": False, "dispatch": "staged"}, models)
 
 
 def validation_cases(p: int, prefix: str = "") -> tuple[list[dict], list[tuple[str, str]]]:

@@ -35,7 +35,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     case = {"name": cfg.name, "config": cfg.to_dict(), "inputs": args.inputs, "seed": cfg.seed,
             "golden": args.check and args.inputs == "reference", "baseline_check": args.check,
             # torch layers of the kernel's GEMM precision first (a float32 layer of bf16 tokens is no baseline)
-            "bench": args.bench, "baselines": list(cases.PRECISIONS[cfg.gemm_precision][2]),
+            "bench": args.bench, "baselines": list(cases.PRECISIONS[cfg.precision][2]),
             "warmup": args.warmup, "iters": args.iters,
             "trace": "trace.npz" if args.trace else None, "timeout_ms": args.timeout_ms}
     why = spawn.unmet(args.gpus)
@@ -59,17 +59,16 @@ def cmd_gpu(args: argparse.Namespace) -> int:
                 "kernel_telemetry_ms", *(f"torch_{kind}{dt}_ms" for kind in ("dropless_", "loop_", "")
                                            for dt in ("float32", "tf32", "bfloat16")), "grid")
         print(format_table(("quantity", "value"), [(k, res[k]) for k in keys if k in res]))
-    tolerance = cases.GOLDEN_TOLERANCE[cfg.gemm_precision]
+    tolerance = cases.GOLDEN_TOLERANCE[cfg.precision]
     bad = "failed" in res or (args.check and (res.get("rel_err", 0.0) > tolerance or res.get("routing_equal") is False))
     return 1 if bad else 0
 
 
 def register(sub) -> None:
     p = sub.add_parser("gpu", help="run the CUDA megakernel on local GPUs",
-                       description="Build (cached), launch and check the megakernel (float32, the TF32 "
-                                   "tensor-core kernel for a config with tf32 = true, the split TF32 one "
-                                   "(float32's accuracy) with tf32x3 = true, or the bf16 "
-                                   "tensor-core kernel for a bfloat16 config) on N GPUs of this "
+                       description="Build (cached), launch and check the megakernel of the config's precision "
+                                   "(float32; tf32, the TF32 tensor-core kernel; tf32x3, the split TF32 one at "
+                                   "float32's accuracy; or bfloat16, the bf16 tensor-core kernel) on N GPUs of this "
                                    "host, one process each; optionally time it against the torch layer and save "
                                    "its telemetry trace.",
                        epilog="exit status: 0 done (with --check: within the golden's tolerance), 1 a worker "

@@ -12,7 +12,8 @@ import numpy as np
 ERROR_WORDS = 11
 _WHAT = {
     1: ("barrier", "grid barrier {a} (arrivals {value} of {expected}: are all blocks co-resident?)"),
-    2: ("count", "the row count of source rank {a} for local expert {b}"),
+    2: ("count", "the row count (c = 0), or where its rows go home in the source's combox (c = 1), of source "
+                 "rank {a} for local expert {b}"),
     3: ("tile", "tile window {c} of local expert {b} to land ({value} of its {expected} chunks landed)"),
     4: ("return", "returned chunk {c} of expert {b} from its owner rank {a}"),
     5: ("command", "the scheduler's command {b} to processor {a}"),

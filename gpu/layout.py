@@ -37,8 +37,7 @@ MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a b
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
 STAGED_BLOCKS = costs.STAGED_BLOCKS  # processors that send the peers' chunks on the staged dispatch
 TLOG_CAP = 1024  # events per telemetry log; more are counted and reported, not stored
-DTYPES = ("float32", "bfloat16")
-ELEM_BYTES = {d: DTYPE_BYTES[d] for d in DTYPES}  # tokens, expert weights and the rows moved
+ELEM_BYTES = DTYPE_BYTES  # tokens, expert weights and the rows moved, by Config.dtype
 MIN_BLOCKS_PER_SM = 2  # __launch_bounds__ minimum of one-warpgroup blocks (the kernels' default): 2 per SM
 CLOCK_SYNC = "moelab_clock_sync"  # the cubin's kernel that puts the ranks' clocks on one axis
 SMEM_SYMBOL = "moelab_smem_bytes"  # the kernel's dynamic shared memory per block, a constant in the cubin
@@ -77,7 +76,7 @@ def warpgroups(cfg: Config) -> int:
     all the columns: 192 x 256 as three of 64 x 256, kernels/tile_gemm_wgmma.cuh); two for every
     tf32x3 tile, whose stages and lo parts take most of an SM's shared memory and whose split
     wants the threads; else one (two blocks per SM)."""
-    if cfg.gemm_precision == "tf32x3":
+    if cfg.precision == "tf32x3":
         return 2
     if cfg.dtype != "bfloat16" or cfg.tile_n != BF16_WIDE_TILE_N:
         return 1
@@ -102,8 +101,6 @@ def smem_per_block(cfg: Config) -> int:
 
 def check_supported(cfg: Config) -> None:
     """Raise UnsupportedConfig naming the first field the kernel does not support."""
-    if cfg.dtype not in DTYPES:
-        raise UnsupportedConfig("dtype", cfg.dtype, "one of " + ", ".join(DTYPES))
     if cfg.activation not in ACTIVATIONS + GATED:
         raise UnsupportedConfig("activation", cfg.activation, "one of " + ", ".join(ACTIVATIONS + GATED))
     if cfg.top_k + cfg.shared_experts > COMBINE_LANES:
@@ -114,7 +111,7 @@ def check_supported(cfg: Config) -> None:
         if v % cfg.tile_n and v % RAGGED_MULTIPLE:
             raise UnsupportedConfig(name, v, f"a multiple of tile_n = {cfg.tile_n} or of {RAGGED_MULTIPLE} (a ragged "
                                     "last column block stores whole 16-byte groups)")
-    if cfg.gated and cfg.gemm_precision == "float32" and cfg.tile_n % 16:
+    if cfg.gated and cfg.precision == "float32" and cfg.tile_n % 16:
         raise UnsupportedConfig("tile_n", cfg.tile_n, f"a multiple of 16 for float32 with activation = "
                                 f"{cfg.activation!r} (each thread holds a gate column beside its up column)")
     if cfg.top_k > MAX_TOP_K:
@@ -123,9 +120,9 @@ def check_supported(cfg: Config) -> None:
         raise UnsupportedConfig("n_group", cfg.n_group, f"at most {MAX_GROUPS}")
     if cfg.dtype == "bfloat16":
         _check_tensor_core_tiles(cfg)
-    elif cfg.gemm_precision == "tf32x3":
+    elif cfg.precision == "tf32x3":
         _check_tf32x3_tiles(cfg)
-    elif cfg.tf32:
+    elif cfg.precision == "tf32":
         _check_tf32_tiles(cfg)
     elif cfg.tile_m % 16 or cfg.tile_m > 1024:
         raise UnsupportedConfig("tile_m", cfg.tile_m, "a multiple of 16, at most 1024 (16 row groups of threads)")
@@ -208,7 +205,7 @@ def wgmma_stage_bytes(cfg: Config) -> int:
 
 
 def _lo_buffers(cfg: Config) -> int:
-    return TF32X3_LO_BUFFERS if cfg.gemm_precision == "tf32x3" else 0
+    return TF32X3_LO_BUFFERS if cfg.precision == "tf32x3" else 0
 
 
 def wgmma_stages(cfg: Config) -> int:
@@ -293,16 +290,41 @@ class Sizes:
                    elem_bytes=ELEM_BYTES.get(cfg.dtype, 4), S=S, WS=ws)
 
     @property
+    def owner_rows(self) -> int:
+        """Rows of inbox and outbuf: a slot for every (local expert, source) block's C rows, L x P x C
+        = E x C, so a source stores into its block with no handshake (kernels/tiles.cuh)."""
+        return self.E * self.C
+
+    @property
+    def source_rows(self) -> int:
+        """Rows of staging and combox: the rows this rank sends and gets back, one per kept (token,
+        choice), packed expert by expert (params.cuh count_base): T k at most, E x C where fewer."""
+        return min(self.T * self.K, self.E * self.C)
+
+    @property
     def symmetric_bytes(self) -> int:
-        """NVSHMEM heap one layer takes on each rank: four E x C x H buffers of elements (P * L = E
-        blocks of rows arrive, E blocks are sent) and the signals."""
-        return 4 * (self.elem_bytes * self.E * self.C * self.H) + 8 * self.signal_words
+        """NVSHMEM heap one layer takes on each rank: inbox and outbuf (owner_rows of H elements),
+        staging and combox (source_rows), and the signals."""
+        return 2 * self.elem_bytes * self.H * (self.owner_rows + self.source_rows) + 8 * self.signal_words
+
+    @property
+    def working_bytes(self) -> int:
+        """Device memory of the layer's own buffers beside the heap (runtime.Layer), at most: y and
+        the gate's outputs per token, the slots' rows, GEMM0's output (hidden), the shared experts'
+        output, the gate's partial logits at most splits, the task queue and the telemetry logs."""
+        items = -(-self.T // GATE_TOKENS)
+        per_token = self.H * 4 + self.E * 8 * (1 + GATE_MAX_SPLITS) + self.K * (4 + 8 + 4)
+        rows = self.owner_rows * 12 + (self.owner_rows + self.S * self.T) * self.I * self.elem_bytes
+        return (self.T * per_token + rows + self.S * self.T * self.H * self.elem_bytes
+                + self.E * (4 + 4 + self.K * items * 4) + self.queue_cap * 20
+                + (MAX_PROCESSORS + OS_WARPS) * TLOG_CAP * 32)
 
     @property
     def signal_slices(self) -> dict[str, tuple[int, int]]:
         """[start, end) of each signal array in the signal words (params.cuh order): sig_count (E),
-        sig_tile (L x W), sig_comb (E x CH), sig_start (P)."""
-        sizes = {"sig_count": self.E, "sig_tile": self.L * self.W, "sig_comb": self.E * self.CH, "sig_start": self.P}
+        sig_tile (L x W), sig_comb (E x CH), sig_start (P), sig_base (E)."""
+        sizes = {"sig_count": self.E, "sig_tile": self.L * self.W, "sig_comb": self.E * self.CH, "sig_start": self.P,
+                 "sig_base": self.E}
         out, at = {}, 0
         for name, n in sizes.items():
             out[name] = (at, at + n)
@@ -312,12 +334,37 @@ class Sizes:
     @property
     def signal_words(self) -> int:
         """All of them: where the last array ends."""
-        return self.signal_slices["sig_start"][1]
+        return self.signal_slices["sig_base"][1]
+
+
+def weight_copy_bytes(cfg: Config) -> int:
+    """The expert weights the layer copies for the kernel beside its inputs (runtime.kernel_weights):
+    W1 and W2 K-major for the warpgroup GEMM; else W1 interleaved where gated and both with the shared
+    experts' appended where there are some, and padded where ragged."""
+    per_expert = cfg.hidden * (gemm0_cols(cfg) + cfg.ffn)
+    n = cfg.local_experts + cfg.shared_experts
+    copied = cfg.precision in WGMMA_PRECISIONS or cfg.gated or cfg.shared_experts or ragged(cfg)
+    return n * per_expert * ELEM_BYTES[cfg.dtype] if copied else 0
+
+
+def input_bytes(cfg: Config) -> int:
+    """One rank's inputs (runtime.Inputs): its tokens, the gate's weights and biases, and its local and
+    shared experts' weights and biases."""
+    n, i1 = cfg.local_experts + cfg.shared_experts, gemm0_cols(cfg)
+    experts = n * (cfg.hidden * (i1 + cfg.ffn) * ELEM_BYTES[cfg.dtype] + (i1 + cfg.hidden) * 4)
+    return cfg.tokens * cfg.hidden * ELEM_BYTES[cfg.dtype] + cfg.experts * (cfg.hidden * 4 + 3 * 8) + experts
+
+
+def layer_bytes(cfg: Config) -> int:
+    """Device memory one rank's layer takes beside its inputs: the NVSHMEM heap, the working buffers
+    and the weight copies."""
+    s = Sizes.of(cfg)
+    return s.symmetric_bytes + s.working_bytes + weight_copy_bytes(cfg)
 
 
 KERNELS = {"float32": ("moelab_moe_fp32", {}), "bfloat16": ("moelab_moe_bf16", {"MOE_BF16": 1}),
            "tf32": ("moelab_moe_tf32", {"MOE_TF32": 1}),
-           "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.gemm_precision: name, -D flags
+           "tf32x3": ("moelab_moe_tf32x3", {"MOE_TF32X3": 1})}  # by Config.precision: name, -D flags
 
 
 def gemm0_cols(cfg: Config) -> int:
@@ -336,12 +383,12 @@ def compile_options(cfg: Config) -> dict[str, int]:
     the warpgroup tile GEMM's stages, and a block of several warpgroups (one per SM) where warpgroups() says;
     the layer's features that change a task (params.cuh MOE_GATED, MOE_SHARED, MOE_SCALE_BEFORE, MOE_RAGGED),
     each only where the layer has it, so the others build as before."""
-    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.gemm_precision][1]}
+    opts = {"TILE_M": cfg.tile_m, "TILE_N": cfg.tile_n, "TILE_K": cfg.tile_k, **KERNELS[cfg.precision][1]}
     features = {"MOE_GATED": ALL_ACTIVATIONS.index(cfg.activation) if cfg.activation in GATED else 0,
                 "MOE_SHARED": int(cfg.shared_experts > 0),
                 "MOE_SCALE_BEFORE": int(cfg.scale_before_expert), "MOE_RAGGED": int(ragged(cfg))}
     opts.update({k: v for k, v in features.items() if v})
-    if cfg.gemm_precision in WGMMA_PRECISIONS:
+    if cfg.precision in WGMMA_PRECISIONS:
         opts["GEMM_STAGES"] = wgmma_stages(cfg)
     if warpgroups(cfg) > 1:
         opts.update(BLOCK_WARPGROUPS=warpgroups(cfg), MIN_BLOCKS_PER_SM=blocks_per_sm(cfg))
@@ -351,18 +398,19 @@ def compile_options(cfg: Config) -> dict[str, int]:
 def kernel_constants() -> dict[str, int]:
     """The numbers Python owns and every kernel unit reads, passed to nvcc as -D flags (gpu/build.py):
     the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
-    in reference.config's lists), the gate's work item and the most blocks a stored chunk is shared
-    by (sim.costs, which models them)."""
+    in reference.config's lists), the gate's work item and selection, and the most blocks a stored
+    chunk is shared by (sim.costs, which models them)."""
     return {**{f"MOELAB_EV_{k.upper()}": i for i, k in enumerate(KINDS)},
             **{f"MOELAB_GATE_{g.upper()}": i for i, g in enumerate(ALL_GATES)},
             **{f"MOELAB_ACT_{a.upper()}": i for i, a in enumerate(ALL_ACTIVATIONS)},
             "MOELAB_GATE_TOKENS": costs.GATE_TOKENS, "MOELAB_GATE_EXPERTS": costs.GATE_EXPERTS,
             "MOELAB_GATE_DEPTH": costs.GATE_DEPTH, "MOELAB_GATE_MAX_SPLITS": costs.GATE_MAX_SPLITS,
+            "MOELAB_GATE_SMEM_LOGITS": costs.GATE_SMEM_LOGITS, "MOELAB_SELECT_LANES": costs.SELECT_LANES,
             "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS}
 
 
 def kernel_name(cfg: Config) -> str:
-    return KERNELS[cfg.gemm_precision][0]
+    return KERNELS[cfg.precision][0]
 
 
 def param_fields() -> list[str]:

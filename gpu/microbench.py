@@ -612,7 +612,7 @@ def main(argv: list[str]) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     job = json.loads(Path(argv[0]).read_text())
     # the build (DTYPES): the GEMM precision, so that a tf32x3 job runs its own build, not float32's
-    dtype = Config.from_dict(job["cases"][0]["config"]).gemm_precision
+    dtype = Config.from_dict(job["cases"][0]["config"]).precision
     wanted = set(job.get("sections", SECTIONS))
     session = Session.start()
     results: dict = {"gpu": session.name, "sms": session.sms, "world": session.world, "dtype": dtype,

@@ -23,6 +23,7 @@ import numpy as np
 
 from reference import Config, numerics, weights
 from reference.config import GATES, is_positive_int  # GATES: params.cuh GATE_* order
+from sim import costs
 from sim.trace import DISPATCH_PATHS
 
 from . import build, errors, layout, telemetry, tma
@@ -259,12 +260,13 @@ class Layer:
     """cfg's MoE layer on this rank: buffers, the argument block and the launch."""
 
     def __init__(self, session: Session, cfg: Config, inputs: Inputs, *, timeout_ms: float = 5000.0,
-                 telemetry_cap: int = TLOG_CAP, dispatch: str = "staged",
+                 telemetry_cap: int = TLOG_CAP, dispatch: str | None = None,
                  staged_blocks: int = layout.STAGED_BLOCKS):
         import nvshmem.core.interop.torch as symmetric
         import torch
 
         layout.check_supported(cfg)
+        dispatch = costs.dispatch_path(cfg) if dispatch is None else dispatch  # None: the kernel's own choice
         if cfg.ranks != session.world:
             raise layout.UnsupportedConfig("ranks", cfg.ranks, f"the number of processes, {session.world}")
         if dispatch not in DISPATCH_PATHS:
@@ -293,9 +295,10 @@ class Layer:
         dev = torch.device("cuda", session.local_rank)
         f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
         elem = torch.bfloat16 if cfg.dtype == "bfloat16" else f32
-        rows = s.E * s.C
+        self._check_memory(dev)
+        rows, mine = s.owner_rows, s.source_rows
         with torch.cuda.stream(session.torch_stream):
-            self._sym_f = symmetric.tensor((4, rows, s.H), dtype=elem)
+            self._sym_f = symmetric.tensor((2 * rows + 2 * mine, s.H), dtype=elem)
             self._sym_sig = symmetric.tensor((s.signal_words,), dtype=i64)
             self._sym_sig.zero_()
             def empty(*shape, dtype):
@@ -310,14 +313,16 @@ class Layer:
                      row_weight=empty(rows, dtype=f32), hidden=empty(rows + s.S * s.T, s.I, dtype=elem),
                      shared_out=empty(s.S * s.T, s.H, dtype=elem),
                      queue=empty(s.queue_cap, 4, dtype=i32), tlog=empty(self.logs, telemetry_cap, 4, dtype=i64))
-            b.update(inbox=self._sym_f[0], staging=self._sym_f[1], outbuf=self._sym_f[2], combox=self._sym_f[3],
+            b.update(inbox=self._sym_f[:rows], outbuf=self._sym_f[rows: 2 * rows],
+                     staging=self._sym_f[2 * rows: 2 * rows + mine], combox=self._sym_f[2 * rows + mine:],
                      **{name: self._sym_sig[lo:hi] for name, (lo, hi) in s.signal_slices.items()})
             # working state zeroed before every launch: 64-bit words, then 32-bit words
             self._work64 = torch.zeros(errors.ERROR_WORDS + layout.MAILBOX_SLOTS * self.n_proc, dtype=i64, device=dev)
             b.update(error=self._work64[: errors.ERROR_WORDS], mailbox=self._work64[errors.ERROR_WORDS:])
             tiles, all_tiles = s.L * s.W, s.L * s.W + s.S * s.WS  # the shared experts' tiles counted after
             n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=all_tiles, tile_done1=all_tiles,
-                       dispatch_done=s.E * s.CH, in_count=s.E, window_rows=tiles, window_chunks=tiles,
+                       dispatch_done=s.E * s.CH, in_count=s.E, in_base=s.E, count_base=s.E,
+                       window_rows=tiles, window_chunks=tiles,
                        seen=tiles + s.E * s.CH, expert_tiles=3 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
             at = 0
@@ -340,7 +345,7 @@ class Layer:
         # held by the layer: the kernel reads them by address (a copy where shared or gated)
         self._kernel_weights = kernel_weights(cfg, inputs)
         tensors.update(self._kernel_weights)
-        if cfg.gemm_precision in layout.WGMMA_PRECISIONS:
+        if cfg.precision in layout.WGMMA_PRECISIONS:
             # the bf16 and tf32x3 kernels read their expert weights K-major (both wgmma operands from
             # shared memory, kernels/tile_gemm_wgmma.cuh): a transposed copy, taken once, held by the layer
             self._weights_k_major = {k: tensors[k].transpose(1, 2).contiguous() for k in ("w1", "w2")}
@@ -367,6 +372,30 @@ class Layer:
         torch.cuda.synchronize(dev)
         session.barrier()  # every rank's signals are zero before any rank launches
         session.sync()
+
+    def _check_memory(self, dev) -> None:
+        """Refuse, before allocating, a layer whose heap, buffers and weight copies (layout.layer_bytes)
+        and inputs would not fit this GPU, whose working buffers and copies would not fit its free
+        memory, or whose heap would not fit NVSHMEM's (NVSHMEM_SYMMETRIC_SIZE, where set)."""
+        import torch
+
+        cfg, s = self.cfg, self.sizes
+        free, total = torch.cuda.mem_get_info(dev)
+        ins = [v for v in vars(self.inputs).values() if isinstance(v, torch.Tensor)] + list(self.inputs.shared or ())
+        inputs = sum(v.numel() * v.element_size() for v in ins)
+        need, own = layout.layer_bytes(cfg), s.working_bytes + layout.weight_copy_bytes(cfg)
+        what = (f"the layer needs {need + inputs} B a GPU (NVSHMEM heap {s.symmetric_bytes} B, working buffers "
+                f"{s.working_bytes} B, weight copies {layout.weight_copy_bytes(cfg)} B, inputs {inputs} B)")
+        if need + inputs > total:
+            raise layout.UnsupportedConfig("tokens", cfg.tokens, f"fewer: {what}, more than the {total} B of "
+                                           f"{self.session.name}")
+        if own > free:
+            raise layout.UnsupportedConfig("tokens", cfg.tokens, f"fewer: {what}; its working buffers and weight "
+                                           f"copies alone ({own} B) are more than the {free} B free")
+        heap = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "")
+        if heap.isdigit() and s.symmetric_bytes > int(heap):
+            raise layout.UnsupportedConfig("tokens", cfg.tokens, f"fewer: {what}; its heap is more than "
+                                           f"NVSHMEM_SYMMETRIC_SIZE = {heap} B")
 
     def _check_inputs(self, t: dict) -> None:
         import torch

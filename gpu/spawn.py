@@ -83,12 +83,14 @@ def free_port(rng: random.Random | None = None) -> int:
 
 
 def symmetric_heap_bytes(cases: list[dict]) -> int:
-    """NVSHMEM heap for the largest case, with room for NVSHMEM's own use."""
+    """NVSHMEM heap for the largest case the workers run (not those carrying a `skip` reason), with room
+    for NVSHMEM's own use."""
     from reference import Config
 
     from .layout import Sizes
 
-    need = max((Sizes.of(Config.from_dict(c["config"])).symmetric_bytes for c in cases), default=0)
+    need = max((Sizes.of(Config.from_dict(c["config"])).symmetric_bytes for c in cases if not c.get("skip")),
+               default=0)
     return int(need * 1.1) + (512 << 20)
 
 

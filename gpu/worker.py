@@ -12,7 +12,7 @@ layers alone), "profile" (a torch profiler table of one baseline call per dtype)
 inputs' experts tied in pairs, cases.tie_experts, the golden's too), "calls" (run gpu.MoELayer that many
 times on new tokens instead, each call checked against the golden), "sit_out"
 (this rank does not launch: the others must time out and raise), timeout_ms, "dispatch" (how
-the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; "staged" by default), "staged_blocks"
+the kernel moves dispatched rows, sim.trace.DISPATCH_PATHS; by default sim.costs.dispatch_path's), "staged_blocks"
 (its senders, layout.STAGED_BLOCKS by default), and "meta" (the
 run's provenance: commit, command, driver, ..., copied into the result and the trace's meta).
 Rank 0 writes OUT_DIR/results.json (one dict per case) and the traces; a bench case's trace is
@@ -31,12 +31,19 @@ from pathlib import Path
 import numpy as np
 
 from reference import Config, golden, routing, weights
+from reference.numerics import compute_dtype
+from sim.costs import dispatch_path
 
 from . import baseline, errors, telemetry
 from .cases import baseline_precision, tie_experts
-from .layout import STAGED_BLOCKS
+from .layout import STAGED_BLOCKS, Sizes, gemm0_cols, input_bytes, weight_copy_bytes
 from .runtime import Inputs, Layer, Session
 
+# of the GPUs' free memory a zoo check may plan to take (zoo_check_bytes counts live tensors; torch's
+# caching allocator can hold ~10% more in blocks the draw's float32 tensors leave split)
+ZOO_MEMORY_SHARE = 0.85
+ZOO_SAMPLE_STREAM = 37  # the zoo check's sample of tokens: its own random stream beside the case's seed
+ZOO_GOLDEN_THREADS = 8  # the most host threads a rank's streamed golden takes (golden_threads)
 CLOCK_SYNCS = 3  # clock-sync launches per trace: the median offset rejects one that read off
 
 
@@ -57,7 +64,20 @@ def golden_path(cfg: Config) -> str:
     bf16-emulated path (bf16 operands and activation, float32 accumulation) for the bf16 one, its
     tf32 path (GEMM operands rounded as cvt.rna.tf32.f32 rounds them) for the TF32 one; float64
     for the split TF32 one too, which is held to float32's accuracy."""
-    return "float64" if cfg.gemm_precision in ("float32", "tf32x3") else cfg.gemm_precision
+    return "float64" if cfg.precision in ("float32", "tf32x3") else cfg.precision
+
+
+def routing_check(cfg: Config, r: routing.Routing, routes: list) -> dict:
+    """Every rank's kernel routing (its experts, slots, weights and counts) against the golden's `r`:
+    experts and slots exactly (ties go to the lower expert in both), weights to their largest
+    absolute difference; and the golden's dropped assignments."""
+    expert = np.stack([x["expert"] for x in routes])
+    slot = np.stack([x["slot"] for x in routes])
+    weight = np.stack([x["weight"] for x in routes])
+    counts = np.stack([x["counts"] for x in routes])
+    return {"routing_equal": bool(np.array_equal(expert, r.expert) and np.array_equal(slot, r.slot)),
+            "counts_equal": bool(np.array_equal(counts, r.counts(cfg.experts))),
+            "weight_max_abs_err": float(np.abs(weight - r.weight).max()), "dropped": r.dropped}
 
 
 def check_golden(cfg: Config, ys: list, routes: list, ties: bool = False, w: weights.Weights | None = None) -> dict:
@@ -72,14 +92,7 @@ def check_golden(cfg: Config, ys: list, routes: list, ties: bool = False, w: wei
             tie_experts(cfg, w.wg, w.gate_bias, w.wg_bias)
     r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
     y_gold = golden.dense(cfg, w, r, golden_path(cfg))
-    expert = np.stack([x["expert"] for x in routes])
-    slot = np.stack([x["slot"] for x in routes])
-    weight = np.stack([x["weight"] for x in routes])
-    counts = np.stack([x["counts"] for x in routes])
-    res = {"routing_equal": bool(np.array_equal(expert, r.expert) and np.array_equal(slot, r.slot)),
-           "counts_equal": bool(np.array_equal(counts, r.counts(cfg.experts))),
-           "weight_max_abs_err": float(np.abs(weight - r.weight).max()),
-           "rel_err": _rel(np.stack(ys), y_gold), "golden_path": golden_path(cfg), "dropped": r.dropped,
+    res = {**routing_check(cfg, r, routes), "rel_err": _rel(np.stack(ys), y_gold), "golden_path": golden_path(cfg),
            "nan": bool(np.isnan(np.stack(ys)).any())}
     if golden_path(cfg) != "float64":
         res["rel_err_float64"] = _rel(np.stack(ys), golden.dense(cfg, w, r, "float64"))
@@ -231,6 +244,134 @@ def run_moe_layer_case(session: Session, case: dict) -> dict:
     return res
 
 
+def zoo_check_bytes(cfg: Config) -> int:
+    """Device bytes one GPU takes at the peak of a zoo check beyond NVSHMEM's heap (which gpu.spawn
+    sizes for a job's largest layer and NVSHMEM takes at its start), at least: the more of the
+    inputs' draw on the GPU (runtime.Inputs.random: each weight tensor drawn in float32 and scaled
+    into a second one, the local experts' W1, then W2, then the shared experts'; for bf16 every
+    weight's copy beside the float32 ones) and the Layer's inputs, working buffers and weight copies
+    (gpu.layout, the owner of the layer's sizes)."""
+    s = Sizes.of(cfg)
+    n_in = gemm0_cols(cfg)
+    w1, w2 = cfg.local_experts * cfg.hidden * n_in, cfg.local_experts * cfg.ffn * cfg.hidden
+    shared = cfg.shared_experts * cfg.hidden * (n_in + cfg.ffn)
+    every = w1 + w2 + shared
+    copy = s.elem_bytes * every if cfg.dtype == "bfloat16" else 0
+    draw = max(8 * w1, 4 * (w1 + 2 * w2), 4 * (w1 + w2 + 2 * shared), 4 * every + copy)
+    return max(draw, input_bytes(cfg) + s.working_bytes + weight_copy_bytes(cfg))
+
+
+def golden_threads(world: int) -> int:
+    """Host threads each rank's streamed golden runs in: the host's cores shared by its ranks, at most
+    ZOO_GOLDEN_THREADS (NumPy's conversions run one core each; the threads hold an expert each)."""
+    return max(1, min(ZOO_GOLDEN_THREADS, (os.cpu_count() or 1) // world))
+
+
+def streamed_golden(cfg: Config, rows: tuple, experts: list[int], fetch, paths, threads: int) -> dict:
+    """golden.contributions of `rows` (x, expert, weight, kept) from `experts`, fetch(e) giving expert
+    e's (w1, b1, w2, b2) on the host: the experts dealt to `threads` host threads, each streaming its
+    own one at a time; the experts fill disjoint rows, so the threads' sum is exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    shares = [experts[i::threads] for i in range(max(1, min(threads, len(experts))))]
+    with ThreadPoolExecutor(len(shares)) as pool:
+        parts = list(pool.map(lambda share: golden.contributions(cfg, *rows, ((e, *fetch(e)) for e in share),
+                                                                 paths), shares))
+    for other in parts[1:]:
+        for path in paths:
+            parts[0][path] += other[path]
+    return parts[0]
+
+
+def run_zoo_check(session: Session, case: dict) -> dict:
+    """A full-size layer (cases.zoo_check_cases) on inputs drawn on the GPU: every token's routing and
+    a random sample of case["zoo_samples"] tokens of each rank against the golden (float64, and the
+    golden of the kernel's precision, golden_path), from exactly the weights the kernel read: each
+    rank streams its own experts that the sample chose (and its shared ones, for its own sampled
+    tokens) off the GPU into golden.contributions, one at a time in each of golden_threads threads,
+    so the host holds that many experts at once; rank 0 sums them in choice order. Skipped, saying
+    why, where the GPUs' free memory is less than zoo_check_bytes. Collective."""
+    import torch
+
+    cfg = Config.from_dict(case["config"])
+    res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {})}
+    t0 = time.perf_counter()
+    need, free = zoo_check_bytes(cfg), min(_gather(session, torch.cuda.mem_get_info()[0]))
+    if need > ZOO_MEMORY_SHARE * free:
+        res["skipped"] = (f"needs {need / 2**30:.1f} GiB a GPU, more than {ZOO_MEMORY_SHARE:.0%} of the "
+                          f"{free / 2**30:.1f} GiB free")
+        return res
+    inputs = Inputs.random(cfg, session.rank, case["seed"])
+    layer = Layer(session, cfg, inputs, timeout_ms=case.get("timeout_ms", 5000.0))
+    try:
+        layer.poison()
+        run_everywhere(session, layer)
+        y, rt = layer.output(), layer.routing()
+    finally:
+        layer.close()
+    del layer
+    res["kernel_seconds"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+
+    def host(t):  # a device tensor's values, exactly (bf16 -> float32), on the host
+        return t.float().cpu().numpy()
+
+    xs, ys, routes = zip(*_gather(session, (host(inputs.x), y, rt)))
+    r = routing.route(cfg, np.stack(xs), host(inputs.wg), inputs.gate_bias.cpu().numpy(),
+                      inputs.wg_bias.cpu().numpy())
+    # the sample: the same on every rank (the case's seed), sorted token indices of each rank
+    n = min(case["zoo_samples"], cfg.tokens)
+    rng = np.random.default_rng([case["seed"], ZOO_SAMPLE_STREAM])
+    src = np.repeat(np.arange(cfg.ranks), n)
+    tok = np.concatenate([np.sort(rng.choice(cfg.tokens, n, replace=False)) for _ in range(cfg.ranks)])
+    x, expert, weight, kept = np.stack(xs)[src, tok], r.expert[src, tok], r.weight[src, tok], r.kept[src, tok]
+    paths = tuple(dict.fromkeys(("float64", golden_path(cfg))))
+    lo, local = session.rank * cfg.local_experts, cfg.local_experts
+    mine = sorted({int(e) for e in expert[kept] if lo <= e < lo + local})
+    threads = golden_threads(session.world)
+    part = streamed_golden(cfg, (x, expert, weight, kept), mine,
+                           lambda e: [host(getattr(inputs, a)[e - lo]) for a in ("w1", "b1", "w2", "b2")],
+                           paths, threads)
+    filled = kept & (expert >= lo) & (expert < lo + local)
+    if cfg.shared_experts:
+        own = src == session.rank
+        shared = streamed_golden(cfg, (x[own], expert[own], weight[own], kept[own]),
+                                 list(range(cfg.experts, cfg.experts + cfg.shared_experts)),
+                                 lambda e: [host(t[e - cfg.experts]) for t in inputs.shared], paths, threads)
+        filled = np.concatenate([filled, np.repeat(own[:, None], cfg.shared_experts, axis=1)], axis=1)
+        for path in paths:
+            part[path][own] += shared[path]  # its routed rows are zero, as part's shared rows are
+    ii, jj = np.nonzero(filled)
+    parts = _gather(session, (ii, jj, {path: part[path][ii, jj] for path in paths}, len(mine),
+                              time.perf_counter() - t1))
+    inputs = part = None  # the weights leave the GPU before the next case draws its own
+    torch.cuda.empty_cache()
+    if session.rank != 0:
+        return res
+    full = {path: np.zeros((src.size, cfg.top_k + cfg.shared_experts, cfg.hidden), compute_dtype(path))
+            for path in paths}
+    count = np.zeros(full["float64"].shape[:2], np.int64)
+    for pi, pj, values, _, _ in parts:
+        np.add.at(count, (pi, pj), 1)
+        for path in paths:
+            full[path][pi, pj] = values[path]
+    # every kept choice of a sampled token and every shared expert's row, each from one rank
+    want = np.concatenate([kept, np.ones((src.size, cfg.shared_experts), bool)], axis=1)
+    if not np.array_equal(count, want.astype(np.int64)):
+        raise RuntimeError(f"the streamed golden filled {int(count.sum())} rows, not the {int(want.sum())} "
+                           "the sample's kept choices and shared experts make, each once")
+    y_kernel = np.stack(ys)[src, tok]
+    gold = {path: golden.ordered_sum(full[path]) for path in paths}
+    res.update(routing_check(cfg, r, list(routes)), golden_path=golden_path(cfg), samples=int(src.size),
+               rel_err=_rel(y_kernel, gold[golden_path(cfg)]), nan=bool(np.isnan(np.stack(ys)).any()),
+               y_max_abs=float(np.abs(y_kernel).max()), experts_streamed=int(sum(q[3] for q in parts)),
+               golden_seconds=max(q[4] for q in parts), golden_threads=threads)
+    if golden_path(cfg) != "float64":
+        res["rel_err_float64"] = _rel(y_kernel, gold["float64"])
+    res["seconds"] = time.perf_counter() - t0
+    return res
+
+
 def max_over_ranks(session: Session, times: list[float]) -> np.ndarray:
     """Per iteration, the slowest rank's time (collective)."""
     return np.array(_gather(session, times)).max(axis=0)
@@ -299,7 +440,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch
 
     cfg = Config.from_dict(case["config"])
-    dispatch = case.get("dispatch", "staged")
+    dispatch = case.get("dispatch") or dispatch_path(cfg)
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
                  "dispatch": dispatch, "staged_blocks": case.get("staged_blocks", STAGED_BLOCKS)}
     t0 = time.perf_counter()
@@ -398,7 +539,14 @@ def main(argv: list[str]) -> int:
     results = []
     for case in job["cases"]:
         try:
-            res = run_moe_layer_case(session, case) if case.get("calls") else run_case(session, case, out_dir)
+            if case.get("skip"):
+                res = {"name": case["name"], "config": case["config"], "skipped": case["skip"]}
+            elif case.get("zoo_samples"):
+                res = run_zoo_check(session, case)
+            elif case.get("calls"):
+                res = run_moe_layer_case(session, case)
+            else:
+                res = run_case(session, case, out_dir)
         except Exception as e:  # reported per case; a broken session stops the job
             res = {"name": case["name"], "failed": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"[rank {session.rank}] case {case['name']} failed: {res['failed']}", file=sys.stderr, flush=True)

@@ -103,8 +103,8 @@ def cmd_configs(args: argparse.Namespace) -> int:
         raise ConfigError("--out/--tokens/--ranks", "given", "only with --from-hf")
     rows = [(c.name, c.tokens, c.hidden, c.ffn, c.experts, c.top_k, c.shared_experts,
              "none" if c.capacity_factor is None else f"{c.capacity_factor:g}", c.ranks, c.nodes,
-             c.gate, c.activation, c.dtype, presets.SOURCES[c.name]) for c in presets.PRESETS.values()]
-    head = ("name", "T/rank", "H", "I", "E", "k", "shared", "cf", "GPUs", "nodes", "gate", "act", "dtype", "source")
+             c.gate, c.activation, c.precision, presets.SOURCES[c.name]) for c in presets.PRESETS.values()]
+    head = ("name", "T/rank", "H", "I", "E", "k", "shared", "cf", "GPUs", "nodes", "gate", "act", "precision", "source")
     if args.json:
         print(json.dumps([dict(zip(head, r)) for r in rows], indent=2))
         return 0

@@ -2,7 +2,8 @@
 
 Every part of moelab (golden, simulator, kernel, app) is driven by a `Config`. It is validated
 when built: a bad value raises `ConfigError` naming the field, the value and what is allowed.
-Configs load from and save to TOML or JSON files with the same flat keys as the dataclass.
+Configs load from and save to TOML or JSON files with the same flat keys as the dataclass; files
+written before the one `precision` field (with `dtype`, `tf32`, `tf32x3`) are upgraded as they are read.
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ from .files import FileError, check_output, parse_json, read_text
 GATES = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_bias", "sigmoid_topk")
 ACTIVATIONS = ("relu", "gelu_tanh", "gelu", "silu", "swiglu", "swiglu_oai")
 GATED_ACTIVATIONS = ("swiglu", "swiglu_oai")  # W1 holds [gate | up] halves: 2 x ffn columns
-DTYPES = ("float32", "bfloat16", "float64")
+# what the expert GEMMs multiply in: float32 FMAs; float32 data on TF32 tensor cores, operands rounded to
+# TF32 (10-bit mantissa); float32 data on TF32 tensor cores at float32's accuracy (each operand split into
+# a TF32 part and a TF32 remainder, three products: 3xTF32); bfloat16 data on bf16 tensor cores. Products
+# accumulate in float32; the gate stays float64.
+PRECISIONS = ("float32", "tf32", "tf32x3", "bfloat16")
 PLACEMENTS = ("contiguous",)
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # by storage element type (Config.dtype)
+# the fields files written before `precision` carry instead of it (upgrade_precision reads them)
+LEGACY_PRECISION_FIELDS = ("dtype", "tf32", "tf32x3")
 
 
 class ConfigError(ValueError):
@@ -74,13 +81,7 @@ class Config:
     bias: bool = True
     shared_experts: int = 0  # dense experts every token goes through with weight 1
     skew: float = 0.0  # load imbalance: -skew * ln(1 + e) is added to expert e's gate logit
-    dtype: str = "float32"
-    # float32 storage, expert GEMMs on tensor cores: operands rounded to TF32 (10-bit mantissa),
-    # products accumulated in float32; the gate stays float64
-    tf32: bool = False
-    # float32 storage, expert GEMMs on TF32 tensor cores at float32's accuracy: each operand split
-    # into a TF32 part and a TF32 remainder, three products (3xTF32) accumulated in float32
-    tf32x3: bool = False
+    precision: str = "float32"  # the expert GEMMs' precision (PRECISIONS); it fixes dtype, the storage type
     seed: int = 0
     # the parallel layout
     ranks: int = 1  # P: GPUs holding experts, one process each
@@ -105,7 +106,7 @@ class Config:
             raise ConfigError("top_k", self.top_k, f"at most experts = {self.experts}")
         _choice("gate", self.gate, GATES)
         _choice("activation", self.activation, ACTIVATIONS)
-        _choice("dtype", self.dtype, DTYPES)
+        _choice("precision", self.precision, PRECISIONS)
         _choice("placement", self.placement, PLACEMENTS)
         cf = self.capacity_factor
         if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float))
@@ -133,19 +134,8 @@ class Config:
             raise ConfigError("scale_before_expert", self.scale_before_expert,
                               f"false with top_k = {self.top_k} (a token scaled before its expert has one routed "
                               "expert, as Llama 4's top-1)")
-        if not isinstance(self.tf32, bool):
-            raise ConfigError("tf32", self.tf32, "true or false")
-        if not isinstance(self.tf32x3, bool):
-            raise ConfigError("tf32x3", self.tf32x3, "true or false")
         if not isinstance(self.merge_sources, bool):
             raise ConfigError("merge_sources", self.merge_sources, "true or false")
-        if self.tf32 and self.dtype != "float32":
-            raise ConfigError("tf32", self.tf32, f"false with dtype = {self.dtype!r} (TF32 is a way to multiply "
-                              "float32 operands: true only with dtype float32)")
-        if self.tf32x3 and (self.dtype != "float32" or self.tf32):
-            raise ConfigError("tf32x3", self.tf32x3, f"false with dtype = {self.dtype!r} and tf32 = {self.tf32} "
-                              "(split TF32 multiplies float32 operands at float32's accuracy: true only with dtype "
-                              "float32 and tf32 false)")
         if isinstance(self.shared_experts, bool) or not isinstance(self.shared_experts, int) \
                 or self.shared_experts < 0:
             raise ConfigError("shared_experts", self.shared_experts, "an integer >= 0")
@@ -182,15 +172,14 @@ class Config:
         return self.activation in GATED_ACTIVATIONS
 
     @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+    def dtype(self) -> str:
+        """The storage element type of tokens, weights and the rows moved: "bfloat16" for a bfloat16
+        config, else "float32" (tf32 and tf32x3 multiply float32 data)."""
+        return "bfloat16" if self.precision == "bfloat16" else "float32"
 
     @property
-    def gemm_precision(self) -> str:
-        """What the expert GEMMs multiply in: "tf32" for a float32 config with tf32, "tf32x3" with
-        tf32x3, else dtype. Names the hardware's matrix rate and, but for tf32x3 (whose golden is
-        float32's: float64), the golden's precision path."""
-        return "tf32" if self.tf32 else "tf32x3" if self.tf32x3 else self.dtype
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def capacity(self) -> int | None:
@@ -215,10 +204,9 @@ class Config:
 
     def replace(self, **changes) -> Config:
         """A copy with `changes` applied and validated again."""
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - set(field_names()))
         if unknown:
-            raise ConfigError(sorted(unknown)[0], changes[sorted(unknown)[0]],
-                              "a known field: " + ", ".join(field_names()))
+            raise _unknown(unknown[0], changes[unknown[0]])
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -233,10 +221,10 @@ class Config:
     def from_dict(cls, d: dict) -> Config:
         if not isinstance(d, dict):
             raise ConfigError("config", d, "a table of config fields")
+        d = dict(upgrade_precision(d))
         unknown = sorted(set(d) - set(field_names()))
         if unknown:
-            raise ConfigError(unknown[0], d[unknown[0]], "a known field: " + ", ".join(field_names()))
-        d = dict(d)
+            raise _unknown(unknown[0], d[unknown[0]])
         if d.get("capacity_factor") == "none":
             d["capacity_factor"] = None
         for f in ("capacity_factor", "skew", "routed_scaling", "swiglu_limit"):
@@ -269,6 +257,39 @@ class Config:
 
 def field_names() -> list[str]:
     return [f.name for f in dataclasses.fields(Config)]
+
+
+def _unknown(name: str, value) -> ConfigError:
+    if name in LEGACY_PRECISION_FIELDS:
+        return ConfigError(name, value, "not a field: precision = one of " + ", ".join(PRECISIONS) + " replaces "
+                           "dtype, tf32 and tf32x3")
+    return ConfigError(name, value, "a known field: " + ", ".join(field_names()))
+
+
+def upgrade_precision(d: dict) -> dict:
+    """`d` with the precision that the fields of a file written before `precision` name (dtype, tf32,
+    tf32x3, any of them absent: float32, false, false) in their place; `d` itself if it has none.
+    Both kinds at once, or old fields that contradict each other, raise ConfigError."""
+    old = [f for f in LEGACY_PRECISION_FIELDS if f in d]
+    if not old:
+        return d
+    if "precision" in d:
+        raise ConfigError(old[0], d[old[0]], f"absent beside precision = {d['precision']!r}: precision, one of "
+                          + ", ".join(PRECISIONS) + ", replaces dtype, tf32 and tf32x3 (give precision alone)")
+    d = dict(d)
+    dtype, tf32, tf32x3 = d.pop("dtype", "float32"), d.pop("tf32", False), d.pop("tf32x3", False)
+    _choice("dtype", dtype, ("float32", "bfloat16"))
+    for name, v in (("tf32", tf32), ("tf32x3", tf32x3)):
+        if not isinstance(v, bool):
+            raise ConfigError(name, v, "true or false")
+    if tf32 and tf32x3:
+        raise ConfigError("tf32x3", tf32x3, "false with tf32 = true (one GEMM precision: tf32 or tf32x3)")
+    if (tf32 or tf32x3) and dtype != "float32":
+        name = "tf32" if tf32 else "tf32x3"
+        raise ConfigError(name, True, f"false with dtype = {dtype!r} ({name} multiplies float32 data: true only "
+                          "with dtype float32)")
+    d["precision"] = "tf32" if tf32 else "tf32x3" if tf32x3 else dtype
+    return d
 
 
 def to_toml(d: dict) -> str:

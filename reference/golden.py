@@ -12,7 +12,10 @@ Two computations of one layer call, which must agree:
   GEMM0 tasks (column blocks of W1, bias, activation; a gated activation's task its block's gate
   and up columns) and GEMM1 tasks (column blocks of W2) on their rows together, send each chunk's
   rows back and combine them at its home rank.
-Both accumulate a token's contributions in one fixed order (choice 0, 1, .., k-1, then shared
+`contributions` gives the dense formula's terms of any tokens, asking for one expert's weights at a
+time, so a full-size layer is checked on a sample of its tokens from only the experts they chose,
+holding one expert at once (`dense` is it over every expert of every token).
+`dense` and `tile_walk` accumulate a token's contributions in one fixed order (choice 0, 1, .., k-1, then shared
 experts 0, .., S-1), as the kernel must, so results are deterministic. Precision paths: float64
 (the truth), float32, bfloat16 (operands and the GEMM0 output rounded to bf16, float32
 accumulation, float32 output), and tf32 (float32 throughout, the expert GEMMs' operands -- tokens,
@@ -42,12 +45,18 @@ def _columns(cols: np.ndarray, width: int):
     return slice(None) if cols.size == width and np.array_equal(cols, np.arange(width)) else cols
 
 
+def _matmul(rows, w):
+    """rows @ w; a few rows (but one) as (w.T @ rows.T).T, the same products, which OpenBLAS runs
+    several times faster (its gemm of a few rows packs all of w first): the sampled checks' case."""
+    return (w.T @ rows.T).T if 1 < rows.shape[0] < 256 else rows @ w
+
+
 def _gemm0(cfg: Config, rows, w1, b1, cols: np.ndarray, path: str):
     """act(rows W1[:, cols] + b1[cols]); for a gated activation the gate and up columns of `cols` together."""
     if cfg.gated:
         cols = np.concatenate([cols, cfg.ffn + cols])
     cols = _columns(cols, w1.shape[1])
-    h = activate(cfg.activation, rows @ w1[:, cols] + b1[cols], cfg.swiglu_limit)
+    h = activate(cfg.activation, _matmul(rows, w1[:, cols]) + b1[cols], cfg.swiglu_limit)
     return round_bf16(h) if path == "bfloat16" else h
 
 
@@ -59,10 +68,10 @@ def _scaled(rows, weight, path: str):
 
 def _expert_ffn(cfg: Config, rows, w1, b1, w2, b2, path: str):
     h = _gemm0(cfg, rows, w1, b1, np.arange(cfg.ffn), path)
-    return gemm_operand(h, path) @ w2 + b2
+    return _matmul(gemm_operand(h, path), w2) + b2
 
 
-def _ordered_sum(contrib: np.ndarray) -> np.ndarray:
+def ordered_sum(contrib: np.ndarray) -> np.ndarray:
     """Sum over the choice axis (-2) in choice order, the fixed order of the kernel's combine."""
     y = contrib[..., 0, :].copy()
     for j in range(1, contrib.shape[-2]):
@@ -70,35 +79,54 @@ def _ordered_sum(contrib: np.ndarray) -> np.ndarray:
     return y
 
 
-def _expert_operands(cfg: Config, w: Weights, e: int, path: str):
-    """w1, b1, w2, b2 of expert e: the weights as the GEMMs read them, the biases as stored."""
-    return (gemm_operand(to_path(w.w1[e], path), path), to_path(w.b1[e], path),
-            gemm_operand(to_path(w.w2[e], path), path), to_path(w.b2[e], path))
+def _operands(w1, b1, w2, b2, path: str):
+    """One expert's w1, b1, w2, b2 as the path's GEMMs read the weights and stores the biases."""
+    return (gemm_operand(to_path(w1, path), path), to_path(b1, path),
+            gemm_operand(to_path(w2, path), path), to_path(b2, path))
+
+
+def contributions(cfg: Config, x, expert, weight, kept, experts, paths=("float64",)) -> dict[str, np.ndarray]:
+    """Per path, the (n, k + S, H) contributions of n tokens to their outputs, expert by expert:
+    `experts` yields (e, w1, b1, w2, b2) one expert at a time (e >= E: shared expert e - E), so only
+    one expert's weights need be held, and each is used for every path before the next is asked
+    for. x (n, H): the tokens as drawn (each path stores them with to_path); expert, weight, kept
+    (n, k): their routing. A routed expert fills the (token, choice) rows that chose it and were
+    kept, weighted (scale_before_expert: its rows scaled before GEMM0 instead); a shared expert s
+    fills row k + s of every token with weight 1; rows no yielded expert fills stay zero.
+    `ordered_sum` of a path's array is its output (`dense` is this over every expert)."""
+    n, k = expert.shape
+    dts = {path: compute_dtype(path) for path in paths}
+    stored = {path: to_path(x, path) for path in paths}
+    rows_in = {path: gemm_operand(stored[path], path) for path in paths}  # the tokens as GEMM0 reads them
+    out = {path: np.zeros((n, k + cfg.shared_experts, cfg.hidden), dt) for path, dt in dts.items()}
+    for e, *ws in experts:
+        if e < cfg.experts:
+            tt, jj = np.nonzero((expert == e) & kept)
+        else:
+            tt = np.arange(n)
+            jj = np.full(n, k + e - cfg.experts)
+        if not tt.size:
+            continue
+        for path, dt in dts.items():
+            operands = _operands(*ws, path)
+            if e >= cfg.experts:
+                out[path][tt, jj] = dt(1) * _expert_ffn(cfg, rows_in[path][tt], *operands, path)
+                continue
+            w = weight[tt, jj].astype(dt)[:, None]
+            if cfg.scale_before_expert:
+                out[path][tt, jj] = _expert_ffn(cfg, _scaled(stored[path][tt], w, path), *operands, path)
+            else:
+                out[path][tt, jj] = w * _expert_ffn(cfg, rows_in[path][tt], *operands, path)
+    return out
 
 
 def dense(cfg: Config, w: Weights, routing: Routing, path: str = "float64") -> np.ndarray:
     """(P, T, H) output by the dense formula, grouped by expert."""
-    dt = compute_dtype(path)
     p, t, k = routing.expert.shape
-    stored = to_path(w.x, path)
-    x = gemm_operand(stored, path)  # the tokens as GEMM0 reads them
-    contrib = np.zeros((p, t, k + cfg.shared_experts, cfg.hidden), dt)
-    for e in range(cfg.experts + cfg.shared_experts):
-        if e < cfg.experts:
-            rr, tt, jj = np.nonzero((routing.expert == e) & routing.kept)
-            weight = routing.weight[rr, tt, jj].astype(dt)[:, None]
-        else:
-            rr, tt = (a.ravel() for a in np.indices((p, t)))
-            jj = np.full(rr.size, k + e - cfg.experts)
-            weight = dt(1)
-        if not rr.size:
-            continue
-        operands = _expert_operands(cfg, w, e, path)
-        if cfg.scale_before_expert and e < cfg.experts:
-            contrib[rr, tt, jj] = _expert_ffn(cfg, _scaled(stored[rr, tt], weight, path), *operands, path)
-        else:
-            contrib[rr, tt, jj] = weight * _expert_ffn(cfg, x[rr, tt], *operands, path)
-    return _ordered_sum(contrib)
+    every = ((e, w.w1[e], w.b1[e], w.w2[e], w.b2[e]) for e in range(cfg.experts + cfg.shared_experts))
+    contrib = contributions(cfg, w.x.reshape(p * t, cfg.hidden), routing.expert.reshape(p * t, k),
+                            routing.weight.reshape(p * t, k), routing.kept.reshape(p * t, k), every, (path,))[path]
+    return ordered_sum(contrib).reshape(p, t, cfg.hidden)
 
 
 def _task_columns(plan, lo: int, hi: int, kind: int) -> np.ndarray:
@@ -131,7 +159,7 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             else:
                 a = np.concatenate([x[src, plan.row_token[rows]] for src, rows in chunks])
             if e not in cache:
-                cache[e] = _expert_operands(cfg, w, e, path)
+                cache[e] = _operands(w.w1[e], w.b1[e], w.w2[e], w.b2[e], path)
             w1, b1, w2, b2 = cache[e]
             lo, hi = int(task_lo[tile]), int(task_lo[tile + 1])
             h = np.empty((a.shape[0], cfg.ffn), dt)
@@ -139,7 +167,7 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
             h[:, _columns(cols0, cfg.ffn)] = _gemm0(cfg, a, w1, b1, cols0, path)
             out = np.empty((a.shape[0], cfg.hidden), dt)
             cols1 = _columns(_task_columns(plan, lo, hi, tile_plan.GEMM1), cfg.hidden)
-            out[:, cols1] = gemm_operand(h, path) @ w2[:, cols1] + b2[cols1]
+            out[:, cols1] = _matmul(gemm_operand(h, path), w2[:, cols1]) + b2[cols1]
             # combine: each chunk's rows go back to its source rank, weighted into their (token, choice) row
             at = 0
             for src, rows in chunks:
@@ -150,4 +178,4 @@ def tile_walk(cfg: Config, w: Weights, plan, path: str = "float64") -> np.ndarra
                     weight = plan.row_weight[rows].astype(dt)[:, None]
                     combine_buf[src, plan.row_token[rows], plan.row_choice[rows]] = weight * out[at: at + n]
                 at += n
-    return _ordered_sum(combine_buf)
+    return ordered_sum(combine_buf)

@@ -45,7 +45,7 @@ ZOO_TILE = (128, 256, 64)
 ZOO_TOKENS = (1024, 2048, 4096, 8192, 16384)
 ZOO_GPUS, ZOO_NODE_GPUS = 4, 8
 # the run fields of every zoo preset (and of `moelab configs --from-hf`), the layer's aside
-ZOO_RUN = dict(tokens=ZOO_TOKENS[2], dtype="bfloat16", capacity_factor=None, ranks=ZOO_GPUS,
+ZOO_RUN = dict(tokens=ZOO_TOKENS[2], precision="bfloat16", capacity_factor=None, ranks=ZOO_GPUS,
                gpus_per_node=ZOO_NODE_GPUS, tile_m=ZOO_TILE[0], tile_n=ZOO_TILE[1], tile_k=ZOO_TILE[2])
 ZOO: dict[str, Config] = {}  # each model's preset
 SOURCES: dict[str, str] = {}  # where each preset's numbers come from

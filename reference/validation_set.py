@@ -50,10 +50,10 @@ GATES_DRAWN = ("softmax_topk", "softmax_topk_renorm", "topk_softmax", "sigmoid_b
 BIAS = 0.25
 WEIGHT_BYTES_MAX = 3 << 30  # a GPU's expert weights
 FLOPS_MAX = 4e12  # a GPU's expert FLOPs at its routed rows (T k), about 8 ms of bf16 tensor cores
-# a GPU's E x C slots of H elements (without dropping C is T): the kernel holds four such buffers in
-# NVSHMEM's heap (gpu/layout.py Sizes.symmetric_bytes), sized for a GPU count's largest layer
+# a GPU's E x C slots of H elements (without dropping C is T): the kernel holds two such buffers in
+# NVSHMEM's heap, and two of T k rows (gpu/layout.py Sizes.symmetric_bytes), sized for a GPU count's largest layer
 SLOT_BYTES_MAX = 2 << 30
-DTYPE = "bfloat16"
+PRECISION = "bfloat16"
 PATH = Path(__file__).with_name("validation_set.json")
 
 
@@ -95,7 +95,7 @@ def _one(rng: np.random.Generator, name: str, ranks: int) -> Config:
                      gate=str(rng.choice(GATES_DRAWN)), capacity_factor=cf,
                      activation="swiglu" if gated else str(rng.choice(PLAIN_ACTIVATIONS)),
                      bias=bool(rng.random() < BIAS), skew=float(round(4 * rng.uniform(0, SKEW_MAX)) / 4),
-                     dtype=DTYPE, ranks=ranks)
+                     precision=PRECISION, ranks=ranks)
         if weight_bytes(cfg) <= WEIGHT_BYTES_MAX and flops(cfg) <= FLOPS_MAX and slot_bytes(cfg) <= SLOT_BYTES_MAX:
             return cfg
 

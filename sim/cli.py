@@ -12,7 +12,7 @@ from reference import budget, presets
 from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending, positive_int
 from reference.files import check_output
 
-from .costs import QUEUE_POLICIES, STAGED_BLOCKS
+from .costs import FLAT_DISPATCH_TOP_K, QUEUE_POLICIES, STAGED_BLOCKS
 from .hardware import DEFAULT, PRESETS, HardwareError
 from .network import TRANSPORTS
 from .trace import DISPATCH_PATHS
@@ -60,7 +60,8 @@ def _one(args) -> int:
                               dispatch=args.dispatch, queue=args.queue, staged_blocks=args.staged_blocks)
         m = metrics.compute(result.trace, cfg, latency_2gpu_ns=two.metrics["latency_ns"])
     summary = {"config": cfg.name, "gpus": cfg.ranks, "nodes": cfg.nodes, "hardware": result.trace.meta["hardware"],
-               "transport": args.transport, "dispatch": args.dispatch, "staged_blocks": args.staged_blocks,
+               "transport": args.transport, "dispatch": result.trace.meta["dispatch"],
+               "staged_blocks": args.staged_blocks,
                "queue": result.trace.meta["queue"],
                "kernel": "baseline" if args.baseline else "fused",
                **flatten(m), "sim_events": result.events, "sim_wall_s": result.wall_s}
@@ -149,12 +150,13 @@ def register(sub) -> None:
                    help=f"a hardware preset ({', '.join(PRESETS)}) or a calibration .json (default: {DEFAULT})")
     p.add_argument("--transport", default="ibgda", choices=TRANSPORTS,
                    help="how tiles cross nodes (default: ibgda)")
-    p.add_argument("--dispatch", default="staged", choices=DISPATCH_PATHS,
+    p.add_argument("--dispatch", choices=DISPATCH_PATHS,
                    help="how the fused kernel moves dispatched rows where a block can reach the owner's memory: "
-                        f"staged (the kernel's default: the peers' chunks stored by {STAGED_BLOCKS} blocks one after "
-                        "another, local expert by local expert, this GPU's own by the rest), store (every chunk "
-                        "shared by up to 4 blocks at once), or put (each chunk packed and put by one block, the "
-                        "kernel's path where a peer is not reachable)")
+                        f"staged (the peers' chunks stored by {STAGED_BLOCKS} blocks one after another, local expert "
+                        "by local expert, this GPU's own by the rest), store (every chunk shared by up to 4 blocks "
+                        "at once), or put (each chunk packed and put by one block, the kernel's path where a peer "
+                        f"is not reachable); default: as the kernel does, store from top_k {FLAT_DISPATCH_TOP_K} "
+                        "on one node, else staged")
     p.add_argument("--staged-blocks", type=positive_int, default=STAGED_BLOCKS, metavar="N",
                    help=f"the processors that send the peers' chunks on the staged dispatch, 1 to the hardware's "
                         f"processor blocks but one (default: the kernel's {STAGED_BLOCKS})")
@@ -162,8 +164,8 @@ def register(sub) -> None:
                    help="when a tile's GEMM tasks are queued: GEMM0's with the rest of its expert's tiles once the "
                         "last has landed and GEMM1's once every tile's GEMM0 is done (expert-both), GEMM0's so and "
                         "GEMM1's as the tile's GEMM0 ends (expert, the older bf16 kernel), or each as the tile "
-                        "lands and as its GEMM0 ends (tile); default: as the kernel build of the config's dtype does "
-                        "(bf16: expert-both, float32 and tf32: tile)")
+                        "lands and as its GEMM0 ends (tile); default: as the kernel build of the config's precision "
+                        "does (bf16: expert-both, float32 and tf32: tile)")
     p.add_argument("--baseline", action="store_true", help="simulate the bulk-synchronous baseline instead")
     p.add_argument("--long", action="store_true",
                    help=f"go on with a config estimated to take over {budget.LONG_S:.0f} s (e.g. perseus-comm)")

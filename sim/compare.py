@@ -196,7 +196,7 @@ def uncovered(run: MeasuredRun) -> str | None:
     for its dtype at its tile shape), or None when it can."""
     try:
         # by GEMM precision: a tf32 or tf32x3 run is float32 data on another build than float32's
-        get_hardware(str(calibrated_for(run))).require_tile(run.config.gemm_precision, tile_of(run.config))
+        get_hardware(str(calibrated_for(run))).require_tile(run.config.precision, tile_of(run.config))
     except (CompareError, HardwareError) as e:
         return str(e)
     return None
@@ -271,7 +271,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
                       str(hardware) if isinstance(hardware, Path) else hardware)
     if calibrated:
         try:
-            hw.require_tile(run.config.gemm_precision, tile_of(run.config))
+            hw.require_tile(run.config.precision, tile_of(run.config))
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_config(run.config)

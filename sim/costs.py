@@ -19,10 +19,10 @@ hides most of a short tile's multiply), its rows computed in whole groups of
 `gemm_row_group` (where measured); a block copies token rows
 at its own rate alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched
 chunk's rows (a tile's rows of one source) are gathered straight into the owner's inbox (its GPU,
-or an NVLink peer at the block's copy rate and the port's share), by one of STAGED_BLOCKS
-processors for a peer and by one of the others for this GPU (the "staged" path, the kernel's
-default), or shared by up to 4 processors when the dispatch slots are fewer than they (the
-"store" path, and the staged one on one GPU), or, across nodes and on the
+or an NVLink peer at the block's copy rate and the port's share), by one of STAGED_BLOCKS processors
+for a peer and by one of the others for this GPU (the "staged" path, the kernel's default below
+FLAT_DISPATCH_TOP_K choices a token on one node), or shared by up to 4 processors when the dispatch slots are
+fewer than they (the "store" path, and the staged one on one GPU), or, across nodes and on the
 kernel's "put" path, packed by one block and put by its threads, slowed the same way by the
 bytes in flight; a GEMM1 task stores its output of each chunk straight into the chunk's source
 GPU's memory (over NVLink at the block's store rate, and no sooner than its bytes have gone
@@ -55,6 +55,9 @@ SELECT_LANES, GATE_SMEM_LOGITS = 4, 64
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (the host hands the kernel this count: gpu/layout.py)
 STAGED_BLOCKS = 16
+# the top-k from which the kernel dispatches a one-node layer flat ("store", dispatch_path): k times the
+# rows outgrow the staged senders, and the other processors wait for them (docs/notes/dispatch.md)
+FLAT_DISPATCH_TOP_K = 8
 # when a tile's GEMM tasks are queued (queue_policy): "expert-both", its GEMM0 tasks with the rest of
 # its expert's tiles, from every source, once the last has landed, and its GEMM1 tasks with theirs
 # once every tile's GEMM0 tasks are done (os.cuh enqueue_expert); "expert", its GEMM0 tasks so and
@@ -87,6 +90,13 @@ def block_flops_per_ns(hw: Hardware, dtype: str) -> float:
 
 def block_bytes_per_ns(hw: Hardware) -> float:
     return hw.hbm_gbps / blocks(hw)
+
+
+def dispatch_path(cfg: Config) -> str:
+    """The dispatch path the kernel takes for cfg unless told another (sim.trace.DISPATCH_PATHS):
+    "store", every chunk shared by the processors at once, on one node where each token sends
+    FLAT_DISPATCH_TOP_K or more rows (measured there); else "staged"."""
+    return "store" if cfg.top_k >= FLAT_DISPATCH_TOP_K and cfg.nodes == 1 else "staged"
 
 
 def queue_policy(cfg: Config) -> str:
@@ -143,7 +153,7 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
         flops, nbytes = np.where(combine, 0.0, flops), np.where(combine, 0.0, nbytes)
     hbm_bytes = np.where(combine, nbytes, nbytes * (1.0 - hw.l2_hit_fraction))
     # the GEMM tasks multiply in the GEMM precision; a combine's few flops (its weighting) in dtype
-    compute = flops / np.where(combine, block_flops_per_ns(hw, cfg.dtype), block_flops_per_ns(hw, cfg.gemm_precision))
+    compute = flops / np.where(combine, block_flops_per_ns(hw, cfg.dtype), block_flops_per_ns(hw, cfg.precision))
     memory = hbm_bytes / block_bytes_per_ns(hw)
     combine_fixed = 0.0
     if hw.copy_ns_per_byte:
@@ -449,4 +459,4 @@ def kernel_ns(hw: Hardware, cfg: Config, flops: float, nbytes: float, gemm: bool
     """A whole-chip kernel of the bulk-synchronous baseline (launch gap not included); its expert
     GEMMs multiply in the config's GEMM precision (torch with TF32 allowed for a tf32 config)."""
     hbm_bytes = nbytes * (1.0 - hw.l2_hit_fraction) if gemm else nbytes
-    return max(flops / chip_flops_per_ns(hw, cfg.gemm_precision if gemm else cfg.dtype), hbm_bytes / hw.hbm_gbps)
+    return max(flops / chip_flops_per_ns(hw, cfg.precision if gemm else cfg.dtype), hbm_bytes / hw.hbm_gbps)

@@ -71,16 +71,18 @@ class _CountingEnvironment(simpy.Environment):
 
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
              baseline: bool = False, progress: Callable[[str], None] | None = None,
-             plan: TilePlan | None = None, dispatch: str = "staged", queue: str | None = None,
+             plan: TilePlan | None = None, dispatch: str | None = None, queue: str | None = None,
              staged_blocks: int = costs.STAGED_BLOCKS) -> Result:
     """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known;
-    `dispatch` is how the fused kernel moves dispatched rows (trace.DISPATCH_PATHS: "staged", the
-    kernel's default, or "store", both into the owner's memory where a block can reach it, or
-    "put" every chunk), `staged_blocks` the processors that send the peers' chunks on the staged path;
+    `dispatch` is how the fused kernel moves dispatched rows (trace.DISPATCH_PATHS: "staged" or
+    "store", both into the owner's memory where a block can reach it, or "put" every chunk; by
+    default as the kernel does for cfg, costs.dispatch_path), `staged_blocks` the processors that
+    send the peers' chunks on the staged path;
     `queue` when it queues a tile's GEMM tasks (costs.QUEUE_POLICIES: "expert-both", each phase's
     with the rest of its expert's tiles; "expert", GEMM0's so; "tile", as it lands and as its
     GEMM0 tasks end), by default as cfg's kernel build does (costs.queue_policy)."""
     queue = costs.queue_policy(cfg) if queue is None else queue
+    dispatch = costs.dispatch_path(cfg) if dispatch is None else dispatch
     if transport not in TRANSPORTS:
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
     if dispatch not in DISPATCH_PATHS:

@@ -171,7 +171,7 @@ class Hardware:
         return self.sms * self.blocks_per_sm - 1
 
     def tflops(self, dtype: str) -> float:
-        """The matrix rate of a GEMM precision (Config.gemm_precision): split TF32 (tf32x3) makes three
+        """The matrix rate of a GEMM precision (Config.precision): split TF32 (tf32x3) makes three
         TF32 products of each float32 one."""
         if dtype == "tf32x3":
             return self.tflops_tf32 / 3
@@ -192,7 +192,7 @@ class Hardware:
     def for_config(self, cfg) -> Hardware:
         """The figures cfg's kernel build runs with: its GEMM precision's calibrated section (tf32x3
         is a build of its own), else its dtype's (a tf32 config's: float32's)."""
-        return self.for_dtype(cfg.gemm_precision if cfg.gemm_precision in self.dtypes else cfg.dtype)
+        return self.for_dtype(cfg.precision if cfg.precision in self.dtypes else cfg.dtype)
 
     def require_tile(self, dtype: str, tile: tuple[int, int, int]) -> None:
         """Raise unless the calibration measured `dtype`'s build at `tile` (bM, bN, bK)."""

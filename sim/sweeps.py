@@ -25,7 +25,7 @@ from .network import TRANSPORTS
 # Perseus' communication-bound layer, small enough that its tiles (32 rows of bf16, 128 KB) cost
 # less on the wire than a fence's round trip: the regime where per-tile fences serialize the NIC
 # (about 8x at 8 nodes on h100-sxm, the paper's "up to 10x"); its 16-node point simulates in seconds
-COMM_BOUND = presets.get("perseus-comm").replace(name="perseus-comm-256-bf16", tokens=256, dtype="bfloat16")
+COMM_BOUND = presets.get("perseus-comm").replace(name="perseus-comm-256-bf16", tokens=256, precision="bfloat16")
 NODES = (1, 2, 4, 8, 16)
 GPUS_PER_NODE = 8
 # Perseus' models (its evaluation: Qwen3-30B, GPT-OSS-120B and DeepSeek-V3 on 8 to 64 GPUs): the zoo's

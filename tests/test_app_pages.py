@@ -108,18 +108,18 @@ def test_simulate_page_reruns_on_the_dispatch_and_its_senders():
 
 
 @needs_sim
-def test_simulate_page_reruns_on_the_float32_gemms():
+def test_simulate_page_reruns_on_the_gemm_precision():
     at = page("simulate")
     before = metrics_of(at)
-    at.sidebar.selectbox(key="cfg.fp32_gemm").set_value("tf32x3 (float32 accuracy)").run()
+    at.sidebar.selectbox(key="cfg.precision").set_value("tf32x3").run()
     split = metrics_of(at)
-    at.sidebar.selectbox(key="cfg.fp32_gemm").set_value("tf32 (10-bit operands)").run()
+    at.sidebar.selectbox(key="cfg.precision").set_value("tf32").run()
     tf32 = metrics_of(at)
     assert not at.exception
     # three TF32 products per float32 one: between TF32's time and the FMAs' (the H100 preset's rates)
     assert tf32["latency_ns"] < split["latency_ns"] < before["latency_ns"]
-    at.sidebar.selectbox(key="cfg.dtype").set_value("bfloat16").run()
-    assert not at.exception and at.sidebar.selectbox(key="cfg.fp32_gemm").disabled
+    at.sidebar.selectbox(key="cfg.precision").set_value("bfloat16").run()
+    assert not at.exception and metrics_of(at)["latency_ns"] < tf32["latency_ns"]
 
 
 def metrics_of(at: AppTest) -> dict:
@@ -222,7 +222,7 @@ def bench_summary(folder, gpu="NVIDIA H200", memory_gbps=None, stream_gbps=None)
             "nvlink_gbps": 400.0, **({"memory_gbps": memory_gbps} if memory_gbps else {})}
     results = []
     for p in (1, 2):
-        cfg = presets.get("flashmoe").replace(ranks=p, tokens=1024, dtype="bfloat16", tile_m=128, tile_n=256,
+        cfg = presets.get("flashmoe").replace(ranks=p, tokens=1024, precision="bfloat16", tile_m=128, tile_n=256,
                                                tile_k=64)
         results.append({"name": f"bench-flashmoe-tokens-1k-bf16-p{p}", "config": cfg.to_dict(),
                          "kept_rows": 2048 * p, "kernel_ms": 0.4 / p, "kernel_telemetry_ms": 0.41 / p,

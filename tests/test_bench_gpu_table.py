@@ -1,20 +1,23 @@
 """The GPU benchmark's table (benchmarks/bench_gpu.py): figures derived from worker results."""
 
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from reference import presets
+from reference import Config, presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import bench_dispatch  # noqa: E402
 import bench_gpu  # noqa: E402
 
 
 def point(name, ranks, kernel_ms):
     cfg = {"name": name, "ranks": ranks, "tokens": 1024, "experts": 64, "hidden": 2048, "ffn": 2048, "top_k": 2,
-           "dtype": "bfloat16"}
+           "precision": "bfloat16"}
     return {"name": f"bench-{name}-p{ranks}", "config": cfg, "kernel_ms": kernel_ms,
             "kernel_telemetry_ms": kernel_ms * 1.01, "kept_rows": 2048 * ranks, "torch_bfloat16_ms": 2 * kernel_ms,
             "gemm_ms_per_proc": 0.5, "sm_utilization": 0.8}
@@ -49,7 +52,7 @@ def test_weights_bound_is_rows_per_expert_times_memory_rate_over_the_ceiling():
     # their rows)
     assert bench_gpu.weights_bound(point("a", 2, 1.0), 800.0, 4000.0) == pytest.approx(32.0)
     # float32 weights are twice the bytes
-    f32 = {**p1, "config": {**p1["config"], "dtype": "float32"}}
+    f32 = {**p1, "config": {**p1["config"], "precision": "float32"}}
     assert bench_gpu.weights_bound(f32, 800.0, 4000.0) == pytest.approx(8.0)
     col = bench_gpu.TABLE_HEAD.index("weights' bound % ceil")
     rows = bench_gpu.table_rows([p1], {"bfloat16": 800.0}, gbps=4000.0)
@@ -103,7 +106,9 @@ def test_matrix_plan_runs_what_fits_and_says_why_it_skips_the_rest():
     assert {"matrix-qwen3-30b-a3b-4k-bf16-p4", "matrix-gpt-oss-120b-16k-bf16-p1", "matrix-deepseek-v3-1k-bf16-p4",
             "matrix-gpt-oss-120b-4k-tf32x3-p1"} <= names
     assert not any("twin" in n for n in names | set(why))
-    assert "more than 85% of 80 GB" in why["matrix-qwen3-30b-a3b-16k-tf32x3-p1"]  # 4 x 128 x 16K x 2048 floats
+    # DeepSeek-V3 at 4K a GPU fits 4 GPUs (staging and combox of T k rows), not one; at 16K, none
+    assert "matrix-deepseek-v3-4k-bf16-p4" in names and "matrix-qwen3-30b-a3b-16k-tf32x3-p1" in names
+    assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-4k-bf16-p1"]  # inbox, outbuf: 2 x 256 x 4K x 7168 bf16
     assert "more than 85% of 80 GB" in why["matrix-deepseek-v3-16k-bf16-p4"]
     assert not names & set(why) and len(names) + len(why) == 2 * 2 * 3 * 3  # no twins, no torch-only points
     assert seconds > bench_gpu.CEILINGS_SECONDS + 2 * bench_gpu.SPAWN_SECONDS + 5 * bench_gpu.SPAWN_SECONDS_PER_GPU \
@@ -152,3 +157,51 @@ def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are()
     assert row[col["kernel ms"]].startswith("not in the kernel") and row[col["dropless torch ms"]] == 3.0
     assert row[col["padded torch ms"]] == "no room" and row[col["bound"]] == "nvlink"
     assert len(row) == len(bench_gpu.TABLE_HEAD)
+
+
+@pytest.mark.parametrize("summary,precision", [("h200x4-bench-bf16.json", "bfloat16"),
+                                               ("h200x2-bench-tf32.json", "tf32"),
+                                               ("h200x4-bench-tf32x3.json", "tf32x3")])
+def test_committed_summaries_from_before_precision_read_as_their_precision(summary, precision):
+    # their configs carry dtype / tf32 / tf32x3 (some without tf32x3): Config.from_dict reads the precision
+    path = Path(__file__).resolve().parents[1] / "measurements" / "gpu" / summary
+    results = json.loads(path.read_text())["results"]
+    assert all("precision" not in r["config"] for r in results)
+    assert {Config.from_dict(r["config"]).precision for r in results} == {precision}
+    assert {r[1] for r in bench_gpu.table_rows(results, {"float32": 50.0, "bfloat16": 800.0, "tf32": 400.0,
+                                                        "tf32x3": 50.0})} == {precision}
+
+
+def test_bench_dispatch_times_one_layer_on_each_path():
+    rng = np.random.default_rng()
+    senders = sorted({int(n) for n in rng.integers(1, 128, size=3)})
+    todo = bench_dispatch.dispatch_cases("qwen3-30b-a3b", 4096, 4, "bfloat16", senders, 20)
+    assert [(c["dispatch"], c.get("staged_blocks")) for c in todo] == [("staged", n) for n in senders] + [
+        ("store", None)]
+    assert len({c["name"] for c in todo}) == len(todo) and all(c["bench"] and c["baselines"] == [] for c in todo)
+    assert {c["config"]["top_k"] for c in todo} == {8}
+
+
+def test_zoo_plan_lines_and_misses():
+    """The zoo suites' plan: every check on each GPU count, the traced presets that fit a GPU (the others
+    listed with the reason), a guess of the time; one line per check, and which of them miss."""
+    cases, skipped, guess = bench_gpu.zoo_plan([1, 4], ["zoo", "zootrace"], "h100x4-", 3, 80.0, 32,
+                                               list(presets.ZOO))
+    checks = [c for c in cases[1] + cases[4] if "zoo_samples" in c]
+    assert len(checks) == 2 * 2 * len(presets.ZOO) and all(c["seed"] == 3 for c in checks)
+    traced = [c["name"] for c in cases[1] + cases[4] if c.get("trace")] + [r["name"] for r in skipped]
+    assert sorted(traced) == sorted(f"zootrace-{m}-4k-p{p}" for m in presets.ZOO for p in (1, 4))
+    too_big = {c["name"] for p in (1, 4) for c in bench_gpu.zoo_trace_cases(p)
+               if bench_gpu.matrix_skip(bench_gpu.Config.from_dict(c["config"]), 80.0)}
+    assert {r["name"] for r in skipped} == too_big and "zootrace-qwen3-30b-a3b-4k-p4" not in too_big
+    assert all("GB a GPU" in r["skipped"] for r in skipped) and 0 < guess < 600
+    cfg = checks[0]["config"]
+    ok = {"name": "zoo-x-bf16-p1", "config": cfg, "routing_equal": True, "counts_equal": True, "nan": False,
+          "rel_err": 4e-3, "rel_err_float64": 5e-3, "golden_path": "bfloat16", "seconds": 3.2, "samples": 32,
+          "experts_streamed": 8, "golden_seconds": 1.5}
+    assert "vs float64 5.00e-03, vs bfloat16 golden 4.00e-03, routing equal" in bench_gpu.zoo_line(ok)
+    assert not bench_gpu.zoo_failed(ok) and not bench_gpu.zoo_failed({"name": "s", "skipped": "needs 90 GiB"})
+    for bad in ({"rel_err": 0.05}, {"rel_err_float64": 0.03}, {"routing_equal": False}, {"nan": True}):
+        assert bench_gpu.zoo_failed({**ok, **bad}), bad
+    assert bench_gpu.zoo_failed({"name": "f", "failed": "KernelTimeout: ..."})
+    assert "skipped: needs 90 GiB" in bench_gpu.zoo_line({"name": "s", "skipped": "needs 90 GiB"})

@@ -24,7 +24,7 @@ def test_jobs_take_each_build_from_one_place():
         {"TILE_M": m, "TILE_N": n, "TILE_K": k, "MOE_BF16": 1}
     # the bench tile's blocks (one warpgroup, or two for 256 columns) are the microbenchmark's too
     assert bf16.get("BLOCK_WARPGROUPS", 1) == (2 if n == 256 else 1)
-    assert {c["config"]["dtype"] for c in microbench.job_cases(2, "bfloat16")} == {"bfloat16"}
+    assert {c["config"]["precision"] for c in microbench.job_cases(2, "bfloat16")} == {"bfloat16"}
 
 
 def test_from_raw_writes_one_file_with_both_builds(tmp_path):
@@ -88,5 +88,5 @@ def test_each_jobs_configs_name_its_build():
 
     for dtype in microbench.DTYPES:
         cfg = Config.from_dict(microbench.job_cases(2, dtype)[0]["config"])
-        assert cfg.gemm_precision == dtype
+        assert cfg.precision == dtype
     assert microbench.tile_options("tf32x3", 2)["MOE_TF32X3"] == 1

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.xdist_group("measured")  # one worker: each prediction 
 
 
 def _group(run) -> tuple:
-    return run.name.split("-")[0], run.config.gemm_precision, run.config.ranks
+    return run.name.split("-")[0], run.config.precision, run.config.ranks
 
 
 def _sampled(runs) -> set[str]:

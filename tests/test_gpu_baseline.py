@@ -46,7 +46,7 @@ CASES = {
 
 
 def small(p: int, seed: int, dtype: str, **changes) -> Config:
-    base = dict(tokens=48, hidden=32, ffn=48, experts=8, top_k=2, ranks=p, seed=seed, dtype=dtype)
+    base = dict(tokens=48, hidden=32, ffn=48, experts=8, top_k=2, ranks=p, seed=seed, precision=dtype)
     return Config(**{**base, **changes})
 
 

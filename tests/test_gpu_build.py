@@ -31,7 +31,7 @@ def test_bf16_kernel_compiles_and_device_links(cubin_cache):
     # 4 stages) and at the checks' narrow one (the most stages, 8): the cubin's shared memory per
     # block is the GEMM's stages and their alignment room, as layout sizes them (more than the
     # gate's 68 KiB a warpgroup)
-    flash = presets.get("flashmoe").replace(dtype="bfloat16")
+    flash = presets.get("flashmoe").replace(precision="bfloat16")
     smem = {}
     for tile in (cases.BF16_TILE, (64, 32, 64)):
         cfg = flash.replace(tile_m=tile[0], tile_n=tile[1], tile_k=tile[2])
@@ -49,7 +49,7 @@ def test_bf16_kernel_compiles_and_device_links(cubin_cache):
 def test_tf32x3_kernel_compiles_and_device_links(cubin_cache):
     # the split TF32 GEMM at the bench's tile (two warpgroups, one block per SM): the cubin's shared
     # memory per block is its 5 stages, the lo parts' 2 copies and the alignment room
-    cfg = presets.get("flashmoe").replace(tf32x3=True, tile_m=cases.TF32X3_TILE[0], tile_n=cases.TF32X3_TILE[1],
+    cfg = presets.get("flashmoe").replace(precision="tf32x3", tile_m=cases.TF32X3_TILE[0], tile_n=cases.TF32X3_TILE[1],
                                           tile_k=cases.TF32X3_TILE[2])
     cubin = build.build(layout.compile_options(cfg), cache=cubin_cache).cubin
     data = cubin.read_bytes()

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # --set changes to the tiny preset per precision: tiles each kernel build supports
 PRECISION_SETS = {
     "float32": [],
-    "bfloat16": ["dtype=bfloat16", "tile_m=64", "tile_n=32", "tile_k=64"],
-    "tf32": ["tf32=true", "tile_m=64"],
-    "tf32x3": ["tf32x3=true", "hidden=128", "ffn=256", "tile_m=64", "tile_n=128", "tile_k=32"],
+    "bfloat16": ["precision=bfloat16", "tile_m=64", "tile_n=32", "tile_k=64"],
+    "tf32": ["precision=tf32", "tile_m=64"],
+    "tf32x3": ["precision=tf32x3", "hidden=128", "ffn=256", "tile_m=64", "tile_n=128", "tile_k=32"],
 }
 # the torch layer each precision is timed beside first (gpu.cases.PRECISIONS)
 OWN_BASELINE = {"float32": "float32", "bfloat16": "bfloat16", "tf32": "tf32", "tf32x3": "float32"}
@@ -57,4 +57,4 @@ def test_moelab_gpu_checks_benches_and_traces(precision, tmp_path):
     from sim.trace import Trace
 
     events = Trace.load(trace)
-    assert len(events) > 0 and events.meta["config"]["dtype"] == ("bfloat16" if precision == "bfloat16" else "float32")
+    assert len(events) > 0 and events.meta["config"]["precision"] == precision

@@ -16,7 +16,7 @@ from sim.trace import KIND, KINDS
 
 def test_unsupported_fields_are_named():
     base = presets.get("tiny")
-    for change, field in [(dict(dtype="float64"), "dtype"), (dict(shared_experts=31), "shared_experts"),
+    for change, field in [(dict(shared_experts=31), "shared_experts"),
                           (dict(tile_m=24, tokens=96), "tile_m"), (dict(tile_n=12, hidden=96, ffn=96), "tile_n"),
                           (dict(tile_n=64, hidden=96), "hidden"), (dict(tile_n=128, ffn=200), "ffn"),
                           (dict(activation="swiglu", tile_n=8), "tile_n")]:  # a float32 thread's gate beside its up
@@ -86,7 +86,7 @@ def test_tied_experts_score_alike():
 
 def test_bf16_tile_shape_is_checked_field_by_field():
     flash = presets.get("flashmoe")
-    bf = flash.replace(dtype="bfloat16", tile_m=128, tile_n=128, tile_k=64)
+    bf = flash.replace(precision="bfloat16", tile_m=128, tile_n=128, tile_k=64)
     layout.check_supported(bf)
     for change, field in [(dict(tile_k=16), "tile_k"), (dict(tile_m=32), "tile_m"), (dict(tile_m=96), "tile_m"),
                           (dict(tile_m=512, tile_n=32), "tile_m"), (dict(tile_n=16), "tile_n"),
@@ -98,7 +98,7 @@ def test_bf16_tile_shape_is_checked_field_by_field():
             layout.check_supported(bf.replace(**change))
         assert e.value.field == field and "bfloat16" in str(e.value)
     with pytest.raises(layout.UnsupportedConfig, match=r"tile_k.*64 for bfloat16"):
-        layout.check_supported(flash.replace(dtype="bfloat16"))  # the fp32 default's tile_k = 8
+        layout.check_supported(flash.replace(precision="bfloat16"))  # the fp32 default's tile_k = 8
     with pytest.raises(layout.UnsupportedConfig, match=r"tile_n.*one of \[32, 64\]"):
         layout.check_supported(bf.replace(tile_m=256))
     assert layout.compile_options(bf) == {"TILE_M": 128, "TILE_N": 128, "TILE_K": 64, "MOE_BF16": 1, "GEMM_STAGES": 3}
@@ -118,7 +118,7 @@ def test_bf16_tile_shape_is_checked_field_by_field():
 
 
 def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_several_warpgroups():
-    flash = presets.get("flashmoe").replace(dtype="bfloat16")
+    flash = presets.get("flashmoe").replace(precision="bfloat16")
     for (m, n), stages in [((128, 128), 3), ((128, 64), 4), ((64, 128), 4), ((64, 32), 8), ((192, 64), 3),
                            ((128, 256), 4), ((64, 256), 5), ((192, 256), 4)]:
         cfg = flash.replace(tile_m=m, tile_n=n, tile_k=64)
@@ -134,7 +134,7 @@ def test_bf16_stages_fill_a_block_of_two_per_sm_or_one_of_several_warpgroups():
 
 def test_bf16_tile_rows_stay_half_the_bytes():
     flash = presets.get("flashmoe")
-    bf = flash.replace(dtype="bfloat16", tile_k=32)
+    bf = flash.replace(precision="bfloat16", tile_k=32)
     # bf16 rows are half the bytes: the symmetric heap halves but for the signals
     s32, s16 = layout.Sizes.of(flash), layout.Sizes.of(bf)
     assert s16.elem_bytes == 2 and s16.symmetric_bytes - 8 * s16.signal_words == (
@@ -169,9 +169,9 @@ def test_bench_sweep_at_another_tile():
 
 def test_tf32_tile_shape_is_checked_field_by_field():
     flash = presets.get("flashmoe")
-    tf = flash.replace(tf32=True, tile_k=16)
+    tf = flash.replace(precision="tf32", tile_k=16)
     layout.check_supported(tf)
-    layout.check_supported(flash.replace(tf32=True))  # the fp32 default's 128 x 64 x 8 tiles fit too
+    layout.check_supported(flash.replace(precision="tf32"))  # the fp32 default's 128 x 64 x 8 tiles fit too
     for change, field in [(dict(tile_m=32), "tile_m"), (dict(tile_m=256), "tile_m"),  # 256 rows spill
                           (dict(tile_k=4), "tile_k"), (dict(tile_k=32), "tile_k"),  # 3 stages of 32 exceed 47 KiB
                           (dict(tile_n=256), "tile_n"),  # 256 accumulators per thread
@@ -181,7 +181,8 @@ def test_tf32_tile_shape_is_checked_field_by_field():
         assert e.value.field == field and "tf32" in str(e.value)
     layout.check_supported(tf.replace(tile_m=64, tile_n=256, tile_k=8))  # 128 accumulators: no spill
     with pytest.raises(layout.UnsupportedConfig, match="32-bit offsets"):
-        layout.check_supported(Config(tokens=8, hidden=2**24, ffn=128, tile_m=128, tile_n=64, tile_k=8, tf32=True))
+        layout.check_supported(Config(tokens=8, hidden=2**24, ffn=128, tile_m=128, tile_n=64, tile_k=8,
+                                      precision="tf32"))
     assert layout.compile_options(tf) == {"TILE_M": 128, "TILE_N": 64, "TILE_K": 16, "MOE_TF32": 1}
     assert layout.kernel_name(tf) == "moelab_moe_tf32"
     # float32 storage: the buffers are those of the float32 kernel
@@ -195,7 +196,7 @@ def test_tf32_cases_are_supported():
     benches = cases.bench_cases(2, "sweep", "x-", "tf32") + cases.bench_cases(2, "tiles", "x-", "tf32")
     for c in checks + benches:
         cfg = Config.from_dict(c["config"])
-        assert cfg.tf32 and cfg.dtype == "float32" and cfg.gemm_precision == "tf32"
+        assert cfg.precision == "tf32" and cfg.dtype == "float32" and cfg.precision == "tf32"
         layout.check_supported(cfg)
     assert {Config.from_dict(c["config"]).tokens % Config.from_dict(c["config"]).tile_m for c in checks} != {0}
     assert any(Config.from_dict(c["config"]).capacity_factor is None for c in checks)
@@ -219,7 +220,7 @@ def test_tf32x3_cases_are_supported_in_two_warpgroups_with_room_for_the_lo_parts
     benches = cases.bench_cases(2, "sweep", "x-", "tf32x3") + cases.bench_cases(2, "tiles", "x-", "tf32x3")
     for c in checks + benches:
         cfg = Config.from_dict(c["config"])
-        assert cfg.tf32x3 and cfg.gemm_precision == "tf32x3" and cases.baseline_precision(cfg) == "float32"
+        assert cfg.precision == "tf32x3" and cfg.precision == "tf32x3" and cases.baseline_precision(cfg) == "float32"
         layout.check_supported(cfg)
         opts = layout.compile_options(cfg)
         assert opts["MOE_TF32X3"] == 1 and opts["BLOCK_WARPGROUPS"] == 2 and opts["MIN_BLOCKS_PER_SM"] == 1
@@ -243,7 +244,7 @@ def test_tf32x3_cases_are_supported_in_two_warpgroups_with_room_for_the_lo_parts
     ((128, 128, 16), "tile_k", "32 for tf32x3"),
 ])
 def test_tf32x3_tiles_the_kernel_lacks_are_named(tile, field, needle):
-    cfg = presets.get("flashmoe").replace(tf32x3=True, tile_m=tile[0], tile_n=tile[1], tile_k=tile[2])
+    cfg = presets.get("flashmoe").replace(precision="tf32x3", tile_m=tile[0], tile_n=tile[1], tile_k=tile[2])
     with pytest.raises(layout.UnsupportedConfig) as err:
         layout.check_supported(cfg)
     assert err.value.field == field and needle in err.value.allowed
@@ -305,6 +306,37 @@ def test_param_fields_match_the_struct():
     assert sizes <= set(fields)
 
 
+def test_source_buffers_hold_the_rows_a_rank_sends_and_the_heap_adds_up():
+    rng = np.random.default_rng()
+    base = presets.ZOO[str(rng.choice(list(presets.ZOO)))]
+    t = int(rng.integers(1, 65)) * 64
+    for cf in (None, float(rng.uniform(0.5, 2.0))):
+        cfg = base.replace(tokens=t, capacity_factor=cf)
+        s = layout.Sizes.of(cfg)
+        # staging and combox: one row per kept (token, choice); inbox and outbuf: every (expert, slot)
+        assert s.source_rows == min(t * cfg.top_k, cfg.experts * cfg.slots) and s.owner_rows == cfg.experts * cfg.slots
+        assert s.symmetric_bytes == 2 * s.elem_bytes * s.H * (s.owner_rows + s.source_rows) + 8 * s.signal_words
+        assert s.source_rows == t * cfg.top_k or cf is not None
+    # the signal arrays in the order of their Params fields, one after another
+    slices = layout.Sizes.of(base).signal_slices
+    fields = [f for f in layout.param_fields() if f.startswith("sig_")]
+    end = slices["sig_start"][1]
+    assert list(slices) == fields and slices["sig_base"] == (end, end + base.experts)
+
+
+def test_deepseek_v3_fits_an_h100_on_four_gpus_to_4k_tokens():
+    v3 = presets.ZOO["deepseek-v3"]
+    assert v3.ranks == 4
+
+    def gb(t):
+        cfg = v3.replace(tokens=t)
+        return (layout.layer_bytes(cfg) + layout.input_bytes(cfg)) / 1e9
+
+    assert gb(1024) < gb(4096) < 80 < gb(16384)
+    # the heap before the source-side buffers were T k rows: 4 x E x T x H bf16, 60 GB at 4K
+    assert layout.Sizes.of(v3).symmetric_bytes < 0.55 * 4 * 256 * 4096 * 7168 * 2
+
+
 def test_scheduler_capacity_is_the_kernels():
     """The host refuses grids past what the scheduler warp keeps in registers, and sizes the
     mailboxes by the tasks a processor may hold (os.cuh)."""
@@ -329,7 +361,7 @@ def test_simulated_queue_policy_is_the_kernel_builds():
     assert "if (last && QUEUE_BY_EXPERT) {" in processor and "enqueue_expert(p, TASK_GEMM1, le, n1, BN)" in processor
     cfg = presets.get("flashmoe")
     policy = {name: costs.queue_policy(c) for name, c in (
-        ("float32", cfg), ("tf32", cfg.replace(tf32=True)), ("bfloat16", cfg.replace(dtype="bfloat16")))}
+        ("float32", cfg), ("tf32", cfg.replace(precision="tf32")), ("bfloat16", cfg.replace(precision="bfloat16")))}
     assert policy == {"float32": "tile", "tf32": "tile", "bfloat16": "expert-both"}
     assert set(policy.values()) | {"expert"} == set(costs.QUEUE_POLICIES)
     assert '"queue": queue_policy(cfg)' in (layout.KERNEL_DIR.parent / "worker.py").read_text()
@@ -345,17 +377,10 @@ def test_the_kernels_take_the_constants_python_owns_from_the_build():
     assert f"-DMOELAB_EV_SIGNAL={KINDS.index('signal')}" in flags
     assert f"-DMOELAB_GATE_SIGMOID_BIAS={GATES.index('sigmoid_bias')}" in flags
     gate, processor = ((layout.KERNEL_DIR / f).read_text() for f in ("gate.cuh", "processor.cuh"))
-    for name in ("GATE_TOKENS", "GATE_EXPERTS", "GATE_DEPTH", "GATE_MAX_SPLITS"):
+    for name in ("GATE_TOKENS", "GATE_EXPERTS", "GATE_DEPTH", "GATE_MAX_SPLITS", "GATE_SMEM_LOGITS", "SELECT_LANES"):
         assert f"constexpr int {name} = MOELAB_{name};" in gate
     assert "constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;" in processor
 
-
-def test_simulated_gate_selection_is_the_kernels():
-    """sim.costs prices the gate's selection by the kernel's logits in shared memory and its lanes."""
-    text = (layout.KERNEL_DIR / "gate.cuh").read_text()
-    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (GATE_\w+) = (\d+);", text)}
-    assert const["GATE_SMEM_LOGITS"] == costs.GATE_SMEM_LOGITS
-    assert f"static_assert(SELECT_LANES == {costs.SELECT_LANES}," in text
 
 
 def test_simulated_dispatch_shares_are_the_kernels():

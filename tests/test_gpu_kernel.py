@@ -80,20 +80,20 @@ def tensor_core_checks(p: int, results: dict, tag: str, precision: str) -> list[
 def test_bf16_kernel_matches_bf16_golden(suite):
     p, results = suite
     for r in tensor_core_checks(p, results, "bf16", "bfloat16"):
-        assert r["config"]["dtype"] == "bfloat16", r["name"]
+        assert r["config"]["precision"] == "bfloat16", r["name"]
 
 
 def test_tf32_kernel_matches_tf32_golden_and_float64(suite):
     p, results = suite
     for r in tensor_core_checks(p, results, "tf32", "tf32"):
-        assert r["config"]["tf32"], r["name"]
+        assert r["config"]["precision"] == "tf32", r["name"]
         assert r["rel_err_float64"] < TF32_VS_FLOAT64, (r["name"], r["rel_err_float64"])
 
 
 def test_tf32x3_kernel_matches_float64_at_float32s_tolerance(suite):
     p, results = suite
     for r in tensor_core_checks(p, results, "tf32x3", "tf32x3"):
-        assert r["config"]["tf32x3"], r["name"]
+        assert r["config"]["precision"] == "tf32x3", r["name"]
         assert r["vs_baseline_rel_err"] < GOLDEN_TOLERANCE["tf32x3"], (r["name"], r["vs_baseline_rel_err"])
 
 
@@ -104,7 +104,7 @@ def test_real_models_layers_match_their_golden(suite):
     checks = [r for name, r in results.items() if name.startswith("check-feat-")]
     assert len(checks) == len(cases.feature_check_cases(p, 0))
     for r in checks:
-        assert_matches_golden(r, Config.from_dict(r["config"]).gemm_precision)
+        assert_matches_golden(r, Config.from_dict(r["config"]).precision)
 
 
 def test_dropping_and_skew_were_exercised(suite):

@@ -19,7 +19,7 @@ def test_moe_layer_matches_the_golden_call_after_call(p, tmp_path):
     results = cuda_gpus.run_cases(cases.moe_layer_cases, p, tmp_path, timeout_s=180)
     for r in results:
         assert len(r["calls"]) == 3, r["name"]
-        precision = "bfloat16" if r["config"]["dtype"] == "bfloat16" else "float32"
+        precision = r["config"]["precision"]
         for call in r["calls"]:
             assert call["routing_equal"] and call["counts_equal"] and not call["nan"], r["name"]
             assert call["weight_max_abs_err"] < 1e-12, (r["name"], call["weight_max_abs_err"])

@@ -25,6 +25,6 @@ def test_every_router_routes_as_the_golden(p, tmp_path):
         assert r["routing_equal"] and r["counts_equal"], r["name"]
         scale = r["config"]["routed_scaling"]
         assert r["weight_max_abs_err"] < 1e-12 * scale, (r["name"], r["weight_max_abs_err"])
-        precision = "bfloat16" if r["config"]["dtype"] == "bfloat16" else "float32"
+        precision = r["config"]["precision"]
         assert r["rel_err"] < GOLDEN_TOLERANCE[precision], (r["name"], r["rel_err"])
         assert not r["nan"] and r["telemetry_same_output"], r["name"]

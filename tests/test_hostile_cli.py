@@ -43,7 +43,8 @@ OPTIONS = [
     (["golden", "--config", "tiny", "--set", "top_k=99"], "top_k"),
     (["golden", "--config", "tiny", "--set", "tile_k=7"], "tile_k"),
     (["golden", "--config", "tiny", "--set", "tf32=yes"], "tf32"),
-    (["golden", "--config", "tiny", "--set", "dtype=bfloat16", "--set", "tf32=true"], "tf32"),
+    (["golden", "--config", "tiny", "--set", "precision=float16"], "precision"),
+    (["golden", "--config", "tiny", "--set", "tf32=true"], "tf32"),  # an old field (precision-codemod: keep)
     (["golden", "--config", "tiny", "--set", "name="], "name"),
     (["golden", "--config", "tiny", "--gpus", "3"], "experts"),
     (["golden", "--config", "tiny", "--gpus", "0"], "--gpus"),

@@ -3,20 +3,22 @@
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from reference import Config, ConfigError, presets
 from reference.cli import _parse_value, config_from_args
+from reference.config import to_toml
 from reference.files import FileError
 
 BAD_FIELDS = [
     ("name", ""), ("tokens", 0), ("tokens", 1.5), ("tokens", True), ("hidden", -64), ("ffn", 0),
     ("experts", 0), ("top_k", 0), ("ranks", 0), ("gpus_per_node", 0), ("tile_m", 0),
-    ("tile_n", 0), ("tile_k", 0), ("gate", "argmax"), ("activation", "tanh"), ("dtype", "fp8"),
+    ("tile_n", 0), ("tile_k", 0), ("gate", "argmax"), ("activation", "tanh"), ("precision", "fp8"),
     ("placement", "random"), ("capacity_factor", 0.0), ("capacity_factor", -1.0),
     ("capacity_factor", float("inf")), ("capacity_factor", "none"), ("bias", 1),
-    ("shared_experts", -1), ("skew", -0.5), ("skew", float("nan")), ("seed", -1), ("tf32", 1),
-    ("tf32", "true"), ("n_group", 0), ("topk_group", 0), ("routed_scaling", 0.0),
+    ("shared_experts", -1), ("skew", -0.5), ("skew", float("nan")), ("seed", -1), ("precision", "float64"),
+    ("precision", True), ("n_group", 0), ("topk_group", 0), ("routed_scaling", 0.0),
     ("routed_scaling", float("nan")), ("router_bias", 1), ("scale_before_expert", "yes"),
     ("swiglu_limit", -7.0),
 ]
@@ -50,33 +52,70 @@ def test_cross_field_rules(changes, field):
     assert err.value.field == field
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
-def test_tf32_only_with_float32(dtype):
+def test_precision_fixes_the_storage_type():
+    assert Config().precision == "float32"
+    for precision, dtype, nbytes in (("float32", "float32", 4), ("tf32", "float32", 4), ("tf32x3", "float32", 4),
+                                     ("bfloat16", "bfloat16", 2)):
+        c = Config(precision=precision)
+        assert (c.dtype, c.dtype_bytes) == (dtype, nbytes)
+        assert Config.from_dict(c.to_dict()) == c and c.to_dict()["precision"] == precision
+    assert not {"dtype", "tf32", "tf32x3"} & set(Config().to_dict())  # derived, never a second field
     with pytest.raises(ConfigError) as err:
-        Config(dtype=dtype, tf32=True)
-    assert (err.value.field, err.value.value) == ("tf32", True)
-    assert "float32" in err.value.allowed and dtype in err.value.allowed
+        Config(precision="float16")
+    assert (err.value.field, err.value.value) == ("precision", "float16")
+    assert err.value.allowed == "one of float32, tf32, tf32x3, bfloat16"
+    assert all(c.precision in ("float32", "bfloat16") for c in presets.PRESETS.values())  # as measured
 
 
-@pytest.mark.parametrize("changes", [dict(dtype="bfloat16"), dict(tf32=True), dict(dtype="float64")])
-def test_tf32x3_only_with_float32_and_without_tf32(changes):
+@pytest.mark.parametrize("old,precision", [
+    ({"dtype": "float32", "tf32": False, "tf32x3": False}, "float32"),
+    ({"dtype": "bfloat16", "tf32": False, "tf32x3": False}, "bfloat16"),
+    ({"dtype": "float32", "tf32": True, "tf32x3": False}, "tf32"),
+    ({"dtype": "float32", "tf32": False, "tf32x3": True}, "tf32x3"),
+    ({"dtype": "bfloat16"}, "bfloat16"), ({"tf32": True}, "tf32"), ({"tf32x3": True}, "tf32x3"),
+    ({"tf32": False}, "float32"),
+])
+def test_old_files_upgrade_to_precision(tmp_path, old, precision):
+    rng = np.random.default_rng()
+    base = presets.get("tiny").replace(tokens=int(rng.integers(1, 500)), seed=int(rng.integers(2**31)))
+    d = {k: v for k, v in base.to_dict().items() if k != "precision"}
+    assert Config.from_dict({**d, **old}) == base.replace(precision=precision)
+    old_file = tmp_path / "old.toml"  # a config file a user saved before precision
+    old_file.write_text(to_toml({**d, **old}))
+    assert Config.load(old_file) == base.replace(precision=precision)
+    trace_meta = {**d, **old}  # what traces, goldens and measurement files keep: read through from_dict
+    assert Config.from_dict(json.loads(json.dumps(trace_meta))).precision == precision
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"precision": "tf32", "tf32": True}, "tf32"),  # both kinds at once
+    ({"precision": "float32", "dtype": "float32"}, "dtype"),
+    ({"dtype": "bfloat16", "tf32": True}, "tf32"),  # contradictory old keys
+    ({"dtype": "bfloat16", "tf32x3": True}, "tf32x3"),
+    ({"tf32": True, "tf32x3": True}, "tf32x3"),
+    ({"dtype": "float64"}, "dtype"), ({"dtype": "fp8"}, "dtype"),
+    ({"tf32": "yes"}, "tf32"), ({"tf32x3": 1}, "tf32x3"),
+])
+def test_old_keys_that_name_no_one_precision_are_one_error(tmp_path, bad, field):
     with pytest.raises(ConfigError) as err:
-        Config(tf32x3=True, **changes)
-    assert (err.value.field, err.value.value) == ("tf32x3", True)
-    assert "dtype float32 and tf32 false" in err.value.allowed
-
-
-def test_tf32x3_is_a_bool():
+        Config.from_dict({"name": "old", **bad})
+    assert err.value.field == field and repr(bad[field]) in str(err.value)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"name": "old", **bad}))
     with pytest.raises(ConfigError) as err:
-        Config(tf32x3="yes")
-    assert err.value.field == "tf32x3" and err.value.allowed == "true or false"
+        Config.load(path)
+    assert err.value.field == field and str(path) in str(err.value)
 
 
-def test_gemm_precision():
-    assert Config().gemm_precision == "float32" and Config(dtype="bfloat16").gemm_precision == "bfloat16"
-    assert Config(tf32=True).gemm_precision == "tf32" and Config(tf32x3=True).gemm_precision == "tf32x3"
-    assert Config.from_dict(Config(tf32x3=True).to_dict()).tf32x3 is True
-    assert all(not c.tf32 for c in presets.PRESETS.values())  # the presets stay float32/bf16 as measured
+@pytest.mark.parametrize("field,value", [("dtype", "bfloat16"), ("tf32", True), ("tf32x3", True)])
+def test_old_fields_are_not_fields(field, value):
+    with pytest.raises(ConfigError) as err:
+        Config().replace(**{field: value})
+    assert err.value.field == field and "precision" in err.value.allowed
+    args = argparse.Namespace(config="tiny", gpus=None, set=[f"{field}={value}"])
+    with pytest.raises(ConfigError) as err:
+        config_from_args(args)
+    assert err.value.field == field and "precision" in err.value.allowed
 
 
 def test_capacity_rule():
@@ -101,7 +140,7 @@ def test_replace_unknown_field():
 @pytest.mark.parametrize("suffix", [".toml", ".json"])
 def test_save_load_round_trip(tmp_path, suffix):
     for c in (presets.get("tiny"), presets.get("tiny-nodrop"), presets.get("tiny-deepseek"),
-              presets.get("tiny").replace(tf32=True)):
+              presets.get("tiny").replace(precision="tf32")):
         path = tmp_path / f"c{suffix}"
         c.save(path)
         assert Config.load(path) == c
@@ -145,11 +184,11 @@ def test_presets_hold_the_papers_configs():
 
 
 def test_dict_round_trip_and_set_option():
-    c = presets.get("tiny").replace(tf32=True)
-    assert Config.from_dict(c.to_dict()) == c and c.to_dict()["tf32"] is True
-    assert Config.from_dict({k: v for k, v in c.to_dict().items() if k != "tf32"}).tf32 is False  # older files
-    args = argparse.Namespace(config="tiny", gpus=None, set=["tf32=true"])
-    assert config_from_args(args).tf32 is True and config_from_args(args).name == "tiny+tf32=True"
+    c = presets.get("tiny").replace(precision="tf32")
+    assert Config.from_dict(c.to_dict()) == c and c.to_dict()["precision"] == "tf32"
+    assert Config.from_dict({k: v for k, v in c.to_dict().items() if k != "precision"}).precision == "float32"
+    args = argparse.Namespace(config="tiny", gpus=None, set=["precision=tf32"])
+    assert config_from_args(args).precision == "tf32" and config_from_args(args).name == "tiny+precision=tf32"
 
 
 def test_cli_value_parsing():

@@ -57,6 +57,56 @@ def test_dense_equals_naive_token_loop(cfg):
     assert max_rel_error(golden.dense(cfg, w, r, "float64"), naive_moe(cfg, w)) < 1e-12
 
 
+def flat(cfg, w, r):
+    """Every rank's tokens and routing as one list of P x T tokens: x, expert, weight, kept."""
+    n = cfg.ranks * cfg.tokens
+    return w.x.reshape(n, cfg.hidden), *(a.reshape(n, cfg.top_k) for a in (r.expert, r.weight, r.kept))
+
+
+def streamed(w, order, asked):
+    """The experts of `order` one at a time from the weights w, each noted in `asked` when asked for."""
+    for e in order:
+        asked.append(e)
+        yield e, w.w1[e], w.b1[e], w.w2[e], w.b2[e]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(), st.data())
+def test_streamed_contributions_in_any_expert_order_are_the_dense_formula(cfg, data):
+    """Every token, the experts yielded one at a time in a random order, float64 and bf16 in one pass:
+    each path's ordered sum is dense's output bit for bit."""
+    w, r, _ = forward_all(cfg)
+    order = data.draw(st.permutations(range(cfg.experts + cfg.shared_experts)))
+    got = golden.contributions(cfg, *flat(cfg, w, r), streamed(w, order, []), ("float64", "bfloat16"))
+    for path, contrib in got.items():
+        y = golden.ordered_sum(contrib).reshape(cfg.ranks, cfg.tokens, cfg.hidden)
+        assert np.array_equal(y, golden.dense(cfg, w, r, path)), path
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(), st.data())
+def test_a_sample_of_tokens_needs_only_the_experts_it_chose(cfg, data):
+    """A random sample of tokens, only the routed experts its kept choices picked and the shared ones
+    streamed, each asked for once: their rows of the dense output (float64 within 1e-12: BLAS may sum
+    another batch of rows in another order), and dense's numbers bit for bit on the sample alone."""
+    w, r, _ = forward_all(cfg)
+    x, expert, weight, kept = flat(cfg, w, r)
+    n = x.shape[0]
+    pick = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n))))
+    chosen = sorted(set(expert[pick][kept[pick]].tolist()))
+    needed = chosen + list(range(cfg.experts, cfg.experts + cfg.shared_experts))
+    asked = []
+    got = golden.contributions(cfg, x[pick], expert[pick], weight[pick], kept[pick], streamed(w, needed, asked),
+                               ("float64", "bfloat16"))
+    assert asked == needed
+    truth = golden.dense(cfg, w, r, "float64").reshape(n, cfg.hidden)[pick]
+    assert np.abs(golden.ordered_sum(got["float64"]) - truth).max() <= 1e-12 * max(np.abs(truth).max(), 1.0)
+    alone = dataclasses.replace(w, x=x[pick][None])
+    sample_routing = routing.Routing(expert[pick][None], weight[pick][None], np.where(kept[pick], 0, -1)[None])
+    for path, contrib in got.items():
+        assert np.array_equal(golden.ordered_sum(contrib), golden.dense(cfg, alone, sample_routing, path)[0]), path
+
+
 def skewed(cfg):
     """Inputs where nearly every token prefers expert 0: a large shared component of x along
     a direction that Wg maps onto expert 0."""
@@ -132,7 +182,7 @@ def test_precision_paths_differ_as_their_dtypes_do():
 def test_tf32_path_within_5e3_of_float64_on_fresh_inputs(seed, activation, gate, skew):
     # the GPU checks' shape (H = 128, I = 256, 2 ranks), fresh seeds: the bar gpu.cases sets for TF32
     cfg = Config(tokens=200, hidden=128, ffn=256, experts=8, top_k=2, gate=gate, activation=activation,
-                 skew=skew, ranks=2, tile_m=64, tile_n=32, tile_k=16, tf32=True, seed=seed)
+                 skew=skew, ranks=2, tile_m=64, tile_n=32, tile_k=16, precision="tf32", seed=seed)
     w, r, tp = forward_all(cfg)
     truth = golden.dense(cfg, w, r, "float64")
     tf32 = golden.dense(cfg, w, r, "tf32")
@@ -150,7 +200,7 @@ def test_tf32_path_rounds_exactly_the_gemm_operands():
     # rounded again before GEMM1 (it is GEMM1's operand); biases are not rounded
     from reference.numerics import round_tf32
 
-    cfg = presets.get("tiny").replace(top_k=1, experts=2, ranks=1, tf32=True)
+    cfg = presets.get("tiny").replace(top_k=1, experts=2, ranks=1, precision="tf32")
     w, r, _ = forward_all(cfg)
     y = golden.dense(cfg, w, r, "tf32")
     e = r.expert[0, 0, 0]

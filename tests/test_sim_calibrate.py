@@ -89,7 +89,7 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
     gate = []
     for tokens, experts, top_k in ((8192, 64, 2), (1024, 64, 2), (16384, 64, 2), (8192, 128, 2), (8192, 8, 2),
                                    (8192, 64, 8), (6144, 128, 8), (12288, 128, 4)):
-        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, top_k=top_k, dtype=dtype)
+        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, top_k=top_k, precision=dtype)
         gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": top_k, "grid": blocks,
                      "ns": costs.gate_ns(hw, cfg)})
     tile_k = {"TILE_K": 32, "MOE_BF16": 1} if nb == 2 else {"TILE_K": 8}
@@ -192,7 +192,7 @@ def test_the_scheduler_hands_out_a_burst_one_task_each_assign_ns():
 
 
 def test_a_tiles_tasks_wait_wake_ns_and_the_final_combine_stop_ns():
-    cfg = presets.get("flashmoe").replace(ranks=1, tokens=1024, dtype="bfloat16", tile_n=128)
+    cfg = presets.get("flashmoe").replace(ranks=1, tokens=1024, precision="bfloat16", tile_n=128)
     base = hardware.PRESETS["h200-sxm"].replace(reduce_ns_per_byte=0.1)
     first, gap = {}, {}
     for name, hw in (("base", base), ("slow", base.replace(wake_ns=5000.0, stop_ns=9000.0))):
@@ -223,7 +223,7 @@ def test_fewer_tiles_per_expert_make_longer_tasks():
     hw = hardware.PRESETS["h200-sxm"].replace(weight_load_ns_per_byte=0.05)
     median = {}
     for experts, tiles in ((8, 16), (64, 2), (128, 1)):  # 8192 tokens x top 2, 128-row tiles, 1 GPU
-        cfg = presets.get("flashmoe").replace(ranks=1, experts=experts, dtype="bfloat16", tile_n=128)
+        cfg = presets.get("flashmoe").replace(ranks=1, experts=experts, precision="bfloat16", tile_n=128)
         plan = reference.plan_of(cfg)
         alone = costs.weight_bytes_alone(cfg, plan, hw.processors, "expert")
         gemm = plan.task_kind != COMBINE
@@ -245,7 +245,7 @@ def test_a_measured_overlap_hides_a_short_tiles_multiply_under_its_weight_load()
     assert np.allclose(both, np.hypot(multiply, load))
     assert (both >= np.maximum(multiply, load)).all() and (both < multiply + load).all()
     hw = hardware.PRESETS["h200-sxm"].replace(weight_load_ns_per_byte=0.5, gemm_fixed_ns=5000.0)
-    cfg = presets.get("flashmoe").replace(ranks=1, experts=128, dtype="bfloat16", tile_n=128)
+    cfg = presets.get("flashmoe").replace(ranks=1, experts=128, precision="bfloat16", tile_n=128)
     plan = reference.plan_of(cfg)
     gemm = plan.task_kind != COMBINE
     alone = costs.weight_bytes_alone(cfg, plan, hw.processors, "expert")
@@ -263,7 +263,7 @@ def test_an_experts_tiles_share_its_weight_slices_as_they_are_queued():
     either way."""
     hw = hardware.PRESETS["h200-sxm"]
     for ranks, queue, tiles in ((1, "expert", 2), (1, "tile", 2), (2, "expert", 4), (2, "tile", 2)):
-        cfg = presets.get("flashmoe").replace(ranks=ranks, dtype="bfloat16", tile_n=128)
+        cfg = presets.get("flashmoe").replace(ranks=ranks, precision="bfloat16", tile_n=128)
         plan = reference.plan_of(cfg)
         gemm = plan.task_kind != COMBINE
         assert np.allclose(costs.weight_bytes_alone(cfg, plan, hw.processors, queue)[gemm], 2048 * 128 * 2 / tiles)
@@ -394,7 +394,7 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
                                                warpgroups_per_block=2)
     for g in raw["gate"]:
         cfg = presets.get("flashmoe").replace(tokens=g["tokens"], experts=g["experts"], top_k=g["top_k"],
-                                              dtype="bfloat16")
+                                              precision="bfloat16")
         g["ns"] = costs.gate_ns(two, cfg)
     fit = calibrate.fit(raw, "h200-sxm", "synthetic", dtype="bfloat16")
     assert fit.values["warpgroups_per_block"] == 2
@@ -405,7 +405,7 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
     one_per_sm = two.replace(blocks_per_sm=1)
     assert costs.gate_work(8192, 2048, 64, costs.gate_units(one_per_sm)) == 2048
     assert costs.gate_work(8192, 2048, 64, costs.blocks(one_per_sm)) == 4096
-    cfg = presets.get("flashmoe").replace(dtype="bfloat16")
+    cfg = presets.get("flashmoe").replace(precision="bfloat16")
     assert costs.gate_ns(two, cfg) < costs.gate_ns(two.replace(warpgroups_per_block=1), cfg)
 
 
@@ -429,7 +429,7 @@ def test_a_top_8_gate_reads_its_logits_eight_times_from_global_memory_past_64_ex
     assert costs.gate_select_reads(4096, 8, 128, units) == (0, 8 * 32)  # one item a unit, 32 experts a lane
     assert costs.gate_select_reads(8192, 2, 64, units) == (2 * 16, 0)
     assert costs.gate_select_reads(16384, 2, 64, units) == (2 * 2 * 16, 0)  # 512 items on 264 units
-    cfg = presets.get("flashmoe").replace(tokens=4096, experts=128, dtype="bfloat16")
+    cfg = presets.get("flashmoe").replace(tokens=4096, experts=128, precision="bfloat16")
     assert costs.gate_ns(hw, cfg.replace(top_k=8)) - costs.gate_ns(hw, cfg) == pytest.approx(6 * 32 * 300.0)
 
 

@@ -53,7 +53,7 @@ def test_a_bf16_config_runs_on_the_bf16_figures(tmp_path):
         assert getattr(bf16, name) == pytest.approx(TRUE_BF16[name], rel=1e-6), name
     assert hw.for_dtype("float32") is hw
     assert hw.gemm_fixed_ns == pytest.approx(TRUE["gemm_fixed_ns"])
-    cfg = presets.get("tiny").replace(ranks=1, dtype="bfloat16", tile_k=32)
+    cfg = presets.get("tiny").replace(ranks=1, precision="bfloat16", tile_k=32)
     assert sim.simulate(cfg, hardware=hw).trace.meta["hardware_figures"] == bf16.to_dict()
     hw.require_tile("bfloat16", (128, 64, 32))
     hw.require_tile("float32", (128, 64, 8))
@@ -130,7 +130,7 @@ def test_the_bf16_combine_task_only_marks_the_arrival():
     hw = hardware.PRESETS["h200-sxm"].replace(copy_ns_per_byte=0.05, reduce_ns_per_byte=0.1)
     kind, flops, nbytes = np.array([COMBINE, GEMM0]), np.array([1e6, 1e9]), np.array([1e6, 1e6])
     for dtype, weighted in (("float32", True), ("bfloat16", False)):
-        cfg = presets.get("tiny").replace(dtype=dtype)
+        cfg = presets.get("tiny").replace(precision=dtype)
         combine, gemm = costs.task_ns(hw, cfg, kind, flops, nbytes)
         assert (combine > hw.task_overhead_ns) == weighted, dtype
         assert gemm > hw.task_overhead_ns

@@ -142,7 +142,7 @@ def test_the_per_tile_combine_is_fitted_in_the_layers_and_priced_for_float32_onl
     one = np.array([COMBINE]), np.array([1.0]), np.array([128 * 2048 * 8.0])  # a combine task of a 128-row tile
     ns = [costs.task_ns(hw, cfg, one[0], one[1], one[2])[0] for cfg in (small, large)]
     assert ns[0] < ns[1] == pytest.approx(hw.task_overhead_ns + tile_combine(hw, 16384)["tile_combine_ns"]["median"])
-    bf16 = large.replace(dtype="bfloat16")
+    bf16 = large.replace(precision="bfloat16")
     assert costs.task_ns(hw, bf16, one[0], one[1], np.array([128 * 2048 * 6.0]))[0] == hw.task_overhead_ns
 
 

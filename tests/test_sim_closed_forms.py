@@ -59,7 +59,7 @@ def test_one_gpu_one_expert_compute_only():
 def test_tf32_gemm_tasks_run_at_the_tf32_matrix_rate():
     # the compute-only layer above with tf32: each GEMM task's FLOPs at the datasheet's dense TF32 rate
     cfg = Config(tokens=128, hidden=64, ffn=64 * 600, experts=1, top_k=1, capacity_factor=None,
-                 bias=False, ranks=1, tile_m=128, tile_n=64, tile_k=8, tf32=True)
+                 bias=False, ranks=1, tile_m=128, tile_n=64, tile_k=8, precision="tf32")
     plan = reference.plan_of(cfg)
     r = sim.simulate(cfg, plan=plan)
     blocks = HW.sms * HW.blocks_per_sm
@@ -69,13 +69,13 @@ def test_tf32_gemm_tasks_run_at_the_tf32_matrix_rate():
     gemm0 = r.trace.where("processor", "gemm0")
     assert np.allclose(gemm0["end"] - gemm0["start"], want, rtol=REL)
     assert HW.tflops_tf32 == 494.7 and "TF32" in HW.source("tflops_tf32")
-    assert r.metrics["latency_ns"] < sim.simulate(cfg.replace(tf32=False), plan=plan).metrics["latency_ns"]
+    assert r.metrics["latency_ns"] < sim.simulate(cfg.replace(precision="float32"), plan=plan).metrics["latency_ns"]
 
 
 def test_tf32x3_gemm_tasks_run_at_a_third_of_the_tf32_matrix_rate():
     # split TF32: three TF32 products for each float32 one
     cfg = Config(tokens=128, hidden=64, ffn=64 * 600, experts=1, top_k=1, capacity_factor=None,
-                 bias=False, ranks=1, tile_m=128, tile_n=64, tile_k=8, tf32x3=True)
+                 bias=False, ranks=1, tile_m=128, tile_n=64, tile_k=8, precision="tf32x3")
     plan = reference.plan_of(cfg)
     gemm0 = sim.simulate(cfg, plan=plan).trace.where("processor", "gemm0")
     blocks = HW.sms * HW.blocks_per_sm

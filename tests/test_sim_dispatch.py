@@ -111,3 +111,17 @@ def test_unknown_dispatch_path(capsys):
     assert "invalid choice: 'copy'" in capsys.readouterr().err
     assert main(["sim", "--staged-blocks", "0"]) == 2
     assert "'0' is not allowed: a whole number of at least 1" in capsys.readouterr().err
+
+
+def test_the_kernels_dispatch_is_flat_from_top_8_and_the_simulator_follows_it():
+    rng = np.random.default_rng()
+    k = int(rng.integers(1, 9))
+    cfg = presets.get("tiny-deepseek").replace(top_k=k, experts=16)
+    want = "store" if k >= costs.FLAT_DISPATCH_TOP_K else "staged"
+    assert costs.dispatch_path(cfg) == want
+    assert sim.simulate(cfg).trace.meta["dispatch"] == want  # unless told another
+    other = "staged" if want == "store" else "store"
+    assert sim.simulate(cfg, dispatch=other).trace.meta["dispatch"] == other
+    assert [costs.dispatch_path(presets.ZOO[m]) for m in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")] == [
+        "store", "store", "staged"]
+    assert costs.dispatch_path(sim.with_nodes(presets.ZOO["qwen3-30b-a3b"], 2)) == "staged"  # measured on one node

@@ -20,7 +20,7 @@ TILES = {"bfloat16": (128, 256, 64), "float32": (128, 64, 16)}  # the tiles the 
 def small_layer(dtype: str, merge: bool):
     """FlashMoE's layer at 1K tokens on two GPUs: C = 32 slots per (source, expert), a quarter tile."""
     m, n, k = TILES[dtype]
-    return presets.get("flashmoe").replace(ranks=2, tokens=1024, dtype=dtype, tile_m=m, tile_n=n, tile_k=k,
+    return presets.get("flashmoe").replace(ranks=2, tokens=1024, precision=dtype, tile_m=m, tile_n=n, tile_k=k,
                                           merge_sources=merge)
 
 

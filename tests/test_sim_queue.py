@@ -21,7 +21,7 @@ HW = hardware.get(str(compare.MEASUREMENTS / "calibrated-h100.json")).replace(sm
 def layer(queue: str, seed: int, merge: bool):
     """Two GPUs, C = 96 slots per (source, expert): two tiles per expert, merged (the second source's
     first 32 slots share the first source's tile) or not (a tile per source)."""
-    cfg = presets.get("flashmoe").replace(ranks=2, tokens=3072, dtype="bfloat16", tile_n=256, tile_k=64, seed=seed,
+    cfg = presets.get("flashmoe").replace(ranks=2, tokens=3072, precision="bfloat16", tile_n=256, tile_k=64, seed=seed,
                                           merge_sources=merge)
     return sim.simulate(cfg, hardware=HW, queue=queue).trace
 
@@ -104,12 +104,12 @@ def test_only_expert_both_queues_an_experts_gemm1_tasks_together(merge):
 def test_the_default_is_the_kernel_builds_and_a_bad_policy_is_named():
     cfg = presets.get("tiny")
     assert sim.simulate(cfg).trace.meta["queue"] == "tile"
-    assert sim.simulate(cfg.replace(dtype="bfloat16")).trace.meta["queue"] == "expert-both"
+    assert sim.simulate(cfg.replace(precision="bfloat16")).trace.meta["queue"] == "expert-both"
     with pytest.raises(sim.SimError, match="queue"):
         sim.simulate(cfg, queue="fifo")
 
 
 def test_cli_picks_the_queue(capsys):
-    assert main(["sim", "--config", "tiny", "--set", "dtype=bfloat16", "--queue", "tile", "--json", "--quiet"]) == 0
+    assert main(["sim", "--config", "tiny", "--set", "precision=bfloat16", "--queue", "tile", "--json", "--quiet"]) == 0
     assert '"queue": "tile"' in capsys.readouterr().out
     assert main(["sim", "--config", "tiny", "--queue", "fifo"]) == 2

@@ -28,7 +28,7 @@ def test_gated_bf16_shared_expert_one_gpu():
     # and 10 shared ones: 5760 FLOPs; weights of 3 used routed experts and the shared one in bf16:
     # 4 x 96 x 2 = 768 bytes; nothing moves between GPUs, so no NVLink rate is needed
     cfg = Config(tokens=10, hidden=4, ffn=8, experts=4, top_k=2, shared_experts=1, activation="swiglu",
-                 dtype="bfloat16", capacity_factor=None, tile_k=4)
+                 precision="bfloat16", capacity_factor=None, tile_k=4)
     r = layer_roofline(cfg, [[5, 0, 10, 5]], ceiling_tflops=1e-9, memory_gbps=1e-7, nvlink_gbps=None)
     assert r["gemm_ms"] == pytest.approx(5760.0)
     assert r["weights_ms"] == pytest.approx(7680.0)

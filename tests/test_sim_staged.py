@@ -21,7 +21,7 @@ CALIBRATED = Path(__file__).resolve().parents[1] / "measurements" / "calibrated-
 
 
 def test_peers_chunks_go_out_by_local_expert_on_the_staged_processors():
-    cfg = presets.get("flashmoe").replace(ranks=4, tokens=1024, dtype="bfloat16", tile_n=256, tile_k=64,
+    cfg = presets.get("flashmoe").replace(ranks=4, tokens=1024, precision="bfloat16", tile_n=256, tile_k=64,
                                           seed=int(np.random.randint(1e6)))
     plan = reference.plan_of(cfg)
     hw = sim.hardware.get("h200-sxm")

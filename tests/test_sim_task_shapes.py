@@ -47,7 +47,7 @@ def test_gated_gemm0_reads_and_multiplies_twice_its_columns(queue):
 
 
 def test_a_ragged_last_block_costs_its_own_columns():
-    cfg = presets.get("small").replace(dtype="bfloat16", tile_n=384, tile_k=64, activation="swiglu", seed=1)
+    cfg = presets.get("small").replace(precision="bfloat16", tile_n=384, tile_k=64, activation="swiglu", seed=1)
     plan = reference.plan_of(cfg)  # I = 1024 in gated blocks of 192: 5 x 192 + 64; H = 512: 384 + 128
     t0 = plan.task_tile == 0
     for kind, widths in ((tile_plan.GEMM0, [192] * 5 + [64]), (tile_plan.GEMM1, [384, 128])):

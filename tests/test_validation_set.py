@@ -26,7 +26,7 @@ DEVICE_BUDGET_S = 180.0  # the whole set on 1, 2 and 4 GPUs of one 4-GPU call
 def shape(cfg: Config) -> tuple:
     """What makes two layers the same layer: every field but the name, the tile and the precision."""
     d = cfg.to_dict()
-    for f in ("name", "tile_m", "tile_n", "tile_k", "dtype", "tf32", "tf32x3", "seed"):
+    for f in ("name", "tile_m", "tile_n", "tile_k", "precision", "seed"):
         d.pop(f)
     return tuple(sorted(d.items(), key=lambda kv: kv[0]))
 
@@ -78,7 +78,7 @@ def test_no_validation_layer_is_a_committed_runs_layer():
 def test_the_device_part_runs_every_layer_the_kernel_supports_at_the_bench_tile():
     for p in validation_set.GPU_COUNTS:
         run, refused = cases.validation_cases(p, "h100x4-")
-        # NVSHMEM's heap is sized for a GPU count's largest layer (four slot buffers and signals)
+        # NVSHMEM's heap is sized for a GPU count's largest layer (its slot buffers and signals)
         assert spawn.symmetric_heap_bytes(run) < 10 * validation_set.SLOT_BYTES_MAX
         assert len(run) + len(refused) == validation_set.PER_GPU_COUNT
         assert all(why for _, why in refused)

@@ -65,7 +65,7 @@ st.caption("A GEMM task reads its expert's weight slice however few rows the til
            "expert a bf16 weight byte carries R FLOPs (float32: R / 2), so the GEMM phase can at best run at R "
            "times the memory's rate. Left of where a curve crosses the bar, the bar cannot hold.")
 curves = bench_data.roofline_curves(meta, results, gbps, list(np.geomspace(8, 8192, 120)))
-points = [{**r, "series": f"{r['dtype']}, {r['GPUs']} GPU(s)"} for r in rows]
+points = [{**r, "series": f"{r['precision']}, {r['GPUs']} GPU(s)"} for r in rows]
 fig = charts.roofline(points, "rows an expert", "GEMM phase % ceil", "series", curves, BAR,
                       f"{path.stem}: GEMM phase over kept rows an expert", "kept rows an expert",
                       "% of the dtype's matmul ceiling")

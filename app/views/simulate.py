@@ -9,7 +9,7 @@ from reference import Config
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
-def simulate(cfg_dict: dict, hardware: str, transport: str, baseline: bool, queue: str | None, dispatch: str,
+def simulate(cfg_dict: dict, hardware: str, transport: str, baseline: bool, queue: str | None, dispatch: str | None,
              staged_blocks: int):
     return sim.simulate(Config.from_dict(cfg_dict), hardware=hardware, transport=transport,
                         baseline=baseline, queue=queue, dispatch=dispatch, staged_blocks=staged_blocks)

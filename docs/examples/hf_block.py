@@ -117,7 +117,7 @@ def check(family: str, tokens: int, ranks: int, rank: int, gpu: bool, seed: int)
     # the fields as a model's config.json on the Hub spells them (Transformers' to_dict may rename some)
     hub_config = {"model_type": family, **FAMILIES[family][1]}
     cfg = Config(name=f"hf-{family}", **hf.layer_fields(f"<{family} block>", hub_config), tokens=tokens,
-                 ranks=ranks, capacity_factor=None, dtype="float32", **KERNEL_TILE)
+                 ranks=ranks, capacity_factor=None, precision="float32", **KERNEL_TILE)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(ranks * tokens, cfg.hidden, generator=gen)
     with torch.no_grad():

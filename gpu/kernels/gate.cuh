@@ -18,7 +18,7 @@ constexpr int GATE_TOKENS = MOELAB_GATE_TOKENS;    // tokens per gate work item 
 constexpr int GATE_EXPERTS = MOELAB_GATE_EXPERTS;  // experts per pass over H
 constexpr int GATE_DEPTH = MOELAB_GATE_DEPTH;      // slice of H per pipeline stage (gate_scores says why 64)
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
-constexpr int GATE_SMEM_LOGITS = 64;  // experts whose logits the selection reads from shared memory
+constexpr int GATE_SMEM_LOGITS = MOELAB_GATE_SMEM_LOGITS;  // experts whose logits selection reads from smem
 constexpr int GATE_MAX_SPLITS = MOELAB_GATE_MAX_SPLITS;  // blocks that may share one item's H (few tokens)
 constexpr int GATE_MAX_GROUPS = 32;   // n_group of group-limited top-k, at most (a bit each in a mask)
 // Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
@@ -175,8 +175,9 @@ __device__ void gate_scores(const Params& p, int t0, int h_lo, int h_hi, unsigne
 
 __device__ __forceinline__ double sigmoid64(double z) { return 1.0 / (1.0 + exp(-z)); }
 
-constexpr int SELECT_LANES = UNIT_THREADS / GATE_TOKENS;  // lanes that share one token's selection
-static_assert(SELECT_LANES == 4, "the selection's shuffles pair lanes 1 and 2 apart");
+constexpr int SELECT_LANES = MOELAB_SELECT_LANES;  // lanes that share one token's selection
+static_assert(SELECT_LANES * GATE_TOKENS == UNIT_THREADS, "a gate unit's threads: SELECT_LANES per token");
+static_assert((SELECT_LANES & (SELECT_LANES - 1)) == 0, "the selection's shuffles halve the lanes");
 
 // The better of two candidates: the higher score, a tie to the lower expert index (-1: none).
 __device__ __forceinline__ void keep_better(int& best, double& score, int other, double other_score) {
@@ -380,13 +381,41 @@ __device__ int gate_phase(const Params& p, unsigned char* block_smem) {
   return 2;
 }
 
+// out[i] = in[0] + ... + in[i - 1] for i < n, by one unit (out may be in): 128 at a time, a warp
+// scan each, the unit's carry between them. Returns the total.
+__device__ int unit_exclusive_scan(const int* in, int* out, int n, int* warp_sums, int& carry) {
+  const int tid = unit_tid(), lane = tid % 32, warp = tid / 32;
+  if (tid == 0) carry = 0;
+  unit_sync();
+  for (int i0 = 0; i0 < n; i0 += UNIT_THREADS) {
+    const int i = i0 + tid, v = i < n ? __ldcg(in + i) : 0;
+    int incl = v;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += up;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    unit_sync();
+    int before = carry;
+    for (int w = 0; w < warp; ++w) before += warp_sums[w];
+    if (i < n) out[i] = before + incl - v;
+    unit_sync();  // every thread has read carry and warp_sums
+    if (tid == 0) carry += warp_sums[0] + warp_sums[1] + warp_sums[2] + warp_sums[3];
+    unit_sync();
+  }
+  return carry;
+}
+
 // Capacity: slots per expert in priority order (choice j first, then token index), from the
 // items' row counts (gate_choose), in two steps between grid barriers:
 // 1. per expert e (one block each): the exclusive scan of its counts over (j, item), in place,
 //    so p.slot_base[(e K + j) items + item] becomes the slots of e taken before that item's
 //    tokens of choice j; p.counts[e] = the total, at most C;
 // 2. per item (the block of its gate item): each token's slot = that base + the item's earlier
-//    tokens with the same choice j of the same expert; dropped (-1) at >= C.
+//    tokens with the same choice j of the same expert; dropped (-1) at >= C. The last unit first
+//    scans the counts into p.count_base (the experts' rows in staging and combox, read after the
+//    grid barrier that follows).
 // (One block scanning every (token, choice) per expert took ~50 us at 8K tokens, ~100 at 16K.)
 // Returns the grid barriers passed in all, -1 if one was given up.
 __device__ int capacity_phase(const Params& p, unsigned char* smem, int barriers) {
@@ -394,33 +423,16 @@ __device__ int capacity_phase(const Params& p, unsigned char* smem, int barriers
   __shared__ int unit_carry[BLOCK_WARPGROUPS];
   int* warp_sums = unit_warp_sums[threadIdx.x / UNIT_THREADS];
   int& carry = unit_carry[threadIdx.x / UNIT_THREADS];
-  const int tid = unit_tid(), lane = tid % 32, warp = tid / 32;
+  const int tid = unit_tid();
   const int E = (int)p.E, K = (int)p.K, items = ceil_div((int)p.T, GATE_TOKENS), n = K * items;
   if (!grid_barrier(p, barriers++)) return -1;
   for (int e = unit_index(); e < E; e += unit_count()) {
     int* base = p.slot_base + (long long)e * n;
-    if (tid == 0) carry = 0;
-    unit_sync();
-    for (int i0 = 0; i0 < n; i0 += UNIT_THREADS) {
-      const int i = i0 + tid, v = i < n ? __ldcg(base + i) : 0;
-      int incl = v;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int up = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += up;
-      }
-      if (lane == 31) warp_sums[warp] = incl;
-      unit_sync();
-      int before = carry;
-      for (int w = 0; w < warp; ++w) before += warp_sums[w];
-      if (i < n) base[i] = before + incl - v;
-      unit_sync();  // every thread has read carry and warp_sums
-      if (tid == 0) carry += warp_sums[0] + warp_sums[1] + warp_sums[2] + warp_sums[3];
-      unit_sync();
-    }
-    if (tid == 0) p.counts[e] = carry < p.C ? carry : (int)p.C;
+    const int total = unit_exclusive_scan(base, base, n, warp_sums, carry);
+    if (tid == 0) p.counts[e] = total < p.C ? total : (int)p.C;
   }
   if (!grid_barrier(p, barriers++)) return -1;
+  if (unit_index() == unit_count() - 1) unit_exclusive_scan(p.counts, p.count_base, E, warp_sums, carry);
   int* choices = reinterpret_cast<int*>(gate_unit_smem(smem));
   for (int item = unit_index(); item < items; item += unit_count()) {
     const long long t0 = (long long)item * GATE_TOKENS;

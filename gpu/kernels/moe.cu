@@ -56,9 +56,12 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   if (threadIdx.x == 0) log_event(p, telemetry, log, EV_GATE, t_start, now_ns(), -1, -1, 0, -1, 0);
 
   if (is_os) {
-    // announce this rank's row count per expert to the expert's owner
+    // announce this rank's row count per expert to the expert's owner, and where the rows go home
+    // in this rank's combox (each carries the epoch: the owner waits for both, in either order)
     for (int e = threadIdx.x; e < p.E; e += blockDim.x) {
       const int owner = (int)(e / p.L), le = (int)(e % p.L);
+      nvshmemx_signal_op(p.sig_base + p.rank * p.L + le, (epoch << 32) | (uint64_t)__ldcg(p.count_base + e),
+                         NVSHMEM_SIGNAL_SET, owner);
       nvshmemx_signal_op(p.sig_count + p.rank * p.L + le, (epoch << 32) | (uint64_t)__ldcg(p.counts + e),
                          NVSHMEM_SIGNAL_SET, owner);
     }

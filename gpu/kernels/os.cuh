@@ -125,6 +125,11 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     int rows = (int)(v & 0xffffffffu);
     if ((v >> 32) >= epoch && rows > p.C) record_error(p, BAD_COUNT, idx / p.L, idx % p.L, 0, rows, p.C, 0);
     p.in_count[idx] = rows;
+    Waiter wb;
+    while (((v = ld_acquire_sys(p.sig_base + idx)) >> 32) < epoch) {
+      if (wb.expired(p, WAIT_COUNT, idx / p.L, idx % p.L, 1, (long long)(v >> 32), (long long)epoch)) break;
+    }
+    p.in_base[idx] = (int)(v & 0xffffffffu);
   }
   lanes_sync();
   // 2. the tiles and their chunks, and the number of tasks this layer call will make: the tiles'

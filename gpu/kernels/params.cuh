@@ -68,17 +68,20 @@ struct Params {
   int* row_token;              // [E][C] token of each slot
   int* row_choice;             // [E][C] choice index of each slot
   float* row_weight;           // [E][C] combine weight of each slot
+  int* count_base;             // [E]    this rank's rows of the experts before e: expert e's slot s is row
+                               //        count_base[e] + s of staging and combox (at most T k rows in all)
   // symmetric (NVSHMEM) buffers
   elem_t* inbox;               // [L][P][C][H] dispatched rows arriving from each source rank (tiles.cuh)
-  elem_t* staging;             // [E][C][H]    this rank's rows packed per expert, put from here
+  elem_t* staging;             // [R][H]       this rank's rows packed per expert (count_base), put from here
                                //              (where the owner's inbox is not load/store reachable)
   elem_t* outbuf;              // [L][P][C][H] GEMM1 output per source, put back from here
                                //              (where the source's combox is not load/store reachable)
-  elem_t* combox;              // [E][C][H]    returned rows of this rank's tokens
+  elem_t* combox;              // [R][H]       returned rows of this rank's tokens (count_base)
   uint64_t* sig_count;         // [P][L]       (epoch << 32) | rows, from each source
   uint64_t* sig_tile;          // [L][W]       chunks of a tile window landed so far (tiles.cuh)
   uint64_t* sig_comb;          // [E][CH]      GEMM1 column blocks of a returned chunk landed so far
   uint64_t* sig_start;         // [P]          epoch when each rank's kernel has started
+  uint64_t* sig_base;          // [P][L]       (epoch << 32) | the source's count_base of each local expert
   // local working state, zeroed before every launch
   elem_t* hidden;              // [L][P][C][I] GEMM0 output, then [S][T][I] the shared experts'
   double* gate_partial;        // [gate_splits][T][E] the gate's partial logits over a range of H
@@ -89,6 +92,7 @@ struct Params {
   int* tile_done1;             // [L][W] GEMM1 tasks finished per tile
   int* dispatch_done;          // [E][CH] blocks done storing their share of a dispatched chunk
   int* in_count;               // [P][L] rows arriving from each source, from sig_count
+  int* in_base;                // [P][L] where they go home in the source's combox, from sig_base
   int* window_rows;            // [L][W] rows a tile computes (to its last row; 0: no tile), by the subscriber
   int* window_chunks;          // [L][W] chunks a tile waits for, by the subscriber
   int* seen;                   // [L*W + E*CH] 1 once the subscriber has seen a tile or a returned chunk land

@@ -170,8 +170,8 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
   elem_t* const there = p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(inbox, owner)) : nullptr;
   if (!there && part > 0) return;
   const int share = there ? ceil_div(rows, parts) : rows, r0 = min(rows, part * share), r1 = min(rows, r0 + share);
-  const long long from = (long long)e * p.C + c.a;  // the chunk's first slot in row_token and staging
-  elem_t* dst = (there ? there : p.staging + from * H) + r0 * H;
+  const long long from = (long long)e * p.C + c.a;  // the chunk's first slot in row_token
+  elem_t* dst = (there ? there : p.staging + (__ldcg(p.count_base + e) + c.a) * H) + r0 * H;
   // scaled before the expert (Llama 4), each row leaves as its token times its routing weight
   copy_rows(p, dst, r1 - r0, [&](int r) {
     return reinterpret_cast<const float4*>(p.x + (long long)__ldcg(p.row_token + from + r0 + r) * H);
@@ -236,7 +236,9 @@ __device__ void dispatch_chunks(const Params& p, int tel, int n) {
 
 // Where a GEMM task's output row r goes: GEMM0's into `hidden`, consecutive rows ld apart; GEMM1's
 // into the combox of each row's source (SourceRows), through a table of the window's sources' row
-// bases that the processor fills before the task (the bf16 task may call nothing to work it out)
+// bases that the processor fills before the task (the bf16 task may call nothing to work it out).
+// A source's combox holds only its rows (count_base), so a window's rows past a source's count (a
+// merged window's gap before the next source's rows) go to the owner's own outbuf rows instead.
 struct ConsecutiveRows {
   elem_t* base;
   long long ld;
@@ -245,10 +247,12 @@ struct ConsecutiveRows {
 constexpr int MAX_TILE_SOURCES = 8;  // sources one window may span (gpu/layout.py checks the config)
 struct SourceRows {
   elem_t* const* base;  // [MAX_TILE_SOURCES] slot 0 of source first + i's rows
+  elem_t* const* spare;  // [MAX_TILE_SOURCES] slot 0 of its rows in outbuf, for the slots past its rows
+  const int* n;  // [MAX_TILE_SOURCES] its rows
   int pos0, stride, first, H;  // ints: tiles.cuh says why
   __device__ __forceinline__ elem_t* operator()(int r) const {
-    const int pos = pos0 + r;
-    return base[pos / stride - first] + (long long)(pos % stride) * H;
+    const int pos = pos0 + r, i = pos / stride - first, q = pos % stride;
+    return (q < n[i] ? base[i] : spare[i]) + (long long)q * H;
   }
 };
 
@@ -436,6 +440,8 @@ __device__ void processor(const Params& p, int tel, void* smem) {
   // reachable (this GPU or an NVLink peer), so no block spends a task putting the rows afterwards;
   // else outbuf's, put home by the tile's last task
   __shared__ elem_t* dst_base[MAX_TILE_SOURCES];
+  __shared__ elem_t* dst_spare[MAX_TILE_SOURCES];
+  __shared__ int dst_rows[MAX_TILE_SOURCES];
   __shared__ bool dst_direct[MAX_TILE_SOURCES];
   const int me = blockIdx.x, tid = threadIdx.x;
   const int n0 = (int)((gemm0_cols(p) + BN - 1) / BN), n1 = (int)((p.H + BN - 1) / BN);
@@ -479,13 +485,17 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     }
     if (MOE_SHARED && tid == 0 && task.x == TASK_GEMM1 && task.y >= p.L) {
       dst_base[0] = p.shared_out + (task.y - p.L) * p.T * p.H;  // a shared expert's rows stay here
+      dst_rows[0] = (int)p.T;
     } else if (tid == 0 && task.x == TASK_GEMM1) {
       const int le = task.y, s_first = window_first_source<BM>(p, task.z);
       for (int s = s_first; s <= window_last_source<BM>(p, task.z); ++s) {
-        elem_t* home = p.combox + (p.rank * p.L + le) * p.C * p.H;
+        elem_t* home = p.combox + __ldcg(p.in_base + s * p.L + le) * p.H;
         elem_t* there = p.direct_stores ? static_cast<elem_t*>(nvshmem_ptr(home, s)) : nullptr;
+        elem_t* own = p.outbuf + ((long long)le * p.P + s) * p.C * p.H;
         dst_direct[s - s_first] = there != nullptr;
-        dst_base[s - s_first] = there ? there : p.outbuf + ((long long)le * p.P + s) * p.C * p.H;
+        dst_base[s - s_first] = there ? there : own;
+        dst_spare[s - s_first] = own;
+        dst_rows[s - s_first] = __ldcg(p.in_count + s * p.L + le);
       }
     }
     __syncthreads();
@@ -499,7 +509,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
 #if !MOE_BF16
       // weight the returned rows of the chunk in place: combox row = weight * row
       const long long s0 = (long long)e * p.C + c.a;
-      elem_t* rows_at = p.combox + s0 * p.H;
+      elem_t* rows_at = p.combox + (__ldcg(p.count_base + e) + c.a) * p.H;
       copy_rows(
           p, rows_at, c.b - c.a, [&](int r) { return reinterpret_cast<const float4*>(rows_at + (long long)r * p.H); },
           MOE_SCALE_BEFORE ? nullptr : p.row_weight + s0);  // scaled before the expert: weight 1 here
@@ -524,8 +534,10 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     // (built before it, the float32 layer was 4% slower, one H200); the bf16 task, which must call
     // nothing, is handed them
     auto out1 = [&] {
-      if (MOE_SHARED && shared) return SourceRows{dst_base, tile * BM, 1 << 30, 0, (int)p.H};  // one source: all rows
-      return SourceRows{dst_base, tile * BM, (int)p.stride, window_first_source<BM>(p, tile), (int)p.H};
+      if (MOE_SHARED && shared)  // one source: all rows
+        return SourceRows{dst_base, dst_base, dst_rows, tile * BM, 1 << 30, 0, (int)p.H};
+      return SourceRows{dst_base, dst_spare, dst_rows, tile * BM, (int)p.stride, window_first_source<BM>(p, tile),
+                        (int)p.H};
     };
 #if MOE_WGMMA
     const SourceRows to = out1();
@@ -587,7 +599,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
           // the chunk's output is complete: send it home, into the (expert, slot) rows of its source
           __threadfence();
           const long long from = ((long long)le * p.P + s) * p.C + c.a;
-          nvshmemx_putmem_signal_nbi_block(p.combox + ((p.rank * p.L + le) * p.C + c.a) * p.H,
+          nvshmemx_putmem_signal_nbi_block(p.combox + (__ldcg(p.in_base + s * p.L + le) + c.a) * p.H,
                                            p.outbuf + from * p.H, (size_t)(c.b - c.a) * p.H * sizeof(elem_t),
                                            p.sig_comb + count, n1, NVSHMEM_SIGNAL_ADD, s);
         }
@@ -622,8 +634,9 @@ __device__ void combine_tokens(const Params& p, int tel) {
     if (lane < p.K) {
       int s = __ldcg(p.slot + t * p.K + lane);
       if (s >= 0) {
-        const long long r = (long long)__ldcg(p.expert + t * p.K + lane) * p.C + s;
-        mine = reinterpret_cast<const uint4*>(p.combox + r * p.H);
+        const int e = __ldcg(p.expert + t * p.K + lane);
+        const long long r = (long long)e * p.C + s;
+        mine = reinterpret_cast<const uint4*>(p.combox + (__ldcg(p.count_base + e) + s) * p.H);
         w_mine = MOE_SCALE_BEFORE ? 1.f : __ldcg(p.row_weight + r);
       }
     } else if (MOE_SHARED && lane < p.K + p.S) {
@@ -679,8 +692,10 @@ __device__ void combine_tokens(const Params& p, int tel) {
     const float4* mine = nullptr;
     if (lane < p.K) {
       int s = __ldcg(p.slot + t * p.K + lane);
-      if (s >= 0)
-        mine = reinterpret_cast<const float4*>(p.combox + ((long long)__ldcg(p.expert + t * p.K + lane) * p.C + s) * p.H);
+      if (s >= 0) {
+        const int e = __ldcg(p.expert + t * p.K + lane);
+        mine = reinterpret_cast<const float4*>(p.combox + (__ldcg(p.count_base + e) + s) * p.H);
+      }
     } else if (MOE_SHARED && lane < p.K + p.S) {
       mine = reinterpret_cast<const float4*>(p.shared_out + ((lane - p.K) * p.T + t) * p.H);
     }
