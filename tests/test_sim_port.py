@@ -99,7 +99,7 @@ def test_the_skewed_layers_hot_gpu_receives_no_faster_than_its_port():
     """Routing skewed towards GPU 0's experts (7 times the bytes into it that go into any other): the
     other GPUs' shares into it end no sooner than its way in can pass their bytes after the gate,
     though each GPU's way out and blocks alone would pass them sooner."""
-    cfg = presets.get("flashmoe").replace(ranks=4, tokens=2048, dtype="bfloat16", skew=1.0, tile_n=256, tile_k=64)
+    cfg = presets.get("flashmoe").replace(ranks=4, tokens=2048, precision="bfloat16", skew=1.0, tile_n=256, tile_k=64)
     plan = reference.plan_of(cfg)
     peer = (plan.transfer_link == NVLINK) & (plan.transfer_kind == DISPATCH)
     into = np.bincount(plan.transfer_dst[peer], plan.transfer_bytes[peer], minlength=4)
@@ -126,7 +126,7 @@ def test_one_pass_where_stores_meet_at_a_port(monkeypatch):
             made.append(self)
 
     monkeypatch.setattr(engine, "_CountingEnvironment", Counted)
-    cfg = presets.get("flashmoe").replace(ranks=4, tokens=1024, dtype="bfloat16", tile_n=256, tile_k=64)
+    cfg = presets.get("flashmoe").replace(ranks=4, tokens=1024, precision="bfloat16", tile_n=256, tile_k=64)
     said: list[str] = []
     r = sim.simulate(cfg, hardware=H200, progress=said.append)
     assert len(made) == 1 and r.events == made[0].events
