@@ -103,6 +103,7 @@ class Scheduler:
         self.pump()
 
     def pump(self) -> None:
+        """Hand out queued tasks in order while the earliest known free block is sure to be first."""
         queue, free, held, holding = self.queue, self.free, self.held, self.holding
         while queue:
             while held and holding.get(held[0][2]) != held[0][1]:
