@@ -27,14 +27,14 @@ GATE_FLOPS_PER_S = 1.5e10  # the float64 gate projection (a skinny GEMM: E colum
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
 ROUTE_NS_PER_SCORE = 35.0  # softmax, top-k (a partition) and slot assignment, per (token, expert) score
 ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
-# SimPy events of a fused run, per chunk moved: 8-10 on one node, 20-29 across nodes (proxies,
-# fences), measured on tiny at 2, 16 and 64 GPUs, flashmoe, and the node sweep at 4 and 16 nodes
-SIM_EVENTS_PER_CHUNK = 10.0
+# SimPy events of a fused run, per chunk moved: 9-18 on one node (the GEMM1 tasks' stores through
+# the NVLink port), 20-28 across nodes (proxies, fences), measured on tiny at 2, 16 and 64 GPUs,
+# flashmoe on 2 and 4 GPUs, and the node sweep at 4 and 16 nodes
+SIM_EVENTS_PER_CHUNK = 15.0
 SIM_EVENTS_PER_NETWORK_CHUNK = 30.0
 # CPU per event and pass on the busy 2-core VM: 13 us at 8 nodes, 17 at 64 (perseus-comm, ibrc); its wall
 # is twice that and more when other processes share the cores
 SIM_US_PER_EVENT = 20.0
-SIM_PASSES = 1.25  # a second pass where stores meet at a port, in some runs
 # SimPy's live events and processes, trace rows packed into columns: a bound, about twice the peak measured
 # on perseus-comm (394 MB at 8 nodes, 3.3 GB at 64 against 0.77 and 6.6 GB estimated)
 SIM_BYTES_PER_EVENT = 350
@@ -112,7 +112,7 @@ def simulation(cfg: Config) -> Estimate:
     route, (tasks, chunks) = estimate(cfg, "route"), _work(cfg)
     events = chunks * (SIM_EVENTS_PER_NETWORK_CHUNK if cfg.nodes > 1 else SIM_EVENTS_PER_CHUNK)
     return Estimate("sim", route.bytes + tasks * SIM_BYTES_PER_TASK + events * SIM_BYTES_PER_EVENT,
-                    route.seconds + SIM_PASSES * events * SIM_US_PER_EVENT * 1e-6)
+                    route.seconds + events * SIM_US_PER_EVENT * 1e-6)
 
 
 def available_bytes() -> float | None:

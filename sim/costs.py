@@ -27,10 +27,12 @@ choices a token or FLAT_DISPATCH_RANKS GPUs on one node), or shared by up to 4 p
 dispatch slots are fewer than they (the "store" path, and the staged one on one GPU), or, across
 nodes and on the kernel's "put" path, packed by one block and put by its threads, slowed the same
 way by the bytes in flight; a GEMM1 task stores its output of each chunk straight into the chunk's
-source GPU's memory (over NVLink at the block's put rate; across nodes the tile's last task puts it
-through the NIC); after its last task every processor sums its share of tokens in choice order. The
-float32 kernel weights a chunk's returned rows in its combine task (a copy); the bf16 kernel weights
-the bf16 rows in float32 in that final sum, its combine task only marks the chunk's arrival (modeled
+source GPU's memory (over NVLink at the block's store rate, and no sooner than its bytes have gone
+through the GPU's port, shared equally by the flows in it: port_gbps; across nodes the tile's last
+task puts it through the NIC); after its last task every processor sums its share of tokens in
+choice order, a warp a token: its kept rows read and its sum written (reduce_bytes). The float32
+kernel weights a chunk's returned rows in its combine task (a copy); the bf16 kernel weights the
+bf16 rows in float32 in that final sum, its combine task only marks the chunk's arrival (modeled
 with the measured copy rate, i.e. for a calibrated preset). Times in ns; flops per ns = TFLOP/s x
 1e3, bytes per ns = GB/s.
 """
@@ -394,15 +396,23 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     return max(own, queued) + hw.task_overhead_ns
 
 
+def nvlink_store_rate(hw: Hardware) -> tuple[float, float]:
+    """A block storing a dispatch share into an NVLink peer: its time per byte alone (its copy loop
+    into a peer, copy_nvlink_ns_per_byte, where measured, else copy_rows' or a put's) and its
+    fence's, which waits for the peer to acknowledge the last of them (a round trip)."""
+    return hw.copy_nvlink_ns_per_byte or hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte, 2 * hw.nvlink_latency_ns
+
+
 def nvlink_share_ns(hw: Hardware, nbytes: float, inflight: float, over: dict[int, int]) -> float:
-    """A dispatch share stored into the NVLink peer: its bytes at the block's copy rate and the
-    port's share, then its fence, which waits for the peer to acknowledge the last of them (a round
-    trip). The block's copy loop, not a put's: on four H200s 32 staged senders stored 11.3 GB/s
-    each, the port's share, where one block's put moves 9.7; with 16 senders 16 GB/s each, under
-    their port share (23) and copy_rows' local rate: the block's own rate into a peer
-    (copy_nvlink_ns_per_byte) where measured, else copy_rows'."""
-    rate = hw.copy_nvlink_ns_per_byte or hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte
-    return nbytes * port_ns_per_byte(rate, over.get(NVLINK, 1), hw.nvlink_gbps) + 2 * hw.nvlink_latency_ns
+    """A dispatch share stored into the NVLink peer beside this GPU's other shares of its round
+    (`over`): its bytes at the block's copy rate or its equal part of this GPU's port, then its
+    fence (nvlink_store_rate). The simulator shares every GPU's ways out and in among all their
+    flows at once (sim.ports); this count is one GPU's blocks storing together, as the calibration
+    measures them. The block's copy loop, not a put's: on four H200s 32 staged senders stored
+    11.3 GB/s each, the port's share, where one block's put moves 9.7; with 16 senders 16 GB/s
+    each, under their port share (23) and copy_rows' local rate."""
+    rate, fence = nvlink_store_rate(hw)
+    return nbytes * port_ns_per_byte(rate, over.get(NVLINK, 1), hw.nvlink_gbps) + fence
 
 
 def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float, blocks: int | None = None) -> float:
@@ -419,21 +429,24 @@ def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float, blocks: int 
     return hw.dispatch_store_fixed_ns + nbytes * per_byte
 
 
-def reduce_bytes(tokens: int, rows: int, hidden: int, dtype_bytes: int) -> int:
-    """Bytes the final combine moves for `tokens` tokens: `rows` returned rows of `dtype_bytes`
-    values read per token and its float32 row of y written."""
+def reduce_bytes(tokens: int, rows: float, hidden: int, dtype_bytes: int) -> float:
+    """Bytes the final combine moves for `tokens` tokens of `rows` returned rows each (kept ones: a
+    dropped choice is skipped, so a mean where some were): the rows' `dtype_bytes` values read and
+    the float32 row of y written, one as dear as the other (the ordered combine microbenchmark, 8K
+    tokens on one H200: float32 rows 1.494 times bf16's, where these bytes give 1.5 and the rows
+    read alone 2)."""
     return tokens * (rows * dtype_bytes + Y_BYTES) * hidden
 
 
-def reduce_ns(hw: Hardware, cfg: Config, processors: int) -> float:
-    """One processor's share of the final ordered combine: its tokens' k returned rows read and
-    the sum written (0 when the preset does not model it), a fixed time + its bytes at
-    reduce_ns_per_byte_at."""
+def reduce_ns(hw: Hardware, cfg: Config, processors: int, rows: float | None = None) -> float:
+    """One processor's share of the final ordered combine: its tokens' `rows` returned rows each
+    (kept ones; default all k and the shared experts') read and the sums written (0 when the preset
+    does not model it), a fixed time + its bytes (reduce_bytes) at reduce_ns_per_byte_at."""
     if not hw.reduce_ns_per_byte:
         return 0.0
     warps = processors * REDUCE_WARPS
     tokens = math.ceil(cfg.tokens / warps) * REDUCE_WARPS
-    rows = cfg.top_k + cfg.shared_experts
+    rows = cfg.top_k + cfg.shared_experts if rows is None else rows
     total = reduce_bytes(cfg.tokens, rows, cfg.hidden, cfg.dtype_bytes)
     moved = reduce_bytes(tokens, rows, cfg.hidden, cfg.dtype_bytes)
     return hw.reduce_fixed_ns + moved * reduce_ns_per_byte_at(hw, total)

@@ -18,7 +18,6 @@ import simpy
 import reference
 from reference import Config, ConfigError, TilePlan, budget
 from reference.config import is_positive_int
-from reference.plan import NVLINK, RETURN
 
 from . import costs, metrics
 from .baseline import Baseline
@@ -26,6 +25,7 @@ from .hardware import Hardware
 from .hardware import get as get_hardware
 from .kernel import FusedKernel, TilePhases
 from .network import TRANSPORTS, Fabric
+from .ports import move_times
 from .trace import DISPATCH_PATHS, META_VERSION, Trace, TraceBuilder
 
 
@@ -134,20 +134,7 @@ def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bo
         Baseline(env, cfg, plan, hw, rec).start()
         left = [0]
     else:
-        # where GEMM1 tasks store into NVLink peers, a first run finds where the stores meet at a port
-        # and a second one shares it: the first keeps no rows (nor, if they never meet, does it count)
-        stores = bool(np.any((plan.transfer_kind == RETURN) & (plan.transfer_link == NVLINK)))
-        kernels, left = _run_fused(env, cfg, plan, hw, transport, _Unrecorded() if stores else rec, dispatch, queue,
-                                   staged_blocks)
-        env.run()
-        sharing = [k.port_sharing() for k in kernels]
-        if any(n > 1 for s in sharing for n in s.values()):  # stores met at a port: again, sharing it
-            say("second pass: stores met at a port; simulating again with the port shared")
-            env, rec = _CountingEnvironment(lambda m: say(f"second pass: {m}")), TraceBuilder()
-            kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, sharing)
-        elif stores:
-            env, rec = _CountingEnvironment(say), TraceBuilder()
-            kernels, left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks)
+        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks)
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
@@ -155,16 +142,8 @@ def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bo
     return env, rec
 
 
-class _Unrecorded(TraceBuilder):
-    """A recorder that keeps no rows."""
-
-    def add(self, *_row, **_named) -> None:
-        pass
-
-
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
-               dispatch: str, queue: str, staged_blocks: int, sharing: list[dict[int, int]] | None = None
-               ) -> tuple[list[FusedKernel], list[int]]:
+               dispatch: str, queue: str, staged_blocks: int) -> list[int]:
     """Set up every GPU's kernel on the fabric; returns [chunks not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, costs.multiply_flops(cfg, plan),
@@ -179,7 +158,19 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
     kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, dispatch,
-                               queue, staged_blocks, sharing[r] if sharing else None) for r in range(cfg.ranks))
-    for k in kernels:
-        k.start()
-    return kernels, left
+                               queue, fabric.nvlink[r], staged_blocks) for r in range(cfg.ranks))
+    # every GPU's blocks dispatch at once: the stores into NVLink peers share the ports on their way
+    planned = [k.dispatch_moves() for k in kernels]
+    lanes: list[list] = [[] for _ in range(cfg.ranks * hw.processors)]
+    for r, (shares, moves) in enumerate(planned):
+        for (lane, _, _), move in zip(shares, moves):
+            lanes[r * hw.processors + lane].append(move)
+    times = move_times(lanes, [k.gate_ns for k in kernels for _ in range(hw.processors)], hw.nvlink_gbps)
+    for r, (k, (shares, _)) in enumerate(zip(kernels, planned)):
+        taken = [0] * hw.processors
+        when = []
+        for lane, _, _ in shares:
+            when.append(times[r * hw.processors + lane][taken[lane]])
+            taken[lane] += 1
+        k.start(shares, when)
+    return left

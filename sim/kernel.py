@@ -8,7 +8,9 @@ costs.FLAT_DISPATCH_TOP_K choices a token on one node) 16 blocks send the peers'
 expert by local expert, while the others store this GPU's own
 (`staged_shares`); on its "store" path up to 4 blocks share each chunk (all processors busy when
 the dispatch slots are fewer) and the last one signals; a chunk across nodes, or every chunk on
-the "put" path, is packed by one block and put with its signal. Then
+the "put" path, is packed by one block and put with its signal. The stores into NVLink peers of
+every GPU's blocks share the ports on their way, each GPU's way out and way in (sim.ports: the
+senders of three GPUs storing into the one that owns the hot experts share its way in). Then
 the OS block's subscriber warps watch the arrival flags (one signal per chunk) and turn landed
 tiles into tasks for the scheduler warp, which hands them to processor blocks in queue order:
 
@@ -20,13 +22,15 @@ tiles into tasks for the scheduler warp, which hands them to processor blocks in
 - the processor finishing a tile's last GEMM0 enqueues the tile's GEMM1 tasks, or, with
   "expert-both", the one finishing the expert's last tile's enqueues every tile's, so;
 - each GEMM1 task stores its column block of every chunk straight into the chunk's source rank
-  (its GPU or an NVLink peer; the stores' time over NVLink is added to every task, and its bytes
-  for the peers pass this GPU's NVLink port behind those of the tasks before it) and counts
-  itself in there; a chunk is back when the last one's count lands. Across nodes there is no
+  (its GPU or an NVLink peer: its bytes for the peers go through this GPU's NVLink port, shared
+  equally with the flows in it, and no sooner than at the block's store rate; the task holds
+  its block until they have) and counts itself in there; a chunk is back when the last one's
+  count lands. Across nodes there is no
   such path: the one finishing the tile's last GEMM1 puts each chunk, through the NIC;
 - a returned chunk arrives at its source: one combine task, and the chunk is done;
 - once every task of this GPU is done, each processor sums its share of the tokens' returned
-  rows in choice order (the final combine; costs.reduce_ns, absent when the preset gives it 0).
+  rows in choice order, the kept ones (the final combine; costs.reduce_ns, absent when the preset
+  gives it 0).
 A processor is free again `handoff_ns` after its task ends (the scheduler sees it idle and mails
 the next task); a landed tile's or returned chunk's tasks can start `wake_ns` after the
 subscriber's turn, a burst of tasks goes out one each `assign_ns`, and the final combine starts
@@ -36,12 +40,15 @@ The scheduler is a FIFO ready queue served by identical processors, so each task
 processor that frees first. `Scheduler` computes that assignment when the tasks are enqueued,
 which gives the same schedule as processor processes polling the queue, with one simulation
 event per tile phase (and per chunk combine) instead of several per task (the trace still has
-one row per task, its "tile" column the plan's tile).
+one row per task, its "tile" column the plan's tile); a task storing into peers ends when its
+flow leaves the port, and the queue waits where a block so held might free first.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -52,36 +59,88 @@ from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK, RET
 
 from . import costs
 from .hardware import Hardware
+from .links import SharedLink
+from .ports import Move
 from .trace import TraceBuilder
 
 SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber warps
+Done = Callable[[int, float, float], None]  # a task's (lane, start, end), once its end is known
 
 
 class Scheduler:
-    """Processor blocks as a heap of (time free, lane); tasks go to the earliest free one, which
-    is free again `handoff` after the task ends; the scheduler hands out one task each `assign`."""
+    """Processor blocks as a heap of (time free, lane); queued tasks go to the earliest free one,
+    which is free again `handoff` after the task ends; the scheduler hands out one task each `assign`.
 
-    def __init__(self, free_at: list[float], handoff: float = 0.0, assign: float = 0.0):
+    A task that stores into NVLink peers holds its block until its bytes have gone through this
+    GPU's port (`port`, a link the flows in it share: links.SharedLink) and no sooner than its
+    stores at the block's own rate: its end is known only when its flow leaves, so a queued task
+    waits while a held block may free before the earliest known one (the FIFO rule needs it)."""
+
+    def __init__(self, free_at: list[float], handoff: float = 0.0, assign: float = 0.0,
+                 env: simpy.Environment | None = None, port: SharedLink | None = None):
         self.free = [(t, lane) for lane, t in enumerate(free_at)]
         self.handoff, self.assign_ns = handoff, assign
+        self.env, self.port = env, port
         self.turn = 0.0  # when the scheduler can hand out its next task
         heapq.heapify(self.free)
+        # queued tasks: (enqueued at, own work, its stores at the block's rate, bytes for the port, done)
+        self.queue: deque[tuple[float, float, float, float, Done]] = deque()
+        self.held: list[tuple[float, int, int]] = []  # (earliest free, seq, lane) of blocks held by stores
+        self.holding: dict[int, int] = {}  # lane -> seq of its live `held` entry
+        self.seq = 0
+        self.wake_at = math.inf  # the pending wake-up's time
 
-    def assign(self, now: float, durations, finish: Callable[[int, float], float] | None = None
-               ) -> list[tuple[int, float, float]]:
-        """(lane, start, end) of tasks enqueued at `now`, in queue order; `finish(i, end)`, where
-        given, moves task i's end later (what it waits for once its own work is done)."""
-        out = []
-        free, handoff, step, turn = self.free, self.handoff, self.assign_ns, self.turn
-        for i, d in enumerate(durations):
-            t, lane = free[0]
-            start = max(now, t, turn)
-            turn = max(now, turn) + step
-            end = start + d if finish is None else finish(i, start + d)
-            heapq.heapreplace(free, (end + handoff, lane))  # the popped lane, free again
-            out.append((lane, start, end))
-        self.turn = turn
+    def assign(self, now: float, durations) -> list[tuple[int, float, float]]:
+        """(lane, start, end) of tasks without stores for the port enqueued at `now`, in queue order."""
+        out: list[tuple[int, float, float]] = []
+        self.submit(now, [(d, 0.0, 0.0, lambda lane, start, end: out.append((lane, start, end))) for d in durations])
         return out
+
+    def submit(self, now: float, tasks: list[tuple[float, float, float, Done]]) -> None:
+        """Queue tasks (own work, stores at the block's rate, bytes through the port, done(lane,
+        start, end)) enqueued at `now`; `done` is called once each task's end is known."""
+        self.queue.extend((now, d, s, b, done) for d, s, b, done in tasks)
+        self.pump()
+
+    def pump(self) -> None:
+        """Hand out queued tasks in order while the earliest known free block is sure to be first."""
+        queue, free, held, holding = self.queue, self.free, self.held, self.holding
+        while queue:
+            while held and holding.get(held[0][2]) != held[0][1]:
+                heapq.heappop(held)  # a block released since
+            t, lane = free[0] if free else (math.inf, -1)
+            if held and t > held[0][0] and t > self.env.now:
+                # a held block may free first: wait for a flow to leave the port, or until t
+                if free and t < self.wake_at:
+                    self.wake_at = t
+                    self.env.timeout(t - self.env.now).callbacks.append(self._wake)
+                return
+            enqueued, own, store, nbytes, done = queue.popleft()
+            heapq.heappop(free)
+            start = max(enqueued, t, self.turn)
+            self.turn = max(enqueued, self.turn) + self.assign_ns
+            work_end = start + own
+            if nbytes:
+                self.seq += 1
+                holding[lane] = self.seq
+                heapq.heappush(held, (work_end + store + self.handoff, self.seq, lane))
+                self.port.transfer_at(work_end, nbytes,
+                                      lambda a=(lane, start, work_end + store, done): self._release(*a))
+            else:
+                end = work_end + store
+                heapq.heappush(free, (end + self.handoff, lane))
+                done(lane, start, end)
+
+    def _wake(self, _) -> None:
+        self.wake_at = math.inf
+        self.pump()
+
+    def _release(self, lane: int, start: float, floor: float, done: Done) -> None:
+        end = max(floor, self.env.now)
+        del self.holding[lane]
+        heapq.heappush(self.free, (end + self.handoff, lane))
+        done(lane, start, end)
+        self.pump()
 
 
 class TilePhases:
@@ -117,7 +176,7 @@ class FusedKernel:
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: list[float], rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
-                 staged_blocks: int = costs.STAGED_BLOCKS, sharing: dict[int, int] | None = None):
+                 port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.staged_blocks = staged_blocks  # the staged path's senders
@@ -127,9 +186,8 @@ class FusedKernel:
         self.processors = hw.processors
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
         self.scheduler: Scheduler | None = None
-        self.port_free = 0.0  # when this GPU's NVLink port has sent the GEMM1 stores queued so far
-        self.stores: list[tuple[int, float, float]] = []  # (task, own work's end, stores' end) through the port
-        self.sharing = sharing  # task -> GEMM1 tasks storing through the port at once (port_sharing)
+        self.port = port  # this GPU's NVLink port, out: the GEMM1 tasks' stores share it with its puts
+        self.gate_ns = costs.gate_ns(hw, cfg) + hw.task_overhead_ns  # when every block is done with the gate
         mine = np.flatnonzero(plan.tile_owner == rank)
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
         # of each chunk of its tokens; at zero the final combine starts
@@ -144,41 +202,57 @@ class FusedKernel:
         self.expert_gemm0_done: dict[int, list[int]] = {}
         self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
 
-    def start(self) -> None:
-        """Gate on every block, then the processor blocks move this GPU's outgoing chunks, each
-        block its shares in the kernel's order."""
-        gate = costs.gate_ns(self.hw, self.cfg) + self.hw.task_overhead_ns
-        for lane in range(self.processors):
-            self.rec.add(self.rank, self.node, lane, "processor", "gate", 0.0, gate)
-        self.rec.add(self.rank, self.node, 0, "scheduler", "gate", 0.0, gate)
-        shares = self.dispatch_shares()
-        free_at = [gate] * self.processors
-        # a block's j-th share runs beside the other blocks' j-th (round j): the bytes each round
-        # has in flight and its shares over each link (at 16K tokens on two H100s, bf16, the first
-        # round stores into this GPU and the second, over NVLink, shares the port 125 ways)
+    def dispatch_moves(self) -> tuple[list[tuple[int, int, int]], list[Move]]:
+        """This GPU's dispatch shares in the kernel's order, (processor, transfer, bytes) each, and
+        their moves (ports.Move): a share stored into an NVLink peer moves its bytes through this
+        GPU's way out and the peer's way in (ports.move_times shares them among all GPUs' flows),
+        then its fence; any other its time alone (costs.dispatch_ns). A block's j-th share runs
+        beside the other blocks' j-th (round j): the bytes each round has in flight and its shares
+        over each link (at 16K tokens on two H100s, bf16, the first round stores into this GPU and
+        the second, over NVLink, shares the port 125 ways)."""
+        shares = [(lane, x, nbytes) for _, lane, x, nbytes in self.dispatch_shares()]
         taken = [0] * self.processors
         rounds = []
-        for _, lane, _, _ in shares:
+        for lane, _, _ in shares:
             rounds.append(taken[lane])
             taken[lane] += 1
         inflight = [0.0] * (max(rounds, default=-1) + 1)
         over: list[dict[int, int]] = [{} for _ in inflight]
-        for j, (_, _, x, nbytes) in zip(rounds, shares):
+        for j, (_, x, nbytes) in zip(rounds, shares):
             link = int(self.plan.transfer_link[x])
             inflight[j] += nbytes
             over[j][link] = over[j].get(link, 0) + 1
+        per_byte, fence = costs.nvlink_store_rate(self.hw)
+        moves = []
+        for j, (_, x, nbytes) in zip(rounds, shares):
+            link, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_dst[x])
+            if link == NVLINK and costs.stores_dispatch(self.dispatch, link):
+                moves.append(Move(fence + self.hw.task_overhead_ns, nbytes, per_byte, self.rank, dst))
+            else:
+                ns = costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j])
+                moves.append(Move(ns, 0, 0.0, self.rank, dst))
+        return shares, moves
+
+    def start(self, shares: list[tuple[int, int, int]], times: list[tuple[float, float]]) -> None:
+        """Gate on every block (for `gate_ns`), then the processor blocks move this GPU's outgoing
+        chunks, each block its `shares` (dispatch_moves) in the kernel's order, at `times`."""
+        gate = self.gate_ns
+        for lane in range(self.processors):
+            self.rec.add(self.rank, self.node, lane, "processor", "gate", 0.0, gate)
+        self.rec.add(self.rank, self.node, 0, "scheduler", "gate", 0.0, gate)
+        free_at = [gate] * self.processors
+        p = self.plan
         ready: dict[int, float] = {}
-        for j, (_, lane, x, nbytes) in zip(rounds, shares):
-            t, link = int(self.plan.transfer_tile[x]), int(self.plan.transfer_link[x])
-            end = free_at[lane] + costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j])
-            self.rec.add(self.rank, self.node, lane, "processor", "dispatch", free_at[lane], end,
-                         int(self.plan.tile_expert[t]), t, int(self.plan.transfer_dst[x]), nbytes)
-            free_at[lane] = end
+        for (lane, x, nbytes), (start, end) in zip(shares, times):
+            t = int(p.transfer_tile[x])
+            self.rec.add(self.rank, self.node, lane, "processor", "dispatch", start, end,
+                         int(p.tile_expert[t]), t, int(p.transfer_dst[x]), nbytes)
+            free_at[lane] = max(free_at[lane], end)
             ready[x] = max(ready.get(x, 0.0), end)
         for x, end in ready.items():
-            stored = costs.stores_dispatch(self.dispatch, int(self.plan.transfer_link[x]))
+            stored = costs.stores_dispatch(self.dispatch, int(p.transfer_link[x]))
             self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
-        self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns)
+        self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns, self.env, self.port)
         for t in [t for t, n in self.chunks_left.items() if not n]:
             self.land(t, gate + self.hw.wake_ns)
         if not self.phases_left:
@@ -290,28 +364,32 @@ class FusedKernel:
     def hand_out(self, kind: int, order: list[tuple[int, int]]) -> None:
         """Hand (unit, task) pairs of one phase to the scheduler in queue order, a unit being a
         tile (GEMM0, GEMM1) or a chunk (combine); each unit goes on when its last task ends."""
-        # a GEMM1 task stores its share of every chunk home: the bytes for NVLink peers cost it
-        # their stores and queue at this GPU's port (none across nodes: the tile's last task hands
-        # those chunks to a NIC)
+        # a GEMM1 task stores its share of every chunk home: the bytes for NVLink peers take it their
+        # stores at the block's rate and go through this GPU's port, shared with the flows in it (none
+        # across nodes: the tile's last task hands those chunks to a NIC)
         own = self.durations
-        finish = None
-        if kind == GEMM1:
-            peer = {u: self.peer_bytes(u) for u in dict.fromkeys(u for u, _ in order)}
-            extra = {u: costs.store_ns(self.hw, NVLINK, b) for u, b in peer.items()}
-            durations = [own[task] + extra[u] for u, task in order]
-            finish = lambda i, end: self.through_port(end, peer[order[i][0]], order[i][1])  # noqa: E731
-        else:
-            durations = [own[task] for _, task in order]
-        last: dict[int, float] = {}
-        add, rank, node, name = self.rec.add, self.rank, self.node, TASK_KINDS[kind]
+        left: dict[int, list[float]] = {}  # unit -> [its tasks not ended, its last end]
+        for u, _ in order:
+            left.setdefault(u, [0, 0.0])[0] += 1
+        add, rank, node, name, env = self.rec.add, self.rank, self.node, TASK_KINDS[kind], self.env
         task_tile, tile_expert = self.phases.task_tile, self.phases.tile_expert
-        for (u, task), (lane, start, end) in zip(order, self.scheduler.assign(self.env.now, durations, finish)):
+
+        def done(u: int, task: int, lane: int, start: float, end: float) -> None:
             t = task_tile[task]
             add(rank, node, lane, "processor", name, start, end, tile_expert[t], t)
-            if end >= last.get(u, end):
-                last[u] = end
-        for u, end in last.items():
-            self.env.timeout(end - self.env.now).callbacks.append(lambda _, u=u: self.phase_done(u, kind))
+            unit = left[u]
+            unit[0] -= 1
+            unit[1] = max(unit[1], end)
+            if not unit[0]:
+                env.timeout(unit[1] - env.now).callbacks.append(lambda _: self.phase_done(u, kind))
+
+        if kind == GEMM1:
+            peer = {u: self.peer_bytes(u) for u in left}
+            store = {u: costs.store_ns(self.hw, NVLINK, b) for u, b in peer.items()}
+            tasks = [(own[task], store[u], peer[u], lambda *a, u=u, task=task: done(u, task, *a)) for u, task in order]
+        else:
+            tasks = [(own[task], 0.0, 0.0, lambda *a, u=u, task=task: done(u, task, *a)) for u, task in order]
+        self.scheduler.submit(env.now, tasks)
 
     def peer_bytes(self, t: int) -> float:
         """The bytes a GEMM1 task of tile `t` stores into NVLink peers: its column block of each
@@ -319,32 +397,6 @@ class FusedKernel:
         p, share = self.plan, len(self.phases.tasks[t][GEMM1])
         xs = self.phases.returns[t]
         return sum(int(p.transfer_bytes[x]) / share for x in xs if int(p.transfer_link[x]) == NVLINK)
-
-    def through_port(self, end: float, nbytes: float, task: int) -> float:
-        """When a GEMM1 task whose own work ends at `end` is done, its `nbytes` for the peers having
-        gone through this GPU's NVLink port behind those of the tasks before it: a wave of tasks
-        ending together queues there (four H200s, 1K tokens: 131 tasks' 48 KiB each, 17 us)."""
-        if not nbytes:
-            return end
-        if self.sharing is not None and task in self.sharing:
-            # the port's share beside the tasks it met: a wave of n such tasks all end when the
-            # wave's bytes have gone, as the last one queued would (its own behind its work)
-            return end + nbytes * (self.sharing[task] - 1) / self.hw.nvlink_gbps
-        self.port_free = max(self.port_free, end - nbytes / self.hw.nvlink_gbps) + nbytes / self.hw.nvlink_gbps
-        self.stores.append((task, end, max(end, self.port_free)))
-        return max(end, self.port_free)
-
-    def port_sharing(self) -> dict[int, int]:
-        """Each GEMM1 task that stored through the port: how many tasks (itself included) were
-        storing while it was, from its work's end to its stores' end, when they queued one after
-        another."""
-        if not self.stores:
-            return {}
-        _, e, f = (np.array(c) for c in zip(*self.stores))
-        starts, ends = np.sort(e), np.sort(f)
-        # [e_j, f_j] meets [e_i, f_i]: e_j <= f_i and f_j >= e_i
-        n = np.searchsorted(starts, f, side="right") - np.searchsorted(ends, e, side="left")
-        return {t: int(max(c, 1)) for (t, _, _), c in zip(self.stores, n)}
 
     def phase_done(self, u: int, kind: int) -> None:
         """Unit `u` (a tile, or a chunk for the combine) finished its phase `kind`."""
@@ -365,8 +417,13 @@ class FusedKernel:
             self.final_combine(self.env.now + self.hw.stop_ns)
 
     def final_combine(self, start: float) -> None:
-        """Every processor sums its share of this GPU's tokens (when the preset models it)."""
-        d = costs.reduce_ns(self.hw, self.cfg, self.processors)
+        """Every processor sums its share of this GPU's tokens (when the preset models it), each
+        token's kept rows: the routed ones that came back (a dropped choice is skipped) and its
+        shared experts'."""
+        p, cfg = self.plan, self.cfg
+        routed = (p.chunk_src == self.rank) & (p.tile_expert[p.chunk_tile] < cfg.experts)
+        rows = int(p.chunk_rows[routed].sum()) / cfg.tokens + cfg.shared_experts
+        d = costs.reduce_ns(self.hw, cfg, self.processors, rows)
         if d > 0:
             for lane in range(self.processors):
                 self.rec.add(self.rank, self.node, lane, "processor", "combine", start, start + d)

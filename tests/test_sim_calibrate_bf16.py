@@ -135,3 +135,4 @@ def test_the_bf16_combine_task_only_marks_the_arrival():
         assert (combine > hw.task_overhead_ns) == weighted, dtype
         assert gemm > hw.task_overhead_ns
     assert costs.reduce_bytes(10, 2, 64, 2) == 10 * (2 * 2 + 4) * 64
+    assert costs.reduce_bytes(10, 0.5, 64, 2) == 10 * (0.5 * 2 + 4) * 64  # a mean of kept rows

@@ -70,8 +70,9 @@ def test_shares_go_to_processors_in_the_kernels_order(merge):
 
 def test_a_blocks_later_shares_run_beside_the_other_blocks_later_shares():
     """At 16K tokens on two GPUs with one block per SM the 131 processors take 256 shares: the first
-    round stores into this GPU, the second goes over NVLink, 125 shares at once, each at its share
-    of the port (not at the block's own rate, as beside the first round's 3 NVLink shares)."""
+    round stores into this GPU, the second goes over NVLink, 125 shares at once, sharing the port
+    (not each at the block's own rate, as beside the first round's 3 NVLink shares): the port
+    passes their bytes at its rate, and each takes about a 125th of it."""
     hw = HW.replace(blocks_per_sm=1)
     cfg = presets.get("flashmoe").replace(ranks=2, tokens=16384, seed=int(np.random.randint(1e6)))
     d = shares_of(sim.simulate(cfg, hw, dispatch="store").trace, 0)
@@ -80,11 +81,12 @@ def test_a_blocks_later_shares_run_beside_the_other_blocks_later_shares():
     rounds = np.concatenate([np.arange(n) for n in np.bincount(lane)])  # each lane's shares in time order
     nvlink = d["peer"][order] != 0
     assert rounds.max() >= 1 and nvlink[rounds == 0].sum() < nvlink[rounds == 1].sum()
-    for j in np.unique(rounds):
-        over = int((nvlink & (rounds == j)).sum())
-        took = (d["end"] - d["start"])[order][nvlink & (rounds == j)]
-        port = d["bytes"][order][nvlink & (rounds == j)] * over / hw.nvlink_gbps
-        assert (took >= port).all(), (j, over)
+    second = nvlink & (rounds == 1)
+    start, end, nbytes = (d[c][order][second] for c in ("start", "end", "bytes"))
+    assert end.max() - start.min() >= nbytes.sum() / hw.nvlink_gbps * (1 - 1e-12)
+    alone = nbytes * costs.nvlink_store_rate(hw)[0]
+    took = end - start
+    assert np.median(took / (nbytes * second.sum() / hw.nvlink_gbps)) > 0.8 > 4 * np.median(alone / took)
 
 
 def test_a_stored_share_contends_with_the_bytes_stored_into_its_gpu():

@@ -3,8 +3,6 @@ last chunk, its GEMM1 tasks store every chunk's rows into the chunk's source, ev
 back and is combined at its source, and at 1K tokens on two H200s merged tiles make the layer
 faster (half the GEMM tasks, each a fixed cost and a weight slice's load)."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -13,7 +11,6 @@ import sim
 from reference import presets
 from reference.plan import GEMM1, NVLINK, RETURN
 from sim import compare, costs, hardware
-from sim.kernel import FusedKernel
 from sim.trace import KIND, ROLE
 
 H200 = hardware.get(str(compare.MEASUREMENTS / "calibrated-h200.json"))
@@ -76,35 +73,3 @@ def test_gemm1_tasks_store_each_chunk_home_and_each_chunk_is_combined_there():
     per_task = comb["tile"] >= 0  # the final combine's rows name no tile
     assert sorted(zip(comb["tile"][per_task].tolist(), comb["rank"][per_task].tolist())) == \
         sorted(zip(plan.chunk_tile.tolist(), plan.chunk_src.tolist()))
-
-
-def test_gemm1_stores_queue_at_the_nvlink_port():
-    """A wave of GEMM1 tasks whose work ends together leaves one after another at the port's rate:
-    the last is done when the wave's peer bytes have gone through (four H200s, 1K tokens: 131
-    tasks' 48 KiB each, 17 us), a task alone when its own have."""
-    gpu = SimpleNamespace(port_free=0.0, hw=SimpleNamespace(nvlink_gbps=366.0), sharing=None, stores=[])
-    nbytes = 48 * 1024
-    ends = [FusedKernel.through_port(gpu, 1000.0, nbytes, task) for task in range(131)]
-    np.testing.assert_allclose(np.diff(ends), nbytes / 366.0)
-    assert ends[-1] == pytest.approx(1000.0 + 130 * nbytes / 366.0)
-    later = FusedKernel.through_port(gpu, ends[-1] + 1e6, nbytes, 131)
-    assert later == ends[-1] + 1e6  # the port drained meanwhile: no wait
-    assert FusedKernel.through_port(gpu, 5.0, 0, 132) == 5.0  # nothing for the peers
-
-
-def test_a_wave_of_gemm1_tasks_shares_the_port_and_ends_together():
-    """Measured on four H200s, every GEMM1 task of a wave takes the wave's time: the second pass
-    gives each task its bytes at its share of the port, the share counted from the tasks whose
-    FIFO stores overlapped its own in the first; a task whose stores met none keeps the port."""
-    bw, nbytes = 366.0, 48 * 1024
-    first = SimpleNamespace(port_free=0.0, hw=SimpleNamespace(nvlink_gbps=bw), sharing=None, stores=[])
-    wave = int(np.random.randint(8, 132))
-    for task in range(wave):
-        FusedKernel.through_port(first, 1000.0, nbytes, task)
-    FusedKernel.through_port(first, 1e7, nbytes, wave)  # long after the wave: alone
-    sharing = FusedKernel.port_sharing(first)
-    assert [sharing[t] for t in range(wave)] == [wave] * wave and sharing[wave] == 1
-    second = SimpleNamespace(hw=first.hw, sharing=sharing)
-    ends = [FusedKernel.through_port(second, 1000.0, nbytes, t) for t in range(wave)]
-    np.testing.assert_allclose(ends, 1000.0 + (wave - 1) * nbytes / bw)  # the FIFO wave's last end, for all
-    assert FusedKernel.through_port(second, 1e7, nbytes, wave) == 1e7
