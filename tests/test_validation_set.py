@@ -166,9 +166,89 @@ def test_compare_validation_exits_non_zero_until_the_bars_are_met(capsys):
     assert main(["compare", "--validation", "--quiet", "--no-fail"]) == 0
 
 
-# (run, quantity) misses of the measured validation layers, each with its cause: strict both ways,
-# as tests/test_compare_measured.py's KNOWN_MISSES
-VALIDATION_MISSES: dict[tuple[str, str], str] = {}
+# (run, quantity) misses of the validation layers, each with its cause: the validation set is never
+# fitted, so these are what the model lacks (docs/validation.md). Strict: a miss that starts to hold
+# leaves this list.
+VALIDATION_CAUSES = {
+    "COMBINE_SHORT": (
+        "the final combine modelled 21-43% short: it is priced by each token's kept rows' bytes, and no "
+        "microbenchmark times it at k > 2 or with dropped choices (docs/notes/sim-port.md)"
+    ),
+    "DISPATCH_ONE_GPU": (
+        "on one GPU the local dispatch modelled 24-81% long at k 2-7: the copy rate is fitted on the "
+        "microbenchmark's k = 2 rows"
+    ),
+    "DISPATCH_HOT_PEER": (
+        "on four GPUs under skew the dispatch modelled 30-37% short: the shares into the hot GPU take longer "
+        "than its port's equal share gives (sim.ports)"
+    ),
+    "LAYER_SHORT": (
+        "the layer modelled 10-55% short while most phases' busy times hold: its processors wait longer "
+        "between phases than modelled (SM utilization measured below modelled)"
+    ),
+    "LAYER_LONG": "the layer modelled 11% long: its combine and the waits around it (2 GPUs, E 16, k 4, skew 1)",
+    "GEMM_SKEW": (
+        "GEMM busy time off by 20-49% on skewed layers with k 1 or capacity 1.25: the few rows a tile "
+        "holds cost what the 64-row groups give"
+    ),
+    "GATE_FEW_EXPERTS": (
+        "the gate modelled 21% short at E 8, k 8: the selection's k passes over few experts"
+    ),
+}
+VALIDATION_MISSES: dict[tuple[str, str], str] = {
+    ("h200x4-trace-val-00-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-04-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-05-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-06-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-23-p2", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-24-p2", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-25-p2", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-27-p2", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-30-p2", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-36-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-37-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-38-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-39-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-44-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-45-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-46-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-47-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h200x4-trace-val-02-p1", "gemm1"): VALIDATION_CAUSES["GEMM_SKEW"],
+    ("h200x4-trace-val-36-p4", "gemm0"): VALIDATION_CAUSES["GEMM_SKEW"],
+    ("h200x4-trace-val-36-p4", "gemm1"): VALIDATION_CAUSES["GEMM_SKEW"],
+    ("h200x4-trace-val-40-p4", "gemm0"): VALIDATION_CAUSES["GEMM_SKEW"],
+    ("h200x4-trace-val-42-p4", "gemm1"): VALIDATION_CAUSES["GEMM_SKEW"],
+    ("h200x4-trace-val-03-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h200x4-trace-val-04-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h200x4-trace-val-07-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h200x4-trace-val-09-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h200x4-trace-val-14-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h200x4-trace-val-15-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h200x4-trace-val-16-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-17-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-23-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-24-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-26-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-29-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-30-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-31-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-34-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-35-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-36-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-37-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-38-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-42-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-44-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-45-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-46-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-47-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x4-trace-val-27-p2", "layer"): VALIDATION_CAUSES["LAYER_LONG"],
+    ("h200x4-trace-val-36-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
+    ("h200x4-trace-val-39-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
+    ("h200x4-trace-val-40-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
+    ("h200x4-trace-val-42-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
+    ("h200x4-trace-val-38-p4", "gate"): VALIDATION_CAUSES["GATE_FEW_EXPERTS"],
+}
 
 
 @pytest.mark.slow
