@@ -28,7 +28,7 @@
 #              GPU counts given: the routing of every token and a sample of tokens against the golden streamed
 #              one expert at a time (gpu.worker.run_zoo_check), one line per model, precision and GPU count;
 #              `python benchmarks/bench_gpu.py --gpus 1 2 4 --suite zoo --estimate` here guesses its time.
-#              ZOO_TIMEOUT (300 s) bounds the run; ZOO_ARGS picks a subset (e.g. "--layers deepseek-v3"), for
+#              ZOO_TIMEOUT (420 s) bounds the run; ZOO_ARGS picks a subset (e.g. "--layers deepseek-v3"), for
 #              zootrace too
 #   zootrace   every zoo model's preset (4K tokens per GPU) in bf16 on the largest GPU count given, a telemetry
 #              trace each (PREFIXtrace-zoo-MODEL-4k-pP.npz, measured runs for `moelab compare`), checked against
@@ -110,8 +110,8 @@ EOF
       cp "$R/matrix.json" "$R/matrix.txt" "$OUT/" 2>/dev/null ;;
     zoo)
       # shellcheck disable=SC2086  # GPUS and ZOO_ARGS are lists
-      timeout $(( ${ZOO_TIMEOUT:-300} + 20 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite zoo --out "$R/zoo" \
-        --timeout "${ZOO_TIMEOUT:-300}" $ZOO_ARGS 2>&1 | tee "$R/zoo.txt" ;;
+      timeout $(( ${ZOO_TIMEOUT:-420} + 20 )) python3 benchmarks/bench_gpu.py --gpus $GPUS --suite zoo --out "$R/zoo" \
+        --timeout "${ZOO_TIMEOUT:-420}" $ZOO_ARGS 2>&1 | tee "$R/zoo.txt" ;;
     zootrace)
       # shellcheck disable=SC2086  # ZOO_ARGS is a list
       timeout 240 python3 benchmarks/bench_gpu.py --gpus "${GPUS##* }" --suite zootrace --prefix "$PREFIX" \
