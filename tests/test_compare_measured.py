@@ -38,18 +38,18 @@ SAMPLE = _sampled(RUNS)
 # Strict: a miss that starts to hold must leave this list.
 SMALL_TWO_GPU = ("at 1K tokens on two GPUs every phase runs longer than modelled, none by more than 20%: the gate "
                  "47.5 us against 43.9, the GEMM tasks 33.9/37.3 us against 32.9/33.4 (medians over both ranks): "
-                 "layer -10.5% (the H200's run holds since d92b7fd: -9.2%)")
+                 "layer -10.5% (the H200's run holds: -9.2%)")
 
 
 def _misses(gpu: str, by_run: dict[str, dict[str, str]]) -> dict[tuple[str, str], str]:
     return {(f"{gpu}-trace-flashmoe-{run}", q): why for run, qs in by_run.items() for q, why in qs.items()}
 
 
-FOUR_GPU_BF16 = ("on four GPUs with the flat dispatch or a tile per source (fca7b10) the bf16 GEMM tasks run longer "
+FOUR_GPU_BF16 = ("on four GPUs with the flat dispatch or a tile per source the bf16 GEMM tasks run longer "
                  "than modelled (1K flat: a GEMM0 task 52.8 us measured, 46.8 modelled; a GEMM1 task, storing into "
                  "three peers, 68.6 against 59.1) and the flat dispatch ends later (16K: at 569 against 437 us, busy "
                  "0.30 against 0.23 ms a block; T(2)/T(4) 0.853 against 0.965 beside the flat two-GPU run)")
-FOUR_GPU_STAGED_BF16 = ("on four H200s with 16 senders (fcd262e) the bf16 layer is modelled 10.3-19.6% short at 1K-4K "
+FOUR_GPU_STAGED_BF16 = ("on four H200s with 16 senders the bf16 layer is modelled 10.3-19.6% short at 1K-4K "
                         "tokens and 8-32 experts (8 and 16 hold with each GEMM1 wave ending together through the "
                         "shared port), its phases' busy times within 13% but GEMM1's at 2K: they run later "
                         "and less overlapped than modelled (SM utilization 0.62-0.81 measured, 0.73-0.87 modelled). At "
@@ -62,8 +62,8 @@ SMALL_TWO_H200 = ("at 1K tokens on two H200s with a tile per source the gate tak
                   "(its fit is 10.7% short at 1K on the gate's own microbenchmark) and the GEMM1 tasks 31.1 us "
                   "against GEMM0's 26.3 (model 25.1)")
 GATE_1K = ("the 1K float32 layers' gate takes 42.9-43.9 us a block against the model's 34.9 (its fit is 10.7% short "
-           "at 1K on the gate's own microbenchmark at fca7b10, 12.1% at b7b5b24): busy -19% to -21%")
-SIXTEEN_SENDERS = ("float32 with 16 senders (b18c6d7 on two GPUs, b7b5b24 on two and four): dispatch busy modelled "
+           "at 1K on the gate's own microbenchmark of one kernel, 12.1% of a later one): busy -19% to -21%")
+SIXTEEN_SENDERS = ("float32 with 16 senders (the h200x2- runs and the h200x4- ones): dispatch busy modelled "
                    "23-33% short in 7 of each 9 runs (1K and 2K hold), their latency within -1.1% to +1.9%. In the "
                    "defaults a share to a peer took a median 63.7-64.4 us a MiB (16 GB/s a block, under its share of "
                    "the port, 23 GB/s with 16 senders; 47.8 modelled) and one of the GPU's own 55.9-62.6 us (41.5-42.8 "
@@ -72,12 +72,12 @@ SIXTEEN_SENDERS = ("float32 with 16 senders (b18c6d7 on two GPUs, b7b5b24 on two
                    "blocks' stores beside GEMMs")
 SIXTEEN_FP32 = ("p2", "tokens-4k-p2", "tokens-16k-p2", "experts-8-p2", "experts-16-p2", "experts-32-p2",
                 "experts-128-p2")  # the float32 two-GPU runs whose dispatch misses with 16 senders
-FOUR_H100_BF16 = ("on four H100s (33d8ac7) the bf16 layer is modelled 11.2-25.0% short at 1K-4K tokens and 8 "
+FOUR_H100_BF16 = ("on four H100s the bf16 layer is modelled 11.2-25.0% short at 1K-4K tokens and 8 "
                   "experts, as on four H200s (FOUR_GPU_STAGED_BF16): its phases run later and less overlapped than "
                   "modelled (with 8 experts SM utilization 0.75 against 0.83, GEMM0 busy -13.7%); at 1K the gate "
                   "and dispatch busy times miss too (0.0447 against 0.0353 ms a block, -21%; dispatch -23%) and "
                   "T(2)/T(4) is 1.25 against 1.42")
-SMALL_TWO_H100 = ("at 1K and 2K tokens on two H100s (33d8ac7), as at 8e14b82 (SMALL_TWO_GPU): the gate 0.043 and "
+SMALL_TWO_H100 = ("at 1K and 2K tokens on two H100s, as with the earlier kernel (SMALL_TWO_GPU): the gate 0.043 and "
                   "0.051 ms a block against 0.035 and 0.045, GEMM0 0.115 and 0.122 against 0.103 and 0.108: layer "
                   "-13.7% and -12.5%")
 SHARED_PORT_DISPATCH = ("with the NVLink ports shared by the flows in them as they start and end (sim.ports), a "
@@ -90,8 +90,8 @@ KEPT_ROWS_COMBINE = ("at 2K bf16 tokens on one H200 the final combine, reading e
                      "skips a dropped choice), is modelled 20.2% short (-18.0% with every choice's row counted): a "
                      "token costs more than its rows' bytes (the validation layers that drop many rows come out "
                      "short too: docs/notes/sim-port.md)")
-DISPATCH_128_H100 = ("128 bf16 experts on two H100s (163bbf2 and 33d8ac7): the staged dispatch's busy time modelled "
-                     "27-28% short (33d8ac7: 0.0295 ms a block against 0.0216), the latency within 5.3%")
+DISPATCH_128_H100 = ("128 bf16 experts on two H100s (two kernels' runs): the staged dispatch's busy time modelled "
+                     "27-28% short (the later: 0.0295 ms a block against 0.0216), the latency within 5.3%")
 
 ZOO_WAITS = ("the zoo's layers at 4K tokens on two H200s: the many-expert ones (64-256 experts, k 4-8) modelled "
              "18-41% short, their phases' busy times within 20% (but DeepSeek-V3's gate, -22%): the processors wait "
