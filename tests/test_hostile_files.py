@@ -124,25 +124,24 @@ def _golden_variants() -> dict:
             "expert-out-of-range": scaled("route_expert", 100)}
 
 
-@pytest.mark.parametrize("case", ["missing", "folder", "empty", "truncated", "not-zip", "npy", "pickle",
-                                  *_golden_variants()])
+# a file's bytes that no .npz reader may take (as BROKEN), cut from a good file where truncated
+def _raw_npz(good: Path, cut: int, **more) -> dict:
+    return {**{k: BROKEN[k] for k in ("missing", "folder", "empty")}, "truncated": good.read_bytes()[:cut], **more}
+
+
+GOLDEN_RAW = _raw_npz(GOLDEN, 2000, **{"not-zip": b"PK\x03\x04 not really"})
+
+
+@pytest.mark.parametrize("case", [*GOLDEN_RAW, "npy", "pickle", *_golden_variants()])
 def test_a_broken_golden_file_is_one_line_naming_it(case, tmp_path):
-    path = tmp_path / f"{case}.npz"
+    path = _write(tmp_path, f"{case}.npz", GOLDEN_RAW.get(case, "missing"))
     data = _golden_data()
-    if case == "folder":
-        path.mkdir()
-    elif case == "empty":
-        path.write_bytes(b"")
-    elif case == "truncated":
-        path.write_bytes(GOLDEN.read_bytes()[:2000])
-    elif case == "not-zip":
-        path.write_bytes(b"PK\x03\x04 not really")
-    elif case == "npy":
+    if case == "npy":
         with path.open("wb") as f:
             np.save(f, np.zeros(3))
     elif case == "pickle":
         np.savez(path, **data, extra=np.array([{"a": 1}], dtype=object))
-    elif case != "missing":
+    elif case not in GOLDEN_RAW:
         _golden_variants()[case](data)
         np.savez(path, **data)
     refused(["golden", "--check", str(path), "--quiet"], str(path))
@@ -201,18 +200,13 @@ def _trace_variants() -> dict:
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "folder", "empty", "truncated", "not-npz", *_trace_variants()])
+TRACE_RAW = _raw_npz(RUN, 5000, **{"not-npz": b"rank,start,end\n0,0,1\n"})
+
+
+@pytest.mark.parametrize("case", [*TRACE_RAW, *_trace_variants()])
 def test_a_broken_measured_trace_is_refused_not_compared(case, tmp_path):
-    path = tmp_path / f"h200x4-{case}.npz"
-    if case == "folder":
-        path.mkdir()
-    elif case == "empty":
-        path.write_bytes(b"")
-    elif case == "truncated":
-        path.write_bytes(RUN.read_bytes()[:5000])
-    elif case == "not-npz":
-        path.write_text("rank,start,end\n0,0,1\n")
-    elif case != "missing":
+    path = _write(tmp_path, f"h200x4-{case}.npz", TRACE_RAW.get(case, "missing"))
+    if case not in TRACE_RAW:
         data = _trace_data()
         _trace_variants()[case](data)
         np.savez(path, **data)
