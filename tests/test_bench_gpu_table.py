@@ -127,9 +127,10 @@ def test_compact_results_drop_per_iteration_times_and_profiles():
     assert c["kernel_ms"] == 1.0 and c["config"] == r["config"]
 
 
-def test_speedup_is_over_the_faster_dropless_layer_and_tf32x3_roofline_over_a_third_of_tf32():
+def test_speedup_is_over_the_fastest_torch_layer_and_tf32x3_roofline_over_a_third_of_tf32():
     p = {**point("a", 1, 1.0), "torch_dropless_bfloat16_ms": 1.5, "torch_loop_bfloat16_ms": 1.2}
     assert bench_gpu.speedup(p) == pytest.approx(1.2)
+    assert bench_gpu.speedup({**p, "torch_bfloat16_ms": 1.1}) == pytest.approx(1.1)  # padded wins at small T
     assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 388.0}) == pytest.approx(388.0 / 3)
     assert bench_gpu.roofline_tflops("tf32x3", {"float32": 51.0, "tf32": 120.0}) == 51.0
     assert bench_gpu.roofline_tflops("bfloat16", {"bfloat16": 737.0}) == 737.0
@@ -205,3 +206,17 @@ def test_zoo_plan_lines_and_misses():
         assert bench_gpu.zoo_failed({**ok, **bad}), bad
     assert bench_gpu.zoo_failed({"name": "f", "failed": "KernelTimeout: ..."})
     assert "skipped: needs 90 GiB" in bench_gpu.zoo_line({"name": "s", "skipped": "needs 90 GiB"})
+
+
+def test_the_plans_gpu_memory_is_the_machines_own_first_gpus(monkeypatch):
+    class Done:
+        returncode, stdout = 0, "143771\n143771\n"  # nvidia-smi's MiB of two H200s
+
+    monkeypatch.setattr(bench_gpu.subprocess, "run", lambda *a, **k: Done())
+    assert bench_gpu.local_gpu_gb() == pytest.approx(143771 * 2**20 / 1e9)
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(bench_gpu.subprocess, "run", missing)
+    assert bench_gpu.local_gpu_gb() is None
