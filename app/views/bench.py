@@ -1,6 +1,6 @@
 """Benchmarks page: a committed GPU benchmark run (benchmarks/bench_gpu.py) as its table (each point
 against the torch layers and its roofline), its GEMM phases against the memory's roofline, and its
-speedups over the dropless torch layer."""
+speedups over the fastest torch layer."""
 
 import numpy as np
 import streamlit as st
@@ -41,7 +41,7 @@ roofs = [r["kernel / roofline"] for r in rows if isinstance(r["kernel / roofline
 cols = st.columns(6)
 cols[0].metric("points", len(rows))
 cols[1].metric("faster than torch", f"{faster} of {len(rows)}",
-               help="than the dropless torch layer where the run timed it, else the padded one")
+               help="than the fastest torch layer the run timed (dropless, per-expert matmuls or padded)")
 cols[2].metric(f"GEMM phase at {BAR:g}% or more", f"{held} of {len(rows)}")
 cols[3].metric(f"roofline under {BAR:g}%", cannot,
                help="points whose weights' roofline, at the memory rate above, leaves the bar out of reach")
@@ -72,7 +72,7 @@ fig = charts.roofline(points, "rows an expert", "GEMM phase % ceil", "series", c
 st.plotly_chart(fig, key="bench.roofline")
 downloads.figure(fig, f"{path.stem}-roofline")
 
-st.subheader("Speedup over the dropless torch layer of the same precision (runs before it: the padded one)")
+st.subheader("Speedup over the fastest torch layer of the same precision")
 
 
 def layer(r: dict) -> str:
