@@ -12,12 +12,18 @@ from .routing import Routing
 
 
 def route_config(cfg: Config) -> Routing:
-    """The routing of `cfg`'s seeded inputs (draws the tokens and the gate, not the experts); each
-    rank's tokens are drawn, routed and dropped in turn (all of them at once outgrow the memory at
-    cluster scale: 512 GPUs of 4096 x 2048 float32 tokens are 17 GB)."""
+    """The routing of `cfg`'s seeded inputs (draws the gate, not the experts), each rank's in turn.
+    On one node, where the kernel and the golden run, it is the golden's, token for token: each
+    rank's tokens drawn and routed. Across nodes, where only the simulator goes, each token's gate
+    logits are drawn from their distribution instead (routing.sampled_logits): the same routing
+    statistics for min(H, E) / H of the work, which at hundreds of GPUs is most of a run's."""
     wg, gate_bias = weights.gate(cfg)
-    return routing.route(cfg, (weights.tokens(cfg, r) for r in range(cfg.ranks)), wg, gate_bias,
-                         weights.router_bias(cfg))
+    wg_bias = weights.router_bias(cfg)
+    if cfg.nodes > 1:
+        r = routing.gate_factor(cfg, wg)
+        z = (routing.sampled_logits(cfg, weights.gate_inputs(cfg, p), r, wg_bias) for p in range(cfg.ranks))
+        return routing.route_logits(cfg, z, gate_bias)
+    return routing.route(cfg, (weights.tokens(cfg, p) for p in range(cfg.ranks)), wg, gate_bias, wg_bias)
 
 
 def plan_of(cfg: Config) -> TilePlan:

@@ -82,11 +82,13 @@ def estimate(cfg: Config, job: str) -> Estimate:
         raise ValueError(f"job {job!r} is not one of {', '.join(JOBS)}")
     n_tok, h, e = cfg.ranks * cfg.tokens, cfg.hidden, cfg.experts
     scores = n_tok * e
-    # routing, one rank at a time (reference.route_config): its float32 tokens and their float64
-    # copy, a few float64 (token, expert) tables; every rank's choices; the plan
-    route_bytes = cfg.tokens * h * 12 + cfg.tokens * e * 8 * 4 + n_tok * cfg.top_k * 48
-    route_s = (n_tok * h / NORMALS_PER_S + 2 * n_tok * h * e / GATE_FLOPS_PER_S + scores * ROUTE_NS_PER_SCORE * 1e-9
-               + cfg.ranks * ROUTE_S_PER_RANK)
+    # routing, one rank at a time (reference.route_config): its float32 tokens (across nodes drawn in
+    # Wg's column space, min(H, E) wide) and their float64 copy, a few float64 (token, expert) tables;
+    # every rank's choices; the plan
+    width = min(h, e) if cfg.nodes > 1 else h
+    route_bytes = cfg.tokens * width * 12 + cfg.tokens * e * 8 * 4 + n_tok * cfg.top_k * 48
+    route_s = (n_tok * width / NORMALS_PER_S + 2 * n_tok * width * e / GATE_FLOPS_PER_S
+               + scores * ROUTE_NS_PER_SCORE * 1e-9 + cfg.ranks * ROUTE_S_PER_RANK)
     tasks, _ = _work(cfg)
     if job == "route":
         return Estimate(job, route_bytes + tasks * 64, route_s)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class Routing:
     weight: np.ndarray
     slot: np.ndarray
 
-    @property
+    @cached_property
     def kept(self) -> np.ndarray:
         return self.slot >= 0
 
@@ -75,12 +76,34 @@ class Routing:
 def logits(cfg: Config, x: np.ndarray, wg: np.ndarray, wg_bias: np.ndarray | None = None) -> np.ndarray:
     """Gate logits in float64 of the path's operands; x is (..., H); `wg_bias` (E,) is added with
     router_bias (and must then be given)."""
-    path = "bfloat16" if cfg.dtype == "bfloat16" else "float32"
-    z = to_path(x, path).astype(np.float64) @ to_path(wg, path).astype(np.float64)
+    path = _path(cfg)
+    return _offset(cfg, to_path(x, path).astype(np.float64) @ to_path(wg, path).astype(np.float64), wg_bias)
+
+
+def gate_factor(cfg: Config, wg: np.ndarray) -> np.ndarray:
+    """R of Wg = Q R (Q: H x K orthonormal columns, R: K x E, K = min(H, E)) for the path's Wg."""
+    return np.linalg.qr(to_path(wg, _path(cfg)).astype(np.float64), mode="r")
+
+
+def sampled_logits(cfg: Config, y: np.ndarray, r: np.ndarray, wg_bias: np.ndarray | None = None) -> np.ndarray:
+    """Gate logits of fresh tokens drawn from their distribution, not through the tokens: for tokens x
+    of N(0, 1) entries, x Wg = (x Q) R and x Q has N(0, 1) entries again, so `y` (T, K) of N(0, 1)
+    entries times R (gate_factor) are distributed as x Wg (the bf16 path's rounding of x aside): K
+    products a logit, not H, in float32 (no other path's routing to agree with; selection at half
+    the cost). Bias and skew as logits()."""
+    return _offset(cfg, y @ r.astype(np.float32), wg_bias)
+
+
+def _path(cfg: Config) -> str:
+    return "bfloat16" if cfg.dtype == "bfloat16" else "float32"
+
+
+def _offset(cfg: Config, z: np.ndarray, wg_bias: np.ndarray | None) -> np.ndarray:
+    """Logits z with the router's bias (router_bias) and the skew's prior added."""
     if cfg.router_bias:
         if wg_bias is None:
             raise ValueError(f"config {cfg.name!r} has router_bias = true: the gate's bias vector is needed")
-        z += to_path(wg_bias, path).astype(np.float64)
+        z += to_path(wg_bias, _path(cfg)).astype(np.float64)
     if cfg.skew:
         z -= cfg.skew * np.log1p(np.arange(cfg.experts, dtype=np.float64))
     return z
@@ -121,9 +144,10 @@ def group_limit(cfg: Config, score: np.ndarray) -> np.ndarray:
 
 
 def select(cfg: Config, z: np.ndarray, gate_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k experts (T, k) and their weights (T, k) from float64 logits z (T, E)."""
+    """Top-k experts (T, k) and their weights (T, k) from logits z (T, E), computed in z's float
+    type (float64 but for sampled_logits')."""
     s = sigmoid(z) if cfg.gate in ("sigmoid_bias", "sigmoid_topk") else None
-    score = s + gate_bias.astype(np.float64) if cfg.gate == "sigmoid_bias" else z
+    score = s + gate_bias.astype(z.dtype) if cfg.gate == "sigmoid_bias" else z
     top = _top(group_limit(cfg, score), cfg.top_k).astype(np.int32)
     if cfg.gate == "softmax_topk":
         w = np.take_along_axis(softmax(z), top, axis=-1)
@@ -159,9 +183,14 @@ def route(cfg: Config, x: Iterable[np.ndarray], wg: np.ndarray, gate_bias: np.nd
           wg_bias: np.ndarray | None = None) -> Routing:
     """Route the (P, T, H) tokens of every rank, an array or the ranks' (T, H) one after another
     (`wg_bias`: the gate's bias, needed with router_bias)."""
+    return route_logits(cfg, (logits(cfg, xr, wg, wg_bias) for xr in x), gate_bias)
+
+
+def route_logits(cfg: Config, z: Iterable[np.ndarray], gate_bias: np.ndarray) -> Routing:
+    """Route every rank's (T, E) gate logits (logits()' float64, or sampled_logits'), one rank after another."""
     experts, weights, slots = [], [], []
-    for xr in x:
-        top, w = select(cfg, logits(cfg, xr, wg, wg_bias), gate_bias)
+    for zr in z:
+        top, w = select(cfg, zr, gate_bias)
         experts.append(top)
         weights.append(w)
         slots.append(assign_slots(cfg, top))

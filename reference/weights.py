@@ -16,7 +16,7 @@ import numpy as np
 
 from .config import Config
 
-_X, _WG, _GATE_BIAS, _W1, _B1, _W2, _B2, _WG_BIAS = range(8)
+_X, _WG, _GATE_BIAS, _W1, _B1, _W2, _B2, _WG_BIAS, _X_GATE = range(9)
 
 
 def _normal(cfg: Config, stream: int, index: int, shape, scale: float) -> np.ndarray:
@@ -48,6 +48,12 @@ class Weights:
 def tokens(cfg: Config, rank: int) -> np.ndarray:
     """The T x H tokens that live on `rank`."""
     return _normal(cfg, _X, rank, (cfg.tokens, cfg.hidden), 1.0)
+
+
+def gate_inputs(cfg: Config, rank: int) -> np.ndarray:
+    """`rank`'s T tokens as the gate sees them, in Wg's column space: (T, min(H, E)) entries N(0, 1)
+    (x Q for tokens x of N(0, 1) entries and Wg = Q R, which are N(0, 1) again: routing.sampled_logits)."""
+    return _normal(cfg, _X_GATE, rank, (cfg.tokens, min(cfg.hidden, cfg.experts)), 1.0)
 
 
 def gate(cfg: Config) -> tuple[np.ndarray, np.ndarray]:

@@ -50,6 +50,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import simpy
@@ -61,7 +62,7 @@ from . import costs
 from .hardware import Hardware
 from .links import SharedLink
 from .ports import Move
-from .trace import TraceBuilder
+from .trace import KIND, ROLE, TraceBuilder
 
 SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber warps
 Done = Callable[[int, float, float], None]  # a task's (lane, start, end), once its end is known
@@ -116,11 +117,11 @@ class Scheduler:
                     self.env.timeout(t - self.env.now).callbacks.append(self._wake)
                 return
             enqueued, own, store, nbytes, done = queue.popleft()
-            heapq.heappop(free)
             start = max(enqueued, t, self.turn)
             self.turn = max(enqueued, self.turn) + self.assign_ns
             work_end = start + own
             if nbytes:
+                heapq.heappop(free)
                 self.seq += 1
                 holding[lane] = self.seq
                 heapq.heappush(held, (work_end + store + self.handoff, self.seq, lane))
@@ -128,7 +129,7 @@ class Scheduler:
                                       lambda a=(lane, start, work_end + store, done): self._release(*a))
             else:
                 end = work_end + store
-                heapq.heappush(free, (end + self.handoff, lane))
+                heapq.heapreplace(free, (end + self.handoff, lane))  # the block taken, free again at end
                 done(lane, start, end)
 
     def _wake(self, _) -> None:
@@ -371,12 +372,13 @@ class FusedKernel:
         left: dict[int, list[float]] = {}  # unit -> [its tasks not ended, its last end]
         for u, _ in order:
             left.setdefault(u, [0, 0.0])[0] += 1
-        add, rank, node, name, env = self.rec.add, self.rank, self.node, TASK_KINDS[kind], self.env
+        add, rank, node, env = self.rec.add_row, self.rank, self.node, self.env
+        role, name = ROLE["processor"], KIND[TASK_KINDS[kind]]
         task_tile, tile_expert = self.phases.task_tile, self.phases.tile_expert
 
         def done(u: int, task: int, lane: int, start: float, end: float) -> None:
             t = task_tile[task]
-            add(rank, node, lane, "processor", name, start, end, tile_expert[t], t)
+            add((rank, node, lane, role, name, start, end, tile_expert[t], t, -1, 0))
             unit = left[u]
             unit[0] -= 1
             unit[1] = max(unit[1], end)
@@ -386,9 +388,9 @@ class FusedKernel:
         if kind == GEMM1:
             peer = {u: self.peer_bytes(u) for u in left}
             store = {u: costs.store_ns(self.hw, NVLINK, b) for u, b in peer.items()}
-            tasks = [(own[task], store[u], peer[u], lambda *a, u=u, task=task: done(u, task, *a)) for u, task in order]
+            tasks = [(own[task], store[u], peer[u], partial(done, u, task)) for u, task in order]
         else:
-            tasks = [(own[task], 0.0, 0.0, lambda *a, u=u, task=task: done(u, task, *a)) for u, task in order]
+            tasks = [(own[task], 0.0, 0.0, partial(done, u, task)) for u, task in order]
         self.scheduler.submit(env.now, tasks)
 
     def peer_bytes(self, t: int) -> float:

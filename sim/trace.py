@@ -195,8 +195,11 @@ class TraceBuilder:
 
     def add(self, rank: int, node: int, lane: int, role: str, kind: str, start: float, end: float,
             expert: int = -1, tile: int = -1, peer: int = -1, nbytes: int = 0) -> None:
-        self._rows.append((rank, node, lane, ROLE[role], KIND[kind], start, end, expert, tile,
-                           peer, nbytes))
+        self.add_row((rank, node, lane, ROLE[role], KIND[kind], start, end, expert, tile, peer, nbytes))
+
+    def add_row(self, row: tuple) -> None:
+        """A row as `add` makes it: role and kind by their codes (ROLE, KIND), every column given."""
+        self._rows.append(row)
         if len(self._rows) >= self.CHUNK:
             self._pack()
 
