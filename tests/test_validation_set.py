@@ -175,8 +175,8 @@ VALIDATION_CAUSES = {
         "microbenchmark times it at k > 2 or with dropped choices (docs/notes/sim-port.md)"
     ),
     "DISPATCH_ONE_GPU": (
-        "on one GPU the local dispatch modelled 24-81% long at k 2-7: the copy rate is fitted on the "
-        "microbenchmark's k = 2 rows"
+        "on one GPU the local dispatch modelled 23-168% long at k 2-7 (the most at E 8-16 on an H100): the "
+        "copy rate is fitted on the microbenchmark's k = 2 rows"
     ),
     "DISPATCH_HOT_PEER": (
         "on four GPUs under skew the dispatch modelled 30-37% short: the shares into the hot GPU take longer "
@@ -186,9 +186,16 @@ VALIDATION_CAUSES = {
         "the layer modelled 10-55% short while most phases' busy times hold: its processors wait longer "
         "between phases than modelled (SM utilization measured below modelled)"
     ),
-    "LAYER_LONG": "the layer modelled 11% long: its combine and the waits around it (2 GPUs, E 16, k 4, skew 1)",
+    "LAYER_LONG": (
+        "the layer modelled 11-14% long: its combine and the waits around it (2 H200s, E 16, k 4, skew 1), or "
+        "its dispatch (one H100, E 8, k 6, skew 1.75: DISPATCH_ONE_GPU)"
+    ),
+    "DISPATCH_ONE_H100_DROPS": (
+        "on one H100 under skew 1.5 with capacity 1.25 the local dispatch modelled 31% short (the same layer "
+        "holds on an H200): no microbenchmark times the dispatch of a layer that drops rows on an H100"
+    ),
     "GEMM_SKEW": (
-        "GEMM busy time off by 20-49% on skewed layers with k 1 or capacity 1.25: the few rows a tile "
+        "GEMM busy time off by 20-49% on skewed layers with k 1, capacity 1.25 or E 8: the few rows a tile "
         "holds cost what the 64-row groups give"
     ),
     "GATE_FEW_EXPERTS": (
@@ -248,6 +255,17 @@ VALIDATION_MISSES: dict[tuple[str, str], str] = {
     ("h200x4-trace-val-40-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
     ("h200x4-trace-val-42-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
     ("h200x4-trace-val-38-p4", "gate"): VALIDATION_CAUSES["GATE_FEW_EXPERTS"],
+    ("h100x1-trace-val-00-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h100x1-trace-val-04-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h100x1-trace-val-06-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
+    ("h100x1-trace-val-01-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h100x1-trace-val-03-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h100x1-trace-val-04-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h100x1-trace-val-14-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h100x1-trace-val-15-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
+    ("h100x1-trace-val-15-p1", "gemm0"): VALIDATION_CAUSES["GEMM_SKEW"],
+    ("h100x1-trace-val-15-p1", "layer"): VALIDATION_CAUSES["LAYER_LONG"],
+    ("h100x1-trace-val-02-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_H100_DROPS"],
 }
 
 
