@@ -24,6 +24,7 @@ JOBS = ("route", "golden", "sim")
 LONG_S = 120.0  # past this, a job asks to be let go on (a few minutes with a factor-2 estimate)
 NORMALS_PER_S = 6e7  # seeded float32 draws (reference.weights)
 GATE_FLOPS_PER_S = 1.5e10  # the float64 gate projection (a skinny GEMM: E columns)
+SAMPLED_GATE_FLOPS_PER_S = 6e10  # across nodes: the float32 product of the sampled gate inputs
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
 ROUTE_NS_PER_SCORE = 35.0  # softmax, top-k (a partition) and slot assignment, per (token, expert) score
 ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
@@ -32,9 +33,9 @@ ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms
 # flashmoe on 2 and 4 GPUs, and the node sweep at 4 and 16 nodes
 SIM_EVENTS_PER_CHUNK = 15.0
 SIM_EVENTS_PER_NETWORK_CHUNK = 30.0
-# CPU per event and pass on the busy 2-core VM: 13 us at 8 nodes, 17 at 64 (perseus-comm, ibrc); its wall
-# is twice that and more when other processes share the cores
-SIM_US_PER_EVENT = 20.0
+# CPU per event: 9-10 us on a quiet core at 8 and 64 nodes (perseus-comm, ibrc), more when other
+# processes share the cores
+SIM_US_PER_EVENT = 14.0
 # SimPy's live events and processes, trace rows packed into columns: a bound, about twice the peak measured
 # on perseus-comm (394 MB at 8 nodes, 3.3 GB at 64 against 0.77 and 6.6 GB estimated)
 SIM_BYTES_PER_EVENT = 350
@@ -87,7 +88,8 @@ def estimate(cfg: Config, job: str) -> Estimate:
     # every rank's choices; the plan
     width = min(h, e) if cfg.nodes > 1 else h
     route_bytes = cfg.tokens * width * 12 + cfg.tokens * e * 8 * 4 + n_tok * cfg.top_k * 48
-    route_s = (n_tok * width / NORMALS_PER_S + 2 * n_tok * width * e / GATE_FLOPS_PER_S
+    gate_rate = SAMPLED_GATE_FLOPS_PER_S if cfg.nodes > 1 else GATE_FLOPS_PER_S
+    route_s = (n_tok * width / NORMALS_PER_S + 2 * n_tok * width * e / gate_rate
                + scores * ROUTE_NS_PER_SCORE * 1e-9 + cfg.ranks * ROUTE_S_PER_RANK)
     tasks, _ = _work(cfg)
     if job == "route":
