@@ -192,17 +192,20 @@ def weights_bound(r: dict, ceiling: float, gbps: float) -> float:
     return metrics.weights_roofline(Config.from_dict(r["config"]), r["kept_rows"], ceiling, gbps)
 
 
+def command_output(cmd: list[str]) -> str:
+    """A tool's stdout, stripped; "" where it fails or this machine lacks it."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
 def run_meta(args_line: str) -> dict:
     """Where and from what the numbers come: commit, command, GPUs, driver, versions."""
     import torch
 
-    def out(cmd):
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True)
-        except FileNotFoundError:  # a tool missing on this machine: its field stays empty
-            return ""
-        return done.stdout.strip() if done.returncode == 0 else ""
-
+    out = command_output  # a tool missing on this machine leaves its field empty
     smi = out(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]).splitlines()
     commit = os.environ.get("MOELAB_COMMIT") or out(["git", "rev-parse", "HEAD"]) or "unknown"
     try:
@@ -233,13 +236,8 @@ H100_GB = 80.0  # the mission's GPU: the plans' memory where this machine has no
 
 def local_gpu_gb() -> float | None:
     """The first GPU's memory in GB (nvidia-smi), or None where there is none."""
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True)
-    except FileNotFoundError:
-        return None
-    lines = done.stdout.split() if done.returncode == 0 else []
-    return float(lines[0]) * 2**20 / 1e9 if lines else None
+    mib = command_output(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]).split()
+    return float(mib[0]) * 2**20 / 1e9 if mib else None
 
 
 def matrix_bytes(cfg: Config, kernel: bool = True) -> int:

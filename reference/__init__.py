@@ -19,7 +19,7 @@ def route_config(cfg: Config) -> Routing:
     statistics for min(H, E) / H of the work, which at hundreds of GPUs is most of a run's."""
     wg, gate_bias = weights.gate(cfg)
     wg_bias = weights.router_bias(cfg)
-    if cfg.nodes > 1:
+    if routing.sampled(cfg):
         r = routing.gate_factor(cfg, wg)
         z = (routing.sampled_logits(cfg, weights.gate_inputs(cfg, p), r, wg_bias) for p in range(cfg.ranks))
         return routing.route_logits(cfg, z, gate_bias)

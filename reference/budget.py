@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .config import Config
 from .numerics import PATHS
+from .routing import sampled
 from .weights import draw_bytes, ffn_in_width
 
 JOBS = ("route", "golden", "sim")
@@ -86,9 +87,8 @@ def estimate(cfg: Config, job: str) -> Estimate:
     # routing, one rank at a time (reference.route_config): its float32 tokens (across nodes drawn in
     # Wg's column space, min(H, E) wide) and their float64 copy, a few float64 (token, expert) tables;
     # every rank's choices; the plan
-    width = min(h, e) if cfg.nodes > 1 else h
+    width, gate_rate = (min(h, e), SAMPLED_GATE_FLOPS_PER_S) if sampled(cfg) else (h, GATE_FLOPS_PER_S)
     route_bytes = cfg.tokens * width * 12 + cfg.tokens * e * 8 * 4 + n_tok * cfg.top_k * 48
-    gate_rate = SAMPLED_GATE_FLOPS_PER_S if cfg.nodes > 1 else GATE_FLOPS_PER_S
     route_s = (n_tok * width / NORMALS_PER_S + 2 * n_tok * width * e / gate_rate
                + scores * ROUTE_NS_PER_SCORE * 1e-9 + cfg.ranks * ROUTE_S_PER_RANK)
     tasks, _ = _work(cfg)

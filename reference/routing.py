@@ -80,6 +80,12 @@ def logits(cfg: Config, x: np.ndarray, wg: np.ndarray, wg_bias: np.ndarray | Non
     return _offset(cfg, to_path(x, path).astype(np.float64) @ to_path(wg, path).astype(np.float64), wg_bias)
 
 
+def sampled(cfg: Config) -> bool:
+    """Whether reference.route_config draws cfg's logits from their law (sampled_logits): across
+    nodes, where only the simulator goes; on one node it routes the golden's tokens."""
+    return cfg.nodes > 1
+
+
 def gate_factor(cfg: Config, wg: np.ndarray) -> np.ndarray:
     """R of Wg = Q R (Q: H x K orthonormal columns, R: K x E, K = min(H, E)) for the path's Wg."""
     return np.linalg.qr(to_path(wg, _path(cfg)).astype(np.float64), mode="r")
