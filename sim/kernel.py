@@ -56,7 +56,7 @@ import numpy as np
 import simpy
 
 from reference import Config, TilePlan
-from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK, RETURN, TASK_KINDS, chunk_slots
+from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK, RETURN, TASK_KINDS
 
 from . import costs
 from .hardware import Hardware
@@ -261,53 +261,44 @@ class FusedKernel:
 
     def dispatch_shares(self) -> list[tuple[int, int, int, int]]:
         """(share index u, processor, transfer, bytes) of this GPU's dispatch shares in u order: the
-        kernel has plan.chunk_slots dispatch slots per expert, slot j for the j-th chunk of this
-        GPU's block in window order; it numbers the shares of slot (expert, j) slot x parts + part
-        and gives share u to processor u mod processors; a chunk it packs and puts is one block's."""
+        kernel numbers its non-empty chunks' shares consecutively (the plan's order: expert by
+        expert, a block's chunks in window order), `parts` a chunk, and deals share u to processor
+        u mod processors; a chunk it packs and puts is one block's (its share 0)."""
         p, cfg = self.plan, self.cfg
         if self.dispatch == "staged" and cfg.ranks > 1:
             return self.staged_shares()
         parts = costs.dispatch_parts(cfg, self.processors, self.dispatch)
-        per_expert = chunk_slots(cfg)
-        taken: dict[int, int] = {}  # chunks of each expert's block met so far
         out = []
-        # dispatch transfers in plan order: a block's chunks in window order (chunks are tile-major)
-        for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):
-            c = int(p.transfer_chunk[x])
-            e, rows = int(p.tile_expert[p.chunk_tile[c]]), int(p.chunk_rows[c])
-            j = taken.get(e, 0)
-            taken[e] = j + 1
+        for c, x in enumerate(np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank))):
+            rows = int(p.chunk_rows[p.transfer_chunk[x]])
             n = parts if costs.stores_dispatch(self.dispatch, int(p.transfer_link[x])) else 1
             share = -(-rows // n)
             for part in range(n):
-                r0 = min(rows, part * share)
-                u = (e * per_expert + j) * parts + part
+                r0, u = min(rows, part * share), c * parts + part
                 nbytes = (min(rows, r0 + share) - r0) * int(p.transfer_bytes[x]) // rows
                 out.append((u, u % self.processors, int(x), nbytes))
-        return sorted(out)
+        return out
 
     def staged_shares(self) -> list[tuple[int, int, int, int]]:
-        """The staged dispatch's shares (trace.DISPATCH_PATHS), one per chunk, as the kernel numbers
-        its chunk slots: a peer's slot j of local expert le, the peers counted k = 0.. from rank + 1
-        on (the senders stagger their owners), is u = (le (P - 1) + k) CH + j on processor u mod R;
-        this GPU's own slot j of local expert le is u = le CH + j on processor R + u mod (the
+        """The staged dispatch's shares (trace.DISPATCH_PATHS), one per chunk: the peers' chunks,
+        local expert by local expert with the peers counted k = 0.. from rank + 1 on (the senders
+        stagger their owners), each expert's in window order, are numbered u = 0.. and dealt to
+        processor u mod R; this GPU's own, local expert by local expert, to processor R + u mod (the
         other processors)."""
         p, cfg = self.plan, self.cfg
-        r, slots, experts = min(self.staged_blocks, self.processors - 1), chunk_slots(cfg), cfg.local_experts
-        taken: dict[int, int] = {}
+        r, experts = min(self.staged_blocks, self.processors - 1), cfg.local_experts
         remote, local = [], []
         for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):
-            e = int(p.tile_expert[p.chunk_tile[p.transfer_chunk[x]]])
-            j = taken.get(e, 0)
-            taken[e] = j + 1
-            owner, le = divmod(e, experts)
+            owner, le = divmod(int(p.tile_expert[p.chunk_tile[p.transfer_chunk[x]]]), experts)
             if owner == self.rank:
-                u = le * slots + j
-                local.append((u, r + u % (self.processors - r), int(x), int(p.transfer_bytes[x])))
+                local.append((le, int(x)))
             else:
-                u = (le * (cfg.ranks - 1) + (owner - self.rank - 1) % cfg.ranks) * slots + j
-                remote.append((u, u % r, int(x), int(p.transfer_bytes[x])))
-        return sorted(remote) + sorted(local)
+                remote.append((le, (owner - self.rank - 1) % cfg.ranks, int(x)))
+        remote.sort(key=lambda s: s[:2])  # stable: window order within an expert's block
+        local.sort(key=lambda s: s[0])
+        nbytes = p.transfer_bytes
+        return ([(u, u % r, x, int(nbytes[x])) for u, (_, _, x) in enumerate(remote)] +
+                [(u, r + u % (self.processors - r), x, int(nbytes[x])) for u, (_, x) in enumerate(local)])
 
     def arrive(self, x: int) -> None:
         """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk. A dispatched

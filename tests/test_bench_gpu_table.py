@@ -173,14 +173,21 @@ def test_committed_summaries_from_before_precision_read_as_their_precision(summa
                                                         "tf32x3": 50.0})} == {precision}
 
 
-def test_bench_dispatch_times_one_layer_on_each_path():
+def test_bench_dispatch_times_each_layer_on_each_path():
     rng = np.random.default_rng()
     senders = sorted({int(n) for n in rng.integers(1, 128, size=3)})
-    todo = bench_dispatch.dispatch_cases("qwen3-30b-a3b", 4096, 4, "bfloat16", senders, 20)
-    assert [(c["dispatch"], c.get("staged_blocks")) for c in todo] == [("staged", n) for n in senders] + [
-        ("store", None)]
+    layers, tokens = ["qwen3-30b-a3b", "gpt-oss-120b"], [4096, 16384]
+    todo = bench_dispatch.dispatch_cases(layers, tokens, 4, "bfloat16", senders, ["staged", "store"], 20)
+    ways = [("staged", n) for n in senders] + [("store", None)]
+    assert [(c["dispatch"], c.get("staged_blocks")) for c in todo] == ways * len(layers) * len(tokens)
     assert len({c["name"] for c in todo}) == len(todo) and all(c["bench"] and c["baselines"] == [] for c in todo)
-    assert {c["config"]["top_k"] for c in todo} == {8}
+    assert [(c["config"]["top_k"], c["config"]["tokens"]) for c in todo[::len(ways)]] == [
+        (8, 4096), (8, 16384), (4, 4096), (4, 16384)]
+    # one GPU has one dispatch (the staged one is flat there): its store path, once a point
+    one = bench_dispatch.dispatch_cases(layers, tokens, 1, "bfloat16", senders, ["staged"], 20)
+    assert [c["dispatch"] for c in one] == ["store"] * 4
+    assert [c["dispatch"] for c in bench_dispatch.dispatch_cases(layers, [4096], 2, "bfloat16", [16], ["store"], 20)] \
+        == ["store"] * 2
 
 
 def test_zoo_plan_lines_and_misses():

@@ -41,25 +41,39 @@ def test_peers_chunks_go_out_by_local_expert_on_the_staged_processors():
 
 
 @pytest.mark.parametrize("ranks,tokens", [(4, 1536), (2, 8192), (8, 1024)])
-def test_each_chunk_goes_to_the_processor_the_kernel_gives_its_slot(ranks, tokens):
-    # processor.cuh dispatch_chunks: chunk slot j of local expert le (j: the chunk's tile window
-    # less the window of its block's first slot) for peer k = owner - rank - 1 mod P is share
-    # u = (le (P - 1) + k) CH + j of processors 0..R-1; for this GPU, u = le CH + j of the rest
+def test_each_chunk_goes_to_the_processor_the_kernel_deals_it(ranks, tokens):
+    # processor.cuh deal_chunks: the peers' non-empty chunks, local expert by local expert, peer
+    # k = owner - rank - 1 mod P within it, window order within that, numbered u = 0.. go to
+    # processor u mod R; this GPU's own, local expert by local expert, to R + u mod the rest
     cfg = presets.get("flashmoe").replace(ranks=ranks, tokens=tokens, seed=int(np.random.randint(1e6)))
     hw = sim.hardware.get("h200-sxm")
     d = sim.simulate(cfg, hw, dispatch="staged").trace.where("processor", "dispatch")
     plan = reference.plan_of(cfg)
-    n, r, slots = hw.processors, costs.STAGED_BLOCKS, reference.plan.chunk_slots(cfg)
-    stride, experts = reference.plan.source_stride(cfg), cfg.local_experts
+    n, r, experts = hw.processors, costs.STAGED_BLOCKS, cfg.local_experts
     assert len(d) == len(plan.chunk_tile)  # a share per chunk
-    for src, t in zip(plan.chunk_src, plan.chunk_tile):
-        e, j = int(plan.tile_expert[t]), int(plan.tile_window[t] - src * stride // cfg.tile_m)
-        owner, le = divmod(e, experts)
-        if owner == src:
-            want = r + (le * slots + j) % (n - r)
-        else:
-            want = ((le * (ranks - 1) + (owner - src - 1) % ranks) * slots + j) % r
-        assert d["lane"][(d["tile"] == t) & (d["rank"] == src)].tolist() == [want]
+    for src in range(ranks):
+        mine = [int(t) for s, t in zip(plan.chunk_src, plan.chunk_tile) if s == src]
+        order = {}
+        for t in mine:
+            owner, le = divmod(int(plan.tile_expert[t]), experts)
+            key = (0, le, 0) if owner == src else (1, le, (owner - src - 1) % ranks)
+            order.setdefault(key[0], []).append((key[1:], int(plan.tile_window[t]), t))
+        for group, chunks in order.items():
+            for u, (_, _, t) in enumerate(sorted(chunks)):
+                want = r + u % (n - r) if group == 0 else u % r
+                assert d["lane"][(d["tile"] == t) & (d["rank"] == src)].tolist() == [want]
+
+
+def test_a_dropless_layers_staged_senders_share_its_chunks_evenly():
+    """Dropless, C = T: most chunk slots are empty, and every sender gets its share of the peers'
+    chunks (within one)."""
+    cfg = presets.get("flashmoe").replace(ranks=2, tokens=2048, experts=64, top_k=8, capacity_factor=None,
+                                          seed=int(np.random.randint(1e6)))
+    d = sim.simulate(cfg, "h200-sxm", dispatch="staged").trace.where("processor", "dispatch")
+    remote = d["peer"] != d["rank"]
+    for rank in range(cfg.ranks):
+        per_sender = np.bincount(d["lane"][remote & (d["rank"] == rank)], minlength=costs.STAGED_BLOCKS)
+        assert per_sender.max() - per_sender.min() <= 1, per_sender
 
 
 @pytest.mark.parametrize("point", ["bf16-p4", "p4"])

@@ -199,38 +199,43 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
   if (threadIdx.x == 0) log_event(p, tel, blockIdx.x, EV_DISPATCH, t0, now_ns(), e, owner, r1 - r0, w, part);
 }
 
-// This block's dispatch shares. Flat (staged_blocks 0, or one GPU): share u of the chunk slots'
-// (E x CH x parts) by block u mod n, so every GPU's rows land at once and no expert completes before
-// the dispatch's last round. Staged: blocks 0..R-1 send the peers' chunks one after another, local
-// expert by local expert, in the same order on every GPU with the owners staggered by rank, so the
-// owners' experts complete in waves; blocks R.. store this GPU's own chunks and go on to the tasks
-// that those waves queue while the rest is in flight (faster than flat at every bf16 point on four
-// H200s; R = the host's layout.STAGED_BLOCKS; measurements: docs/notes/dispatch.md).
+// Deals this rank's dispatch shares to blocks b of nb: the non-empty chunks of experts
+// expert_at(0..ne-1), in that order and window order within each, each cut into `parts` shares,
+// numbered consecutively, share u to block u mod nb. Only non-empty chunks are counted: a dropless
+// layer's chunk slots (C = T) are mostly empty, and dealing the slots gave a few blocks every
+// expert's first chunks.
+template <int BM, class ExpertAt>
+__device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at, int parts, int b, int nb) {
+  const int off = (int)p.rank * (int)p.stride % BM;  // where this rank's first slot falls in its first window
+  int u = 0;
+  for (int i = 0; i < ne; ++i) {
+    const long long e = expert_at(i);
+    const int rows = __ldcg(p.counts + e), shares = rows == 0 ? 0 : (rows + off + BM - 1) / BM * parts;
+    for (int v = u + ((b - u) % nb + nb) % nb; v < u + shares; v += nb) {
+      const int j = (v - u) / parts;
+      dispatch_chunk<BM>(p, tel, (int)e, j, own_chunk<BM>(p, e, j), (v - u) % parts, parts);
+    }
+    u += shares;
+  }
+}
+
+// This block's dispatch shares. Flat (staged_blocks 0, or one GPU): every expert's chunks dealt to
+// all n blocks. Staged: blocks 0..R-1 send the peers' chunks, local expert by local expert, in the
+// same order on every GPU with the owners staggered by rank, so the owners' experts complete in
+// waves; blocks R.. store this GPU's own chunks and go on to the tasks that those waves queue while
+// the rest is in flight (R = the host's layout.STAGED_BLOCKS; measurements: docs/notes/dispatch.md).
 template <int BM>
 __device__ void dispatch_chunks(const Params& p, int tel, int n) {
-  const int R = p.P > 1 ? (int)min(p.staged_blocks, (long long)n - 1) : 0;
+  const int R = p.P > 1 ? (int)min(p.staged_blocks, (long long)n - 1) : 0, b = (int)blockIdx.x;
+  const int P = (int)p.P, L = (int)p.L, rank = (int)p.rank;
   if (R == 0) {
-    const int parts = dispatch_parts(p);
-    for (long long u = blockIdx.x; u < p.E * p.CH * parts; u += n) {
-      const long long f = u / parts;
-      const int e = (int)(f / p.CH), j = (int)(f % p.CH);
-      const Chunk c = own_chunk<BM>(p, e, j);
-      if (!c.empty()) dispatch_chunk<BM>(p, tel, e, j, c, (int)(u % parts), parts);
-    }
-  } else if ((int)blockIdx.x >= R) {
-    for (long long u = blockIdx.x - R; u < p.L * p.CH; u += n - R) {
-      const int e = (int)(p.rank * p.L + u / p.CH), j = (int)(u % p.CH);
-      const Chunk c = own_chunk<BM>(p, e, j);
-      if (!c.empty()) dispatch_chunk<BM>(p, tel, e, j, c, 0, 1);
-    }
+    deal_chunks<BM>(p, tel, (int)p.E, [](int i) { return (long long)i; }, dispatch_parts(p), b, n);
+  } else if (b >= R) {
+    deal_chunks<BM>(p, tel, L, [=](int i) { return (long long)rank * L + i; }, 1, b - R, n - R);
   } else {
-    const long long per = (p.P - 1) * p.CH;  // one local expert's chunk slots on the peers
-    for (long long u = blockIdx.x; u < p.L * per; u += R) {
-      const long long le = u / per, k = u % per / p.CH;
-      const int e = (int)((p.rank + 1 + k) % p.P * p.L + le), j = (int)(u % p.CH);
-      const Chunk c = own_chunk<BM>(p, e, j);
-      if (!c.empty()) dispatch_chunk<BM>(p, tel, e, j, c, 0, 1);
-    }
+    // a local expert's chunks on each peer k = 0.. counted from rank + 1 on
+    deal_chunks<BM>(p, tel, L * (P - 1), [=](int i) { return (long long)((rank + 1 + i % (P - 1)) % P) * L + i / (P - 1); },
+                    1, b, R);
   }
 }
 
