@@ -133,6 +133,11 @@ def check_supported(cfg: Config) -> None:
     if cfg.ranks * plan.source_stride(cfg) + cfg.tile_m >= 2**30:
         raise UnsupportedConfig("tokens", cfg.tokens, f"fewer: a local expert's {cfg.ranks} x "
                                 f"{plan.source_stride(cfg)} slot positions must stay below 2**30 (kernels/tiles.cuh)")
+    s = Sizes.of(cfg)
+    if (s.L * s.W + s.E * s.CH) * (MAX_TILE_SOURCES + 1) >= 2**31:
+        raise UnsupportedConfig("tokens", cfg.tokens, f"fewer: the subscriber's {s.L * s.W} tile windows and "
+                                f"{s.E * s.CH} chunk slots must stay below 2**31 / {MAX_TILE_SOURCES + 1} "
+                                "(kernels/os.cuh)")
     if cfg.merge_sources and tile_sources(cfg) > MAX_TILE_SOURCES:
         raise UnsupportedConfig("merge_sources", cfg.merge_sources, f"false here: with {cfg.slots} slots per "
                                 f"source, a tile of {cfg.tile_m} rows would span {tile_sources(cfg)} source ranks, "
@@ -399,14 +404,14 @@ def kernel_constants() -> dict[str, int]:
     """The numbers Python owns and every kernel unit reads, passed to nvcc as -D flags (gpu/build.py):
     the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
     in reference.config's lists), the gate's work item and selection, and the most blocks a stored
-    chunk is shared by (sim.costs, which models them)."""
+    chunk is shared by (sim.costs, which models them), the most sources a tile window spans."""
     return {**{f"MOELAB_EV_{k.upper()}": i for i, k in enumerate(KINDS)},
             **{f"MOELAB_GATE_{g.upper()}": i for i, g in enumerate(ALL_GATES)},
             **{f"MOELAB_ACT_{a.upper()}": i for i, a in enumerate(ALL_ACTIVATIONS)},
             "MOELAB_GATE_TOKENS": costs.GATE_TOKENS, "MOELAB_GATE_EXPERTS": costs.GATE_EXPERTS,
             "MOELAB_GATE_DEPTH": costs.GATE_DEPTH, "MOELAB_GATE_MAX_SPLITS": costs.GATE_MAX_SPLITS,
             "MOELAB_GATE_SMEM_LOGITS": costs.GATE_SMEM_LOGITS, "MOELAB_SELECT_LANES": costs.SELECT_LANES,
-            "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS}
+            "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS, "MOELAB_MAX_TILE_SOURCES": MAX_TILE_SOURCES}
 
 
 def kernel_name(cfg: Config) -> str:

@@ -323,7 +323,7 @@ class Layer:
             n32 = dict(state=8, queue_ready=s.queue_cap, tile_done0=all_tiles, tile_done1=all_tiles,
                        dispatch_done=s.E * s.CH, in_count=s.E, in_base=s.E, count_base=s.E,
                        window_rows=tiles, window_chunks=tiles,
-                       seen=tiles + s.E * s.CH, expert_tiles=3 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
+                       watch=tiles + s.E * s.CH, expert_tiles=3 * s.L, mailbox_done=self.n_proc, tlog_count=self.logs)
             self._work32 = torch.zeros(sum(n32.values()), dtype=i32, device=dev)
             at = 0
             for name, n in n32.items():

@@ -356,9 +356,10 @@ def test_simulated_queue_policy_is_the_kernel_builds():
     by_build = re.search(r"#if MOE_BF16\nconstexpr bool QUEUE_BY_EXPERT = (\w+);\n#else\n"
                          r"constexpr bool QUEUE_BY_EXPERT = (\w+);", text)
     assert by_build and by_build.groups() == ("true", "false")
-    assert "if (QUEUE_BY_EXPERT) {" in text and "enqueue_expert(p, TASK_GEMM0, le, n0, BN)" in text
+    assert "if (QUEUE_BY_EXPERT) {" in text and "enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN)" in text
     processor = (layout.KERNEL_DIR / "processor.cuh").read_text()
-    assert "if (last && QUEUE_BY_EXPERT) {" in processor and "enqueue_expert(p, TASK_GEMM1, le, n1, BN)" in processor
+    assert "if (last && QUEUE_BY_EXPERT) {" in processor
+    assert "enqueue_expert<BM>(p, TASK_GEMM1, le, n1, BN)" in processor
     cfg = presets.get("flashmoe")
     policy = {name: costs.queue_policy(c) for name, c in (
         ("float32", cfg), ("tf32", cfg.replace(precision="tf32")), ("bfloat16", cfg.replace(precision="bfloat16")))}

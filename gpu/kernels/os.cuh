@@ -18,6 +18,7 @@ constexpr int SCHED_GROUPS = 12;  // the scheduler warp serves at most 32 x 12 p
                                   // 16 made ptxas spill the bf16 kernel at its 255 registers)
 constexpr int READY_BATCH = 8;    // queue flags a scheduler lane reads at once
 constexpr int MAILBOX_SLOTS = 2;  // tasks a processor may hold: the one it runs and the next
+constexpr int WATCH_CHUNKS = MAX_TILE_SOURCES + 1;  // a watched item's entry: it x WATCH_CHUNKS + a tile's chunks
 // The bf16 build queues an expert's dispatched tiles together (enqueue_expert): its tensor-core tasks
 // are bound by the weight slices they read. The float32 and tf32 tasks are bound by their math, and
 // waiting for an expert's last tile made every float32 layer 0.4-1.9% slower (two H100s).
@@ -59,17 +60,24 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
 // and once every tile's GEMM0 tasks are done, their GEMM1 tasks (the processor ending the last), n
 // of a kind a tile, column block by column block, so that the tasks reading one weight slice sit
 // side by side in the queue and run at once, the slice read from HBM once for all of them (tile by
-// tile, a peer's tiles ran after the slice had left the L2). The windows' rows are read once per
-// window, not once per task (a wait per task held the lane; docs/notes/dispatch.md).
+// tile, a peer's tiles ran after the slice had left the L2). The tiles are the windows that the
+// sources' rows touch, from their P counts: reserved slots hold back every later task until they
+// are published, and a walk over all W windows (one dependent load each, W = 64 or more on a
+// dropless layer) held them ~50 us a call (docs/notes/dispatch.md).
+template <int BM>
 __device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step) {
   const int all = __ldcg(p.expert_tiles + le), base = reserve(p, all * n);
   if (base < 0) return false;
   int4* task = p.queue + base;
-  int kg = 0;
-  for (int w = 0; w < p.W; ++w) {
-    if (__ldcg(p.window_rows + le * p.W + w) == 0) continue;
-    for (int c = 0; c < n; ++c) task[c * all + kg] = make_int4(kind, le, w, c * col_step);
-    ++kg;
+  const int stride = (int)p.stride;
+  int kg = 0, next = 0;  // the tiles so far, and the first window not yet taken
+  for (int s = 0; s < (int)p.P; ++s) {
+    const int rows = __ldcg(p.in_count + s * p.L + le);
+    if (rows == 0) continue;
+    const int last = (s * stride + rows - 1) / BM;
+    for (int w = max(next, first_window<BM>(p, s)); w <= last; ++w, ++kg)
+      for (int c = 0; c < n; ++c) task[c * all + kg] = make_int4(kind, le, w, c * col_step);
+    next = last + 1;
   }
   publish(p, base, all * n);
   return true;
@@ -133,9 +141,14 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
   }
   lanes_sync();
   // 2. the tiles and their chunks, and the number of tasks this layer call will make: the tiles'
-  // GEMM tasks and a combine per chunk of this rank's rows
+  // GEMM tasks and a combine per chunk of this rank's rows. Each lane lists the tiles and returned
+  // chunks it will watch (item it, and a tile's chunk count) in its own slots of
+  // `watch`, sl + 96 k: a dropless layer's windows and chunk slots are mostly empty, and a pass over
+  // all of them made a landed tile wait for the lane.
   long long tasks = 0;
   const long long D = p.L * p.W, R = p.E * p.CH;
+  int watching = 0;
+  auto watch = [&](long long entry) { p.watch[sl + SUBSCRIBER_LANES * watching++] = (int)entry; };
   for (long long it = sl; it < D; it += SUBSCRIBER_LANES) {
     const int le = (int)(it / p.W), w = (int)(it % p.W);
     int rows, chunks;
@@ -145,35 +158,39 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     if (rows == 0) continue;
     tasks += n0 + n1;
     if (QUEUE_BY_EXPERT) atomicAdd(p.expert_tiles + le, 1);
+    if (chunks > 0) watch(it * WATCH_CHUNKS + chunks);
   }
   if (MOE_SHARED && sl == 0) tasks += p.S * p.WS * (n0 + n1);
   const int first = first_window<BM>(p, (int)p.rank);
-  for (long long r = sl; r < R; r += SUBSCRIBER_LANES)
-    tasks += !own_chunk<BM>(p, r / p.CH, (int)(r % p.CH)).empty();
+  for (long long r = sl; r < R; r += SUBSCRIBER_LANES) {
+    if (own_chunk<BM>(p, r / p.CH, (int)(r % p.CH)).empty()) continue;
+    ++tasks;
+    watch((D + r) * WATCH_CHUNKS);
+  }
   atomicAdd(s_acc, (int)tasks);
   __threadfence();  // the windows' rows, before the tasks that read them are published by any lane
   lanes_sync();
   if (sl == 0) *s_total = aborted(p) ? -1 : *s_acc;
   if (aborted(p)) return;
-  // 3. watch every expected tile and returned chunk of this lane until it has landed
+  // 3. watch this lane's tiles and returned chunks until each has landed, keeping those still
+  // pending at the front of its list
   Waiter w;
-  for (;;) {
+  while (watching > 0) {
     int pending = 0;
     long long first_pending = -1;
-    for (long long it = sl; it < D + R; it += SUBSCRIBER_LANES) {
-      if (p.seen[it]) continue;
+    for (int k = 0; k < watching; ++k) {
+      const int entry = p.watch[sl + SUBSCRIBER_LANES * k];
+      const long long it = entry / WATCH_CHUNKS;
       if (it < D) {
-        const int chunks = p.window_chunks[it];
-        if (chunks == 0) continue;
+        const int chunks = entry % WATCH_CHUNKS;
         if (ld_acquire_sys(p.sig_tile + it) < (uint64_t)chunks) {
-          ++pending;
+          p.watch[sl + SUBSCRIBER_LANES * pending++] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
         }
         // every chunk has landed; the count starts again from 0 for the next call, whose adds all
         // come after every rank's kernel of that call has started, after this one has ended
         p.sig_tile[it] = 0;
-        p.seen[it] = 1;
         w.restart();
         uint64_t t = now_ns();
         const int le = (int)(it / p.W), tile = (int)(it % p.W);
@@ -185,7 +202,7 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
           // publication by the counting lane's fence in publish
           __threadfence();
           if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le) &&
-              !enqueue_expert(p, TASK_GEMM0, le, n0, BN))
+              !enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN))
             return;
         } else if (!enqueue(p, TASK_GEMM0, le, tile, n0, BN)) {
           return;
@@ -193,23 +210,22 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
       } else {
         const long long r = it - D, e = r / p.CH;
         const int j = (int)(r % p.CH);
-        const Chunk c = own_chunk<BM>(p, e, j);
-        if (c.empty()) continue;
         if (ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
-          ++pending;
+          p.watch[sl + SUBSCRIBER_LANES * pending++] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
         }
         // every column block has landed; the count starts again from 0 for the next call, whose
         // adds all come after this rank has dispatched again
         p.sig_comb[r] = 0;
-        p.seen[it] = 1;
         w.restart();
         uint64_t t = now_ns();
+        const Chunk c = own_chunk<BM>(p, e, j);
         log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), c.b - c.a, first + j, 1);  // col 1: a return
         if (!enqueue(p, TASK_COMBINE, (int)e, j, 1, 0)) return;
       }
     }
+    watching = pending;
     if (pending == 0) return;
     bool gave_up;
     if (first_pending < D) {

@@ -95,7 +95,7 @@ struct Params {
   int* in_base;                // [P][L] where they go home in the source's combox, from sig_base
   int* window_rows;            // [L][W] rows a tile computes (to its last row; 0: no tile), by the subscriber
   int* window_chunks;          // [L][W] chunks a tile waits for, by the subscriber
-  int* seen;                   // [L*W + E*CH] 1 once the subscriber has seen a tile or a returned chunk land
+  int* watch;                  // [L*W + E*CH] the tiles and returned chunks each subscriber lane still waits for (os.cuh)
   int* expert_tiles;           // [3][L] tiles each local expert expects, those landed and those whose GEMM0 is done
   unsigned long long* mailbox; // [NP][2] (sequence << 32) | task index, written by the scheduler
                                //         (slot sequence % 2: the running task's and the next one's)

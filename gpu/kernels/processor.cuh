@@ -249,7 +249,6 @@ struct ConsecutiveRows {
   long long ld;
   __device__ __forceinline__ elem_t* operator()(int r) const { return base + r * ld; }
 };
-constexpr int MAX_TILE_SOURCES = 8;  // sources one window may span (gpu/layout.py checks the config)
 struct SourceRows {
   elem_t* const* base;  // [MAX_TILE_SOURCES] slot 0 of source first + i's rows
   elem_t* const* spare;  // [MAX_TILE_SOURCES] slot 0 of its rows in outbuf, for the slots past its rows
@@ -565,7 +564,7 @@ __device__ void processor(const Params& p, int tel, void* smem) {
           // ending the expert's last tile sees every tile's hidden rows written
           __threadfence();
           if (atomicAdd(p.expert_tiles + 2 * p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le))
-            enqueue_expert(p, TASK_GEMM1, le, n1, BN);
+            enqueue_expert<BM>(p, TASK_GEMM1, le, n1, BN);
         } else if (last) {
           enqueue(p, TASK_GEMM1, le, tile, n1, BN);
         }

@@ -7,6 +7,8 @@
 #pragma once
 #include "common.cuh"
 
+constexpr int MAX_TILE_SOURCES = MOELAB_MAX_TILE_SOURCES;  // sources one window may span (gpu/layout.py checks)
+
 // Columns of GEMM0's output in W1: 2I where gated (the gate and up columns interleaved, column c
 // of a task giving column c / 2 of `hidden`), else I
 __device__ __forceinline__ long long gemm0_cols(const Params& p) { return MOE_GATED ? 2 * p.I : p.I; }
