@@ -52,15 +52,18 @@ def main() -> int:
     if min(args.tokens) < 1 or min(args.senders) < 1:
         ap.error(f"--tokens {args.tokens} and --senders {args.senders}: positive numbers")
     todo = dispatch_cases(args.layers, args.tokens, args.gpus, args.dtype, args.senders, args.paths, args.iters)
-    rows = []
+    rows, by_name = [], {c["name"]: c for c in todo}
+    failed = 0
     for r in spawn.run(todo, args.gpus, args.out, timeout_s=args.timeout):
         if "failed" in r:
-            rows.append([r["name"], r["dispatch"], "-", "FAILED: " + r["failed"], "", ""])
+            path = by_name.get(r["name"], {}).get("dispatch", "-")
+            rows.append([r["name"], path, "-", "FAILED: " + r["failed"], "", ""])
+            failed += 1
             continue
         rows.append([r["name"], r["dispatch"], r["staged_blocks"] if r["dispatch"] == "staged" else "-",
                      f"{r['kernel_ms']:.3f}", f"{min(r['kernel_ms_all']):.3f}", f"{r['vs_baseline_rel_err']:.3g}"])
     print(format_table(["point", "dispatch", "senders", "kernel ms", "min ms", "rel err vs torch"], rows))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -142,13 +142,19 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
   lanes_sync();
   // 2. the tiles and their chunks, and the number of tasks this layer call will make: the tiles'
   // GEMM tasks and a combine per chunk of this rank's rows. Each lane lists the tiles and returned
-  // chunks it will watch (item it, and a tile's chunk count) in its own slots of
-  // `watch`, sl + 96 k: a dropless layer's windows and chunk slots are mostly empty, and a pass over
-  // all of them made a landed tile wait for the lane.
+  // chunks it will watch (item it, and a tile's chunk count) in the slots of `watch` of its own
+  // items (tiles it = sl + 96 k, then returned chunks D + r), k-th entry in its k-th slot, so that
+  // its list fits its share: a dropless layer's windows and chunk slots are mostly empty, and a
+  // pass over all of them made a landed tile wait for the lane.
   long long tasks = 0;
   const long long D = p.L * p.W, R = p.E * p.CH;
+  const int own_tiles = sl < D ? (int)((D - 1 - sl) / SUBSCRIBER_LANES + 1) : 0;
+  auto slot = [&](int k) {
+    const long long lane_slot = sl + (long long)SUBSCRIBER_LANES * (k < own_tiles ? k : k - own_tiles);
+    return k < own_tiles ? lane_slot : D + lane_slot;
+  };
   int watching = 0;
-  auto watch = [&](long long entry) { p.watch[sl + SUBSCRIBER_LANES * watching++] = (int)entry; };
+  auto watch = [&](long long entry) { p.watch[slot(watching++)] = (int)entry; };
   for (long long it = sl; it < D; it += SUBSCRIBER_LANES) {
     const int le = (int)(it / p.W), w = (int)(it % p.W);
     int rows, chunks;
@@ -179,12 +185,12 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     int pending = 0;
     long long first_pending = -1;
     for (int k = 0; k < watching; ++k) {
-      const int entry = p.watch[sl + SUBSCRIBER_LANES * k];
+      const int entry = p.watch[slot(k)];
       const long long it = entry / WATCH_CHUNKS;
       if (it < D) {
         const int chunks = entry % WATCH_CHUNKS;
         if (ld_acquire_sys(p.sig_tile + it) < (uint64_t)chunks) {
-          p.watch[sl + SUBSCRIBER_LANES * pending++] = entry;
+          p.watch[slot(pending++)] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
         }
@@ -211,7 +217,7 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
         const long long r = it - D, e = r / p.CH;
         const int j = (int)(r % p.CH);
         if (ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
-          p.watch[sl + SUBSCRIBER_LANES * pending++] = entry;
+          p.watch[slot(pending++)] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
         }
