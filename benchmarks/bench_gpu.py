@@ -378,6 +378,12 @@ def zoo_failed(r: dict) -> bool:
                 and r.get("rel_err_float64", 0.0) < GOLDEN_TOLERANCE["bfloat16"])
 
 
+def disagrees_with_torch(r: dict) -> bool:
+    """A timed point whose output is off the torch layer's by more than bf16's golden tolerance, in
+    any precision: a wrong sum, not rounding (the validation suite checks against nothing else)."""
+    return r.get("vs_baseline_rel_err", 0.0) > GOLDEN_TOLERANCE["bfloat16"]
+
+
 def compact(results: list[dict], meta: dict) -> list[dict]:
     """Results without the per-iteration times, profiles, tracebacks and the run's meta they repeat:
     the matrix's committed JSON."""
@@ -654,7 +660,10 @@ def main() -> int:
     failed = [r["name"] for r in zoo if zoo_failed(r)]
     if failed:
         print(f"{len(failed)} zoo check(s) missed: {', '.join(failed)}", flush=True)
-    return 1 if failed else 0
+    off = [f"{r['name']} ({r['vs_baseline_rel_err']:.3g})" for r in everything if disagrees_with_torch(r)]
+    if off:
+        print(f"{len(off)} point(s) disagree with the torch layer: {', '.join(off)}", flush=True)
+    return 1 if failed or off else 0
 
 
 if __name__ == "__main__":

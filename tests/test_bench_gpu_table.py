@@ -227,3 +227,13 @@ def test_the_plans_gpu_memory_is_the_machines_own_first_gpus(monkeypatch):
 
     monkeypatch.setattr(bench_gpu.subprocess, "run", missing)
     assert bench_gpu.local_gpu_gb() is None
+
+
+def test_a_point_off_the_torch_layer_is_a_failure():
+    """The timed suites check their output only against the torch layer: an error of a wrong sum
+    (the validation layer val-12 measured 0.96) fails the run, bf16's rounding (~0.006) does not."""
+    rng = np.random.default_rng()
+    rounding = float(rng.uniform(1e-7, 0.019))
+    assert not bench_gpu.disagrees_with_torch({"name": "x", "vs_baseline_rel_err": rounding})
+    assert bench_gpu.disagrees_with_torch({"name": "x", "vs_baseline_rel_err": float(rng.uniform(0.021, 2.0))})
+    assert not bench_gpu.disagrees_with_torch({"name": "x"})  # untimed against torch: nothing to check

@@ -121,3 +121,19 @@ def test_rank_that_sits_out_makes_the_others_raise(suite):
     assert r["raised"] == "KernelTimeout", r
     assert "timed out" in r["error"] and "rank" in r["error"]
     assert r["seconds_to_raise"] < 10
+
+
+@pytest.mark.xfail(strict=True, reason="the bf16 kernel's output is off its golden (rel. error ~1, routing and counts "
+                   "equal) on the validation layer val-12 (T 1280, H 3200, E 16, k 2); T 1024 or H 3072 hold; cause "
+                   "not found yet (docs/notes/validation-findings.md)")
+def test_validation_layer_12_matches_its_golden(tmp_path):
+    if cuda_gpus.count() < 1:
+        pytest.skip("needs a CUDA GPU")
+    from gpu import spawn
+    from reference import validation_set
+
+    cfg = next(c for c in validation_set.layers() if c.name == "val-12")
+    cfg = cfg.replace(**cases.PRECISIONS["bfloat16"][0])
+    (r,) = spawn.run([{"name": "check-val-12-p1", "config": cfg.to_dict(), "inputs": "reference", "golden": True}],
+                     1, tmp_path, timeout_s=120)
+    assert_matches_golden(r, "bfloat16")

@@ -51,20 +51,22 @@ def test_stored_shares_end_the_dispatch_sooner():
 
 @pytest.mark.parametrize("merge", [True, False])
 def test_shares_go_to_processors_in_the_kernels_order(merge):
-    # share u of dispatch slot (expert, j) = slot x parts + part, processor u mod processors, j the
-    # chunk's place in its block: its tile's window less the window of the block's first slot
+    # processor.cuh deal_chunks: a source's non-empty chunks numbered c = 0.. expert by expert (window
+    # order within its block), `parts` shares each, share c x parts + part on processor u mod processors
     cfg = presets.get("flashmoe").replace(tokens=1536, merge_sources=merge)  # C = 48: merged blocks straddle tiles
     d = shares_of(sim.simulate(cfg, HW, dispatch="store").trace, None)
     plan = reference.plan_of(cfg)
-    parts, per_expert = costs.dispatch_parts(cfg, HW.processors, "store"), costs.dispatch_slots(cfg) // cfg.experts
-    assert per_expert == (2 if merge else 1) and parts > 1
+    parts = costs.dispatch_parts(cfg, HW.processors, "store")
+    assert parts > 1
     stride = reference.plan.source_stride(cfg)
     places = set()
-    for src, t in zip(plan.chunk_src, plan.chunk_tile):
-        e, j = plan.tile_expert[t], plan.tile_window[t] - src * stride // cfg.tile_m
-        places.add(int(j))
-        want = [((e * per_expert + j) * parts + part) % HW.processors for part in range(parts)]
-        assert sorted(d["lane"][(d["tile"] == t) & (d["rank"] == src)]) == sorted(want)
+    for src in range(cfg.ranks):
+        mine = sorted((int(plan.tile_expert[t]), int(plan.tile_window[t]), int(t))
+                      for s, t in zip(plan.chunk_src, plan.chunk_tile) if s == src)
+        for c, (_, window, t) in enumerate(mine):
+            places.add(window - src * stride // cfg.tile_m)
+            want = [(c * parts + part) % HW.processors for part in range(parts)]
+            assert sorted(d["lane"][(d["tile"] == t) & (d["rank"] == src)]) == sorted(want)
     assert places == ({0, 1} if merge else {0})
 
 
