@@ -89,6 +89,12 @@ class MeasuredRun:
         return str(self.trace.meta["queue"])
 
     @property
+    def deal(self) -> str:
+        """How the measured kernel dealt its dispatch shares to blocks (costs.DISPATCH_DEALS): a run
+        that recorded none was measured on a kernel that dealt chunk slots."""
+        return str(self.trace.meta.get("deal", "slots"))
+
+    @property
     def name(self) -> str:
         return self.path.stem
 
@@ -236,15 +242,16 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str, str | None, int], object] = {}
+        self.cache: dict[tuple[str, str, str, str | None, int, str], object] = {}
 
     def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None,
-                 staged_blocks: int = STAGED_BLOCKS):
+                 staged_blocks: int = STAGED_BLOCKS, deal: str = "chunks"):
         figures = hw.for_config(cfg).to_dict()  # what simulate runs with
         key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue,
-               staged_blocks)
+               staged_blocks, deal)
         if key not in self.cache:
-            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue, staged_blocks=staged_blocks)
+            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue, staged_blocks=staged_blocks,
+                                       deal=deal)
         return self.cache[key]
 
 
@@ -257,7 +264,7 @@ def partner(run: MeasuredRun, runs: list[MeasuredRun]) -> MeasuredRun | None:
         d = r.config.to_dict()
         d.pop("name")
         if (d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit and r.dispatch == run.dispatch
-                and r.staged_blocks == run.staged_blocks):
+                and r.staged_blocks == run.staged_blocks and r.deal == run.deal):
             return r
     return None
 
@@ -275,7 +282,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_config(run.config)
-    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks)
+    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta["processors"])
     ranks = run.config.ranks
@@ -288,7 +295,8 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     c.rows.append(_row("SM utilization", model["sm_utilization"], meas["sm_utilization"], None))
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
-        pred_two = predict(two.config, hw, two.dispatch, two.queue, two.staged_blocks).metrics["latency_ns"] / 1e6
+        pred_two = predict(two.config, hw, two.dispatch, two.queue, two.staged_blocks,
+                           two.deal).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])

@@ -67,6 +67,10 @@ FLAT_DISPATCH_TOP_K, FLAT_DISPATCH_RANKS = 8, 4
 # its GEMM1 tasks as its own GEMM0 tasks are done (the older bf16 build); "tile", each
 # phase's tasks as the tile lands and as its GEMM0 tasks are done
 QUEUE_POLICIES = ("expert-both", "expert", "tile")
+# how the kernel deals its dispatch shares to blocks (processor.cuh deal_chunks): "chunks", the
+# non-empty chunks numbered one after another (the kernel's); "slots", every chunk slot numbered, empty
+# or not, as an earlier kernel did (committed runs that record no "deal" in their meta measured it)
+DISPATCH_DEALS = ("chunks", "slots")
 BY_EXPERT = ("expert-both", "expert")  # the policies that queue an expert's tiles' GEMM0 tasks together
 DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (the kernel's too: gpu/layout.py)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)

@@ -56,7 +56,7 @@ import numpy as np
 import simpy
 
 from reference import Config, TilePlan
-from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK, RETURN, TASK_KINDS
+from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK, RETURN, TASK_KINDS, chunk_slots
 
 from . import costs
 from .hardware import Hardware
@@ -177,9 +177,10 @@ class FusedKernel:
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: list[float], rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
-                 port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS):
+                 port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks"):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
+        self.deal = deal  # costs.DISPATCH_DEALS
         self.staged_blocks = staged_blocks  # the staged path's senders
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec  # durations: a list, per task
@@ -259,46 +260,67 @@ class FusedKernel:
         if not self.phases_left:
             self.final_combine(max(free_at))
 
+    def numbered(self, slots: list[int]) -> list[int]:
+        """Each chunk's number from its chunk slot, as the kernel deals (costs.DISPATCH_DEALS): its
+        place among the chunks present, or, dealing slots, the slot itself."""
+        if self.deal == "slots":
+            return slots
+        place = {slot: i for i, slot in enumerate(sorted(set(slots)))}
+        return [place[slot] for slot in slots]
+
+    def dispatched_chunks(self) -> list[tuple[int, int, int]]:
+        """(transfer, expert, j) of this GPU's dispatched chunks in plan order (expert by expert, a
+        block's chunks in window order), j the chunk's place in its (source, expert) block."""
+        p, taken, out = self.plan, {}, []
+        for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):
+            e = int(p.tile_expert[p.chunk_tile[p.transfer_chunk[x]]])
+            j = taken.get(e, 0)
+            taken[e] = j + 1
+            out.append((int(x), e, j))
+        return out
+
     def dispatch_shares(self) -> list[tuple[int, int, int, int]]:
         """(share index u, processor, transfer, bytes) of this GPU's dispatch shares in u order: the
-        kernel numbers its non-empty chunks' shares consecutively (the plan's order: expert by
-        expert, a block's chunks in window order), `parts` a chunk, and deals share u to processor
-        u mod processors; a chunk it packs and puts is one block's (its share 0)."""
+        kernel cuts each chunk numbered c (numbered) into `parts` shares, u = c parts + part, and
+        deals share u to processor u mod processors; a chunk it packs and puts is one block's (its
+        share 0)."""
         p, cfg = self.plan, self.cfg
         if self.dispatch == "staged" and cfg.ranks > 1:
             return self.staged_shares()
-        parts = costs.dispatch_parts(cfg, self.processors, self.dispatch)
+        parts, per_expert = costs.dispatch_parts(cfg, self.processors, self.dispatch), chunk_slots(cfg)
+        chunks = self.dispatched_chunks()
         out = []
-        for c, x in enumerate(np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank))):
+        for (x, _, _), c in zip(chunks, self.numbered([e * per_expert + j for _, e, j in chunks])):
             rows = int(p.chunk_rows[p.transfer_chunk[x]])
             n = parts if costs.stores_dispatch(self.dispatch, int(p.transfer_link[x])) else 1
             share = -(-rows // n)
             for part in range(n):
                 r0, u = min(rows, part * share), c * parts + part
                 nbytes = (min(rows, r0 + share) - r0) * int(p.transfer_bytes[x]) // rows
-                out.append((u, u % self.processors, int(x), nbytes))
-        return out
+                out.append((u, u % self.processors, x, nbytes))
+        return sorted(out)
 
     def staged_shares(self) -> list[tuple[int, int, int, int]]:
         """The staged dispatch's shares (trace.DISPATCH_PATHS), one per chunk: the peers' chunks,
         local expert by local expert with the peers counted k = 0.. from rank + 1 on (the senders
-        stagger their owners), each expert's in window order, are numbered u = 0.. and dealt to
-        processor u mod R; this GPU's own, local expert by local expert, to processor R + u mod (the
-        other processors)."""
+        stagger their owners), slot (le (P - 1) + k) CH + j, numbered (numbered) u and dealt to
+        processor u mod R; this GPU's own, slot le CH + j, to processor R + u mod (the other
+        processors)."""
         p, cfg = self.plan, self.cfg
-        r, experts = min(self.staged_blocks, self.processors - 1), cfg.local_experts
+        r, slots, experts = min(self.staged_blocks, self.processors - 1), chunk_slots(cfg), cfg.local_experts
         remote, local = [], []
-        for x in np.flatnonzero((p.transfer_kind == DISPATCH) & (p.transfer_src == self.rank)):
-            owner, le = divmod(int(p.tile_expert[p.chunk_tile[p.transfer_chunk[x]]]), experts)
+        for x, e, j in self.dispatched_chunks():
+            owner, le = divmod(e, experts)
             if owner == self.rank:
-                local.append((le, int(x)))
+                local.append((le * slots + j, x))
             else:
-                remote.append((le, (owner - self.rank - 1) % cfg.ranks, int(x)))
-        remote.sort(key=lambda s: s[:2])  # stable: window order within an expert's block
-        local.sort(key=lambda s: s[0])
+                remote.append(((le * (cfg.ranks - 1) + (owner - self.rank - 1) % cfg.ranks) * slots + j, x))
         nbytes = p.transfer_bytes
-        return ([(u, u % r, x, int(nbytes[x])) for u, (_, _, x) in enumerate(remote)] +
-                [(u, r + u % (self.processors - r), x, int(nbytes[x])) for u, (_, x) in enumerate(local)])
+        out = []
+        for chunks, lane in ((remote, lambda u: u % r), (local, lambda u: r + u % (self.processors - r))):
+            for u, (_, x) in zip(self.numbered([slot for slot, _ in chunks]), chunks):
+                out.append((u, lane(u), x, int(nbytes[x])))
+        return sorted(out[:len(remote)]) + sorted(out[len(remote):])
 
     def arrive(self, x: int) -> None:
         """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk. A dispatched

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from moelab.cli import main
-from sim import compare, heldout
+from sim import compare, costs, heldout
 from sim.trace import Trace, upgrade_meta
 
 EVERY_RUN = compare.measured_runs(calibrated_only=False)
@@ -177,6 +177,17 @@ def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path
     old = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "commit": earlier}))
     assert compare.calibrated_for(old).name == f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"
     assert compare.calibrated_for(run).name == f"calibrated-{run.gpu_tag}.json"
+
+
+def test_each_run_is_predicted_dealing_as_its_kernel_dealt():
+    """A run that records how its kernel dealt the dispatch's shares (the worker writes "chunks") is
+    predicted so; one that records none was measured on the kernel that dealt chunk slots."""
+    for run in RUNS:
+        assert run.deal == run.trace.meta.get("deal", "slots") and run.deal in costs.DISPATCH_DEALS
+    assert {r.deal for r in RUNS} == set(costs.DISPATCH_DEALS)
+    run = next(r for r in RUNS if r.deal == "chunks")
+    assert PREDICT(run.config, compare.get_hardware(str(compare.calibrated_for(run))), run.dispatch, run.queue,
+                   run.staged_blocks, run.deal).trace.meta["deal"] == "chunks"
 
 
 def test_each_run_is_predicted_on_its_kernels_dispatch_path():

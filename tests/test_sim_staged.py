@@ -64,6 +64,28 @@ def test_each_chunk_goes_to_the_processor_the_kernel_deals_it(ranks, tokens):
                 assert d["lane"][(d["tile"] == t) & (d["rank"] == src)].tolist() == [want]
 
 
+@pytest.mark.parametrize("ranks,tokens", [(4, 1536), (2, 8192)])
+def test_dealing_slots_gives_each_chunk_its_slots_processor(ranks, tokens):
+    # the earlier kernel (deal "slots", committed runs without a "deal"): chunk slot j of local expert
+    # le for peer k = owner - rank - 1 mod P is share u = (le (P - 1) + k) CH + j of processors
+    # 0..R-1, empty slots counted; for this GPU, u = le CH + j of the rest
+    cfg = presets.get("flashmoe").replace(ranks=ranks, tokens=tokens, seed=int(np.random.randint(1e6)))
+    hw = sim.hardware.get("h200-sxm")
+    d = sim.simulate(cfg, hw, dispatch="staged", deal="slots").trace.where("processor", "dispatch")
+    plan = reference.plan_of(cfg)
+    n, r, slots = hw.processors, costs.STAGED_BLOCKS, reference.plan.chunk_slots(cfg)
+    stride, experts = reference.plan.source_stride(cfg), cfg.local_experts
+    assert len(d) == len(plan.chunk_tile)
+    for src, t in zip(plan.chunk_src, plan.chunk_tile):
+        e, j = int(plan.tile_expert[t]), int(plan.tile_window[t] - src * stride // cfg.tile_m)
+        owner, le = divmod(e, experts)
+        if owner == src:
+            want = r + (le * slots + j) % (n - r)
+        else:
+            want = ((le * (ranks - 1) + (owner - src - 1) % ranks) * slots + j) % r
+        assert d["lane"][(d["tile"] == t) & (d["rank"] == src)].tolist() == [want]
+
+
 def test_a_dropless_layers_staged_senders_share_its_chunks_evenly():
     """Dropless, C = T: most chunk slots are empty, and every sender gets its share of the peers'
     chunks (within one)."""
@@ -74,6 +96,10 @@ def test_a_dropless_layers_staged_senders_share_its_chunks_evenly():
     for rank in range(cfg.ranks):
         per_sender = np.bincount(d["lane"][remote & (d["rank"] == rank)], minlength=costs.STAGED_BLOCKS)
         assert per_sender.max() - per_sender.min() <= 1, per_sender
+    # dealt by slot (the earlier kernel), a few senders take every expert's first chunks
+    d = sim.simulate(cfg, "h200-sxm", dispatch="staged", deal="slots").trace.where("processor", "dispatch")
+    per_sender = np.bincount(d["lane"][(d["peer"] != d["rank"]) & (d["rank"] == 0)], minlength=costs.STAGED_BLOCKS)
+    assert per_sender.max() > 2 * per_sender.mean(), per_sender
 
 
 @pytest.mark.parametrize("point", ["bf16-p4", "p4"])
