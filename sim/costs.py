@@ -75,6 +75,7 @@ BY_EXPERT = ("expert-both", "expert")  # the policies that queue an expert's til
 DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (the kernel's too: gpu/layout.py)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
+REDUCE_BATCH = 4  # 16-byte loads a lane has in flight per returned row in the final combine (the kernel's too)
 WEIGHTED_IN_TASK = {"float32": True, "bfloat16": False}  # processor.cuh: TASK_COMBINE weights rows (fp32 only)
 
 
@@ -433,13 +434,22 @@ def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float, blocks: int 
     return hw.dispatch_store_fixed_ns + nbytes * per_byte
 
 
+def reduce_read_width(hidden: int, dtype_bytes: int) -> int:
+    """The values of a returned row the final combine pays for: it reads a row in rounds of 32 lanes x
+    REDUCE_BATCH 16-byte loads, each round one load's latency whatever share of it lies in H (the
+    validation layers' final combine at H 1280-2368 ran 20-43% over a price by H's bytes, at H a
+    multiple of a round within 7%)."""
+    per_round = 32 * REDUCE_BATCH * 16 // dtype_bytes
+    return -(-hidden // per_round) * per_round
+
+
 def reduce_bytes(tokens: int, rows: float, hidden: int, dtype_bytes: int) -> float:
     """Bytes the final combine moves for `tokens` tokens of `rows` returned rows each (kept ones: a
-    dropped choice is skipped, so a mean where some were): the rows' `dtype_bytes` values read and
-    the float32 row of y written, one as dear as the other (the ordered combine microbenchmark, 8K
-    tokens on one H200: float32 rows 1.494 times bf16's, where these bytes give 1.5 and the rows
-    read alone 2)."""
-    return tokens * (rows * dtype_bytes + Y_BYTES) * hidden
+    dropped choice is skipped, so a mean where some were): the rows' `dtype_bytes` values read, in
+    whole rounds (reduce_read_width), and the float32 row of y written, one as dear as the other (the
+    ordered combine microbenchmark, 8K tokens on one H200: float32 rows 1.494 times bf16's, where
+    these bytes give 1.5 and the rows read alone 2)."""
+    return tokens * (rows * dtype_bytes * reduce_read_width(hidden, dtype_bytes) + Y_BYTES * hidden)
 
 
 def reduce_ns(hw: Hardware, cfg: Config, processors: int, rows: float | None = None) -> float:

@@ -381,6 +381,7 @@ def test_the_kernels_take_the_constants_python_owns_from_the_build():
     for name in ("GATE_TOKENS", "GATE_EXPERTS", "GATE_DEPTH", "GATE_MAX_SPLITS", "GATE_SMEM_LOGITS", "SELECT_LANES"):
         assert f"constexpr int {name} = MOELAB_{name};" in gate
     assert "constexpr int DISPATCH_MAX_PARTS = MOELAB_DISPATCH_MAX_PARTS;" in processor
+    assert processor.count("constexpr int BATCH = MOELAB_REDUCE_BATCH;") == 2  # both builds' final combine
 
 
 

@@ -134,5 +134,7 @@ def test_the_bf16_combine_task_only_marks_the_arrival():
         combine, gemm = costs.task_ns(hw, cfg, kind, flops, nbytes)
         assert (combine > hw.task_overhead_ns) == weighted, dtype
         assert gemm > hw.task_overhead_ns
-    assert costs.reduce_bytes(10, 2, 64, 2) == 10 * (2 * 2 + 4) * 64
-    assert costs.reduce_bytes(10, 0.5, 64, 2) == 10 * (0.5 * 2 + 4) * 64  # a mean of kept rows
+    # rows read in whole rounds of 32 lanes x REDUCE_BATCH 16-byte loads (1024 bf16 values), y by its bytes
+    assert costs.reduce_bytes(10, 2, 1024, 2) == 10 * (2 * 2 + 4) * 1024
+    assert costs.reduce_bytes(10, 0.5, 1024, 2) == 10 * (0.5 * 2 + 4) * 1024  # a mean of kept rows
+    assert costs.reduce_bytes(10, 2, 64, 2) == 10 * (2 * 2 * 1024 + 4 * 64)

@@ -236,3 +236,19 @@ def test_a_traced_two_gpu_layers_tasks_are_split_by_their_tiles_source():
         "gemm0": (100.0, 104.0), "gemm1": (111.0, 130.0)}
     with pytest.raises(RuntimeError, match="rank 1: no dispatch shares"):
         microbench.returns_by_source(cfg, tb.build(), 1, 4)
+
+
+def test_the_final_combine_reads_a_row_in_whole_rounds():
+    """processor.cuh combine_tokens reads a returned row in rounds of 32 lanes x REDUCE_BATCH 16-byte
+    loads, a round's latency whatever share of it lies in H: a part round is priced as a whole one,
+    and the y row written by its bytes."""
+    rng = np.random.default_rng()
+    for dtype_bytes, per_round in ((2, 32 * costs.REDUCE_BATCH * 8), (4, 32 * costs.REDUCE_BATCH * 4)):
+        rounds = int(rng.integers(1, 8))
+        whole = rounds * per_round
+        assert costs.reduce_read_width(whole, dtype_bytes) == whole
+        part = whole - 64 * int(rng.integers(1, per_round // 64))
+        assert costs.reduce_read_width(part, dtype_bytes) == whole
+        rows, tokens = float(rng.uniform(1, 8)), int(rng.integers(1, 4096))
+        assert costs.reduce_bytes(tokens, rows, part, dtype_bytes) == pytest.approx(
+            tokens * (rows * dtype_bytes * whole + costs.Y_BYTES * part))

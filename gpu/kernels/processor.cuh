@@ -630,7 +630,7 @@ __device__ void combine_tokens(const Params& p, int tel) {
   const uint64_t t0 = now_ns();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   const int H8 = (int)(p.H / 8);  // 16-byte vectors of 8 bf16 per row
-  constexpr int BATCH = 4;  // loads in flight per lane and row: the sum is bound by their latency
+  constexpr int BATCH = MOELAB_REDUCE_BATCH;  // loads in flight per lane and row: the sum is bound by their latency
   for (long long t = (long long)blockIdx.x * nwarps + warp; t < p.T; t += p.n_proc * nwarps) {
     // lane j < K holds choice j's returned row (nullptr where dropped) and its combine weight
     const uint4* mine = nullptr;
@@ -690,7 +690,7 @@ __device__ void combine_tokens(const Params& p, int tel) {
   const uint64_t t0 = now_ns();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   const int H4 = (int)(p.H / 4);
-  constexpr int BATCH = 4;
+  constexpr int BATCH = MOELAB_REDUCE_BATCH;
   for (long long t = (long long)blockIdx.x * nwarps + warp; t < p.T; t += p.n_proc * nwarps) {
     // lane j < K holds choice j's returned row (nullptr where dropped)
     const float4* mine = nullptr;
