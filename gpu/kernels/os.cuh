@@ -69,12 +69,11 @@ __device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col
   const int all = __ldcg(p.expert_tiles + le), base = reserve(p, all * n);
   if (base < 0) return false;
   int4* task = p.queue + base;
-  const int stride = (int)p.stride;
   int kg = 0, next = 0;  // the tiles so far, and the first window not yet taken
   for (int s = 0; s < (int)p.P; ++s) {
     const int rows = __ldcg(p.in_count + s * p.L + le);
     if (rows == 0) continue;
-    const int last = (s * stride + rows - 1) / BM;
+    const int last = last_window<BM>(p, s, rows);
     for (int w = max(next, first_window<BM>(p, s)); w <= last; ++w, ++kg)
       for (int c = 0; c < n; ++c) task[c * all + kg] = make_int4(kind, le, w, c * col_step);
     next = last + 1;

@@ -206,11 +206,12 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
 // expert's first chunks.
 template <int BM, class ExpertAt>
 __device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at, int parts, int b, int nb) {
-  const int off = (int)p.rank * (int)p.stride % BM;  // where this rank's first slot falls in its first window
+  const int rank = (int)p.rank;
   int u = 0;
   for (int i = 0; i < ne; ++i) {
     const long long e = expert_at(i);
-    const int rows = __ldcg(p.counts + e), shares = rows == 0 ? 0 : (rows + off + BM - 1) / BM * parts;
+    const int rows = __ldcg(p.counts + e);
+    const int shares = rows == 0 ? 0 : (last_window<BM>(p, rank, rows) - first_window<BM>(p, rank) + 1) * parts;
     for (int v = u + ((b - u) % nb + nb) % nb; v < u + shares; v += nb) {
       const int j = (v - u) / parts;
       dispatch_chunk<BM>(p, tel, (int)e, j, own_chunk<BM>(p, e, j), (v - u) % parts, parts);
@@ -234,8 +235,8 @@ __device__ void dispatch_chunks(const Params& p, int tel, int n) {
     deal_chunks<BM>(p, tel, L, [=](int i) { return (long long)rank * L + i; }, 1, b - R, n - R);
   } else {
     // a local expert's chunks on each peer k = 0.. counted from rank + 1 on
-    deal_chunks<BM>(p, tel, L * (P - 1), [=](int i) { return (long long)((rank + 1 + i % (P - 1)) % P) * L + i / (P - 1); },
-                    1, b, R);
+    auto peer_expert = [=](int i) { return (long long)((rank + 1 + i % (P - 1)) % P) * L + i / (P - 1); };
+    deal_chunks<BM>(p, tel, L * (P - 1), peer_expert, 1, b, R);
   }
 }
 

@@ -26,6 +26,12 @@ __device__ __forceinline__ int first_window(const Params& p, int s) {
   return s * (int)p.stride / BM;
 }
 
+// The last window that source s's first `rows` slots (rows > 0) touch
+template <int BM>
+__device__ __forceinline__ int last_window(const Params& p, int s, int rows) {
+  return (s * (int)p.stride + rows - 1) / BM;
+}
+
 template <int BM>
 __device__ __forceinline__ Chunk chunk_in(const Params& p, int s, int n, int w) {
   const int lo = w * BM - s * (int)p.stride;
