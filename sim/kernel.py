@@ -315,12 +315,12 @@ class FusedKernel:
                 local.append((le * slots + j, x))
             else:
                 remote.append(((le * (cfg.ranks - 1) + (owner - self.rank - 1) % cfg.ranks) * slots + j, x))
-        nbytes = p.transfer_bytes
-        out = []
-        for chunks, lane in ((remote, lambda u: u % r), (local, lambda u: r + u % (self.processors - r))):
-            for u, (_, x) in zip(self.numbered([slot for slot, _ in chunks]), chunks):
-                out.append((u, lane(u), x, int(nbytes[x])))
-        return sorted(out[:len(remote)]) + sorted(out[len(remote):])
+
+        def dealt(chunks: list[tuple[int, int]], first: int, blocks: int) -> list[tuple[int, int, int, int]]:
+            numbers = self.numbered([slot for slot, _ in chunks])
+            return sorted((u, first + u % blocks, x, int(p.transfer_bytes[x])) for u, (_, x) in zip(numbers, chunks))
+
+        return dealt(remote, 0, r) + dealt(local, r, self.processors - r)
 
     def arrive(self, x: int) -> None:
         """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk. A dispatched
