@@ -181,14 +181,17 @@ FEATURE_TILES = {"float32": dict(tile_m=64, tile_n=128, tile_k=8), "tf32": dict(
                  "bfloat16": dict(precision="bfloat16", tile_m=64, tile_n=128, tile_k=64),
                  "tf32x3": dict(precision="tf32x3", tile_m=64, tile_n=128, tile_k=32)}
 # each feature of real models' layers alone, then together: gated (a tight swiglu_oai limit, so its
-# clamps bite), shared experts, ragged H and I (the last column block narrower), and Llama 4's top-1
-# scaled before its expert beside a shared one
+# clamps bite), shared experts, ragged H and I (the last column block narrower), Llama 4's top-1
+# scaled before its expert beside a shared one, and the final combine's warps over many tokens
 FEATURES = (
     ("swiglu", dict(activation="swiglu")),
     ("shared2", dict(shared_experts=2, activation="gelu_tanh")),
     ("ragged", dict(hidden=192, ffn=320)),
     ("oai_shared_ragged", dict(activation="swiglu_oai", swiglu_limit=1.0, shared_experts=1, hidden=192, ffn=320)),
     ("scaled_before_shared", dict(top_k=1, activation="swiglu", shared_experts=1, scale_before_expert=True)),
+    # more tokens than the grid has warps, so a warp combines several, and H's last round of row
+    # loads only part full (H / 8 and H / 4 leave 8 and 16 vectors for 32 lanes)
+    ("combine_part_round", dict(tokens=2048, hidden=1088, ffn=256)),
 )
 # real models' sizes at the bench's tiles: gpt-oss' H = I = 2880 (gated, ragged at 256 and 128 columns)
 # and DeepSeek-V2-Lite's I = 1408 with its 2 shared experts and top-6, few experts and tokens

@@ -649,7 +649,8 @@ __device__ void combine_tokens(const Params& p, int tel) {
       w_mine = 1.f;
     }
     float4* out = reinterpret_cast<float4*>(p.y + t * p.H);
-    for (int h = lane; h < H8; h += 32 * BATCH) {
+    for (int h0 = 0; h0 < H8; h0 += 32 * BATCH) {  // warp-uniform bounds: every lane reaches each shuffle
+      const int h = h0 + lane;
       float acc[BATCH][8];
 #pragma unroll
       for (int u = 0; u < BATCH; ++u)
@@ -705,7 +706,8 @@ __device__ void combine_tokens(const Params& p, int tel) {
       mine = reinterpret_cast<const float4*>(p.shared_out + ((lane - p.K) * p.T + t) * p.H);
     }
     float4* out = reinterpret_cast<float4*>(p.y + t * p.H);
-    for (int h = lane; h < H4; h += 32 * BATCH) {
+    for (int h0 = 0; h0 < H4; h0 += 32 * BATCH) {  // warp-uniform bounds: every lane reaches each shuffle
+      const int h = h0 + lane;
       float4 acc[BATCH];
 #pragma unroll
       for (int u = 0; u < BATCH; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
