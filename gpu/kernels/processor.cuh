@@ -204,28 +204,19 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
 // numbered consecutively, share u to block u mod nb. Only non-empty chunks are counted: a dropless
 // layer's chunk slots (C = T) are mostly empty, and dealing the slots gave a few blocks every
 // expert's first chunks.
-// The experts' row counts are loaded DEAL_BATCH at a time, all in flight together: every block walks
-// every expert's count between two of its shares.
-constexpr int DEAL_BATCH = 16;
 template <int BM, class ExpertAt>
 __device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at, int parts, int b, int nb) {
-  const int rank = (int)p.rank, first = first_window<BM>(p, rank);
+  const int rank = (int)p.rank;
   int u = 0;
-  for (int i0 = 0; i0 < ne; i0 += DEAL_BATCH) {
-    int counts[DEAL_BATCH];
-#pragma unroll
-    for (int g = 0; g < DEAL_BATCH; ++g) counts[g] = i0 + g < ne ? __ldcg(p.counts + expert_at(i0 + g)) : 0;
-#pragma unroll 1
-    for (int g = 0; g < DEAL_BATCH; ++g) {
-      const int rows = counts[g];
-      const int shares = rows == 0 ? 0 : (last_window<BM>(p, rank, rows) - first + 1) * parts;
-      for (int v = u + ((b - u) % nb + nb) % nb; v < u + shares; v += nb) {
-        const long long e = expert_at(i0 + g);
-        const int j = (v - u) / parts;
-        dispatch_chunk<BM>(p, tel, (int)e, j, own_chunk<BM>(p, e, j), (v - u) % parts, parts);
-      }
-      u += shares;
+  for (int i = 0; i < ne; ++i) {
+    const long long e = expert_at(i);
+    const int rows = __ldcg(p.counts + e);
+    const int shares = rows == 0 ? 0 : (last_window<BM>(p, rank, rows) - first_window<BM>(p, rank) + 1) * parts;
+    for (int v = u + ((b - u) % nb + nb) % nb; v < u + shares; v += nb) {
+      const int j = (v - u) / parts;
+      dispatch_chunk<BM>(p, tel, (int)e, j, own_chunk<BM>(p, e, j), (v - u) % parts, parts);
     }
+    u += shares;
   }
 }
 
