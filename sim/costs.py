@@ -364,9 +364,10 @@ def dispatch_slots(cfg: Config) -> int:
 
 
 def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: float | None = None,
-                over: dict[int, int] | None = None) -> float:
+                over: dict[int, int] | None = None, tokens: float | None = None) -> float:
     """A processor's time on its `nbytes` share of a dispatched tile while all dispatching blocks
-    move `inflight` bytes at once, `over` shares over each link: stored into this GPU's inbox, the
+    move `inflight` bytes at once, `over` shares over each link, gathered from this GPU's `tokens`
+    bytes of tokens (default: the bytes in flight): stored into this GPU's inbox, the
     measured store dispatch (a gather where the preset has none), and no sooner than a share of
     its size to an NVLink peer while any goes there where another block shares its SM (measured:
     a GPU's local shares as slow as its NVLink ones at 2 blocks per SM, float32 on two H100s and
@@ -391,7 +392,8 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
         # the staged path stores this GPU's chunks with a few of the processors (the rate is fitted
         # with all of them storing, as the flat one does)
         blocks = shares if over and path == "staged" else None
-        own = store_dispatch_ns(hw, inflight / shares if over else nbytes, local, blocks)
+        own = store_dispatch_ns(hw, inflight / shares if over else nbytes, local if tokens is None else tokens,
+                                blocks)
     else:
         own = gather_ns(hw, nbytes, inflight)
     # a block on the SM storing into the peer; the staged senders are the first processors and this
@@ -420,15 +422,18 @@ def nvlink_share_ns(hw: Hardware, nbytes: float, inflight: float, over: dict[int
     return nbytes * port_ns_per_byte(rate, over.get(NVLINK, 1), hw.nvlink_gbps) + fence
 
 
-def store_dispatch_ns(hw: Hardware, nbytes: float, inflight: float, blocks: int | None = None) -> float:
-    """A share of `nbytes` stored into this GPU's inbox while all blocks store `inflight` bytes:
-    fixed + bytes x per byte, the L2's rate for the share of the bytes in flight it holds
-    (dispatch_store_knee_bytes of them), HBM's for the rest. Those rates are fitted with every
+def store_dispatch_ns(hw: Hardware, nbytes: float, tokens: float, blocks: int | None = None) -> float:
+    """A share of `nbytes` gathered from this GPU's `tokens` bytes of tokens and stored into its
+    inbox: fixed + bytes x per byte, the L2's rate for the share of the tokens it holds
+    (dispatch_store_knee_bytes of them: the gate has just read them all), HBM's for the rest. A
+    token row is read once per kept choice, so the tokens' bytes, not the dispatched ones, say
+    whether the reads hit the L2 (one-GPU validation layers at k 6-7: shares at the L2's rate with
+    99 MB dispatched from 14 MB of tokens). Those rates are fitted with every
     processor storing; with `blocks` of them moving rows at once each has that many's share of
     the memory, down to a block's own copy rate (the staged dispatch stores a GPU's own chunks
     with 32-64 blocks: on four H200s 52.7 us a float32 MiB, where every processor's share is 111)."""
     per_byte = held_ns_per_byte(hw.dispatch_store_l2_ns_per_byte, hw.dispatch_store_ns_per_byte,
-                                hw.dispatch_store_knee_bytes, inflight)
+                                hw.dispatch_store_knee_bytes, tokens)
     if blocks is not None and blocks < hw.processors:
         per_byte = max(per_byte * blocks / hw.processors, hw.copy_ns_per_byte)
     return hw.dispatch_store_fixed_ns + nbytes * per_byte

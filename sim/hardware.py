@@ -109,11 +109,11 @@ class Hardware:
     # a processor's share of a dispatched tile gathered straight into its own GPU's inbox (the store
     # path), all processors at once as in the layer: fixed + bytes x per byte (its stores drain before
     # the tile's count and signal: slower per byte than copy_rows, which does not wait for them), the
-    # per byte at the L2's rate for the share of the bytes in flight up to a knee, the rest at HBM's
+    # per byte at the L2's rate for the share of the GPU's tokens it holds (a knee), the rest at HBM's
     dispatch_store_fixed_ns: float
     dispatch_store_ns_per_byte: float  # beyond the knee (all of them where the knee is 0)
     dispatch_store_l2_ns_per_byte: float  # up to the knee
-    dispatch_store_knee_bytes: float  # the dispatch bytes in flight the L2 holds (0: one rate for all)
+    dispatch_store_knee_bytes: float  # the bytes of a GPU's tokens the L2 holds (0: one rate for all)
     # the float32 kernel's per-tile combine task (one block weights a returned tile's rows in place,
     # beside the GEMMs): fixed + the tile's bytes x per byte, at the L2's rate for the share of the
     # layer's returned bytes it holds (tile_combine_knee_bytes of them), HBM's for the rest (0:

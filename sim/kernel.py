@@ -225,13 +225,14 @@ class FusedKernel:
             inflight[j] += nbytes
             over[j][link] = over[j].get(link, 0) + 1
         per_byte, fence = costs.nvlink_store_rate(self.hw)
+        tokens = self.cfg.tokens * self.cfg.hidden * self.cfg.dtype_bytes  # this GPU's, which its shares gather
         moves = []
         for j, (_, x, nbytes) in zip(rounds, shares):
             link, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_dst[x])
             if link == NVLINK and costs.stores_dispatch(self.dispatch, link):
                 moves.append(Move(fence + self.hw.task_overhead_ns, nbytes, per_byte, self.rank, dst))
             else:
-                ns = costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j])
+                ns = costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j], tokens)
                 moves.append(Move(ns, 0, 0.0, self.rank, dst))
         return shares, moves
 

@@ -33,7 +33,7 @@ def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
         inflight = t * cfg.top_k * cfg.hidden * 4
         out.append({"tokens": t, "world": world, "n_proc": n_proc, "top_k": 2, "hidden": 2048, "bytes_per_value": 4,
                     "inflight_bytes": inflight, "first_round_shares": shares,
-                    "dispatch_ns": _stat(costs.store_dispatch_ns(hw, inflight / shares, inflight)),
+                    "dispatch_ns": _stat(costs.store_dispatch_ns(hw, inflight / shares, t * cfg.hidden * 4)),
                     "combine_tokens_per_block": int(np.ceil(t / (n_proc * 4)) * 4),
                     "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc)),
                     **(tile_combine(hw, t) if hw.tile_combine_ns_per_byte else {}),
@@ -180,9 +180,10 @@ def test_every_stored_share_of_a_round_takes_the_mean_shares_time():
     """A share's fence waits for the stores queued ahead of it: a half share is no quicker."""
     hw = hardware.PRESETS["h200-sxm"].replace(**FIGURES)
     inflight = 256 * 65536.0
-    half, full = (costs.dispatch_ns(hw, b, LOCAL, "store", inflight, {LOCAL: 256}) for b in (32768.0, 65536.0))
-    assert half == full == pytest.approx(costs.store_dispatch_ns(hw, 65536.0, inflight) + hw.task_overhead_ns)
-    # beyond the knee the bytes in flight move at HBM's rate: slower per byte than within it
+    tokens = 4096 * 2048 * 2.0
+    half, full = (costs.dispatch_ns(hw, b, LOCAL, "store", inflight, {LOCAL: 256}, tokens) for b in (32768.0, 65536.0))
+    assert half == full == pytest.approx(costs.store_dispatch_ns(hw, 65536.0, tokens) + hw.task_overhead_ns)
+    # tokens beyond the knee are read at HBM's rate: slower per byte than within it
     small, large = (costs.store_dispatch_ns(hw, 65536.0, w) - hw.dispatch_store_fixed_ns
                     for w in (hw.dispatch_store_knee_bytes / 2, hw.dispatch_store_knee_bytes * 8))
     assert small == pytest.approx(65536.0 * 0.03) and large > 4 * small

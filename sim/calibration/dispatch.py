@@ -2,10 +2,11 @@
 alone (on two the NVLink shares beside it hold it back, which the model checks, not fits). From the
 megakernel's own layers where IN_LAYER_MIN or more were timed (right after the gate, the scheduler
 and subscriber polling beside it): a share's median time = dispatch_store_fixed_ns + the first
-round's mean share of bytes x (the L2's rate x held + HBM's x (1 - held)), held = min(1, knee / its
-bytes in flight), the knee searched (costs.dispatch_ns charges every share that mean); else the
-dispatch microbenchmark, least squares of time = fixed + bytes x per byte. Every dispatch entry
-(put path, two GPUs) is checked against the moves' figures. Residual bound: BOUND."""
+round's mean share of bytes x (the L2's rate x held + HBM's x (1 - held)), held = min(1, knee / the
+GPU's tokens' bytes, which the shares gather), the knee searched (costs.dispatch_ns charges every
+share that mean); else the dispatch microbenchmark, least squares of time = fixed + bytes x per
+byte. Every dispatch entry (put path, two GPUs) is checked against the moves' figures. Residual
+bound: BOUND."""
 
 from __future__ import annotations
 
@@ -32,14 +33,14 @@ def fit_store(pts: list[dict], layers: list[dict], hw, origin: str) -> Fit:
     files with neither keep preset `hw`'s figures (a gather at the copy rate)."""
     f = Fit()
     in_layer = [(f"in layer: dispatch share, {layer_label(c)}, {c['inflight_bytes'] / 2 ** 20:.1f} MiB in flight",
-                 c["inflight_bytes"] / c["first_round_shares"], c["inflight_bytes"], c["dispatch_ns"]["median"])
-                for c in layers]
+                 c["inflight_bytes"] / c["first_round_shares"], c["tokens"] * c["hidden"] * c["bytes_per_value"],
+                 c["dispatch_ns"]["median"]) for c in layers]
     if len(layers) >= IN_LAYER_MIN:
         knee, fixed, l2, hbm = fixed_and_rates(in_layer)
         how = (f"{origin}: the dispatch shares inside the megakernel at {tokens_label(layers)} tokens (layers no "
                "measured run uses, one GPU), least squares of relative residuals of time = fixed + bytes x (L2 rate x "
-               "held + HBM rate x (1 - held)), held = min(1, knee / the bytes in flight), the knee where it halves one "
-               "rate's")
+               "held + HBM rate x (1 - held)), held = min(1, knee / the GPU's tokens' bytes, which the shares gather), "
+               "the knee where it halves one rate's")
     elif len(pts) >= 2:
         a = np.array([(1.0, d["rows"]["median"] * d["bytes_per_row"]) for d in pts])
         (fixed, hbm), *_ = np.linalg.lstsq(a, np.array([d["ns_per_tile"]["median"] for d in pts]), rcond=None)
@@ -54,8 +55,8 @@ def fit_store(pts: list[dict], layers: list[dict], hw, origin: str) -> Fit:
     for name, v in zip(NAMES, (fixed, l2, hbm, knee)):
         f.set(name, max(float(v), 0.0), how)
     model = preset_with(f.values, NAMES)
-    for point, nbytes, inflight, y in in_layer:
-        f.check(f"{point} (ns)", y, costs.store_dispatch_ns(model, nbytes, inflight))
+    for point, nbytes, tokens, y in in_layer:
+        f.check(f"{point} (ns)", y, costs.store_dispatch_ns(model, nbytes, tokens))
     return f
 
 
@@ -73,7 +74,8 @@ def fit_dispatch(raw: dict, hw, origin: str, given: dict) -> Fit:
         # the shares over each link in the same layer's dispatch (its other entry, on two GPUs)
         over = {LOCAL if e["peer"] == "self" else NVLINK: e.get("shares", e.get("tiles")) for e in dispatches
                 if (e.get("tokens"), _world(raw, e), e.get("path")) == (d.get("tokens"), _world(raw, d), d.get("path"))}
-        ns = costs.dispatch_ns(model, nbytes, link, path, n * nbytes, over) - model.task_overhead_ns
+        tokens = d["tokens"] * d["bytes_per_row"] if "tokens" in d else None
+        ns = costs.dispatch_ns(model, nbytes, link, path, n * nbytes, over, tokens) - model.task_overhead_ns
         layer = f"T={d['tokens']}, " if "tokens" in d else ""
         fitted = path == "store" and link == LOCAL and _world(raw, d) == 1 and not layers and \
             f.values["dispatch_store_ns_per_byte"]
