@@ -380,6 +380,7 @@ class Layer:
         import torch
 
         cfg, s = self.cfg, self.sizes
+        torch.cuda.empty_cache()  # an earlier layer's freed buffers, still in torch's cache, count as free
         free, total = torch.cuda.mem_get_info(dev)
         ins = [v for v in vars(self.inputs).values() if isinstance(v, torch.Tensor)] + list(self.inputs.shared or ())
         inputs = sum(v.numel() * v.element_size() for v in ins)
