@@ -367,7 +367,8 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
                 over: dict[int, int] | None = None, tokens: float | None = None) -> float:
     """A processor's time on its `nbytes` share of a dispatched tile while all dispatching blocks
     move `inflight` bytes at once, `over` shares over each link, gathered from this GPU's `tokens`
-    bytes of tokens (default: the bytes in flight): stored into this GPU's inbox, the
+    bytes of tokens (default, for a share with no layer around it: the bytes in flight stored into
+    this GPU): stored into this GPU's inbox, the
     measured store dispatch (a gather where the preset has none), and no sooner than a share of
     its size to an NVLink peer while any goes there where another block shares its SM (measured:
     a GPU's local shares as slow as its NVLink ones at 2 blocks per SM, float32 on two H100s and
