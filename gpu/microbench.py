@@ -33,7 +33,8 @@ fails or a job cut short still leaves the others:
   last GEMM1), from its telemetry on IN_LAYERS, none a measured run's size: each
   layer's share times and sizes, the shares and bytes its first round has in flight, the
   final-combine times of the processors with the most tokens, its per-tile combine tasks' times
-  and bytes, and its GEMM tasks' times by kind, tile height and tiles per expert.
+  and bytes, its blocks' walks to their shares by the row counts their deal loaded (deal_walk),
+  and its GEMM tasks' times by kind, tile height and tiles per expert.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
 configs size NVSHMEM's heap and give the dtype.
@@ -505,8 +506,32 @@ def sec_in_layer(b: Bench) -> list[dict]:
                     "final_combine_ns": stats((tr["end"][final] - tr["start"][final])[most]),
                     "tile_combine_ns": stats(tr["end"][weighting] - tr["start"][weighting]),
                     "tile_combine_bytes": stats(tr["bytes"][weighting]),
+                    "deal_walk": deal_walk(tr, proc, disp),
                     "gemm": layer_gemm_tasks(b, cfg, tr, proc, disp, n_proc)})
     return out
+
+
+def deal_walk(tr, proc: np.ndarray, disp: np.ndarray) -> dict:
+    """Each block's turnaround before each of its dispatch shares, by the experts' row counts the
+    kernel's deal loaded since (processor.cuh deal_chunks; one GPU deals every expert in order, one
+    count each): before its first share from its gate's end, the counts of experts 0 .. its own;
+    before each next from its share before, those after that share's expert up to its own. The
+    medians for each number of counts loaded."""
+    from sim.trace import KIND
+
+    gate = proc & (tr["kind"] == KIND["gate"])
+    loads, ns = [], []
+    for q in np.unique(tr["lane"][disp]):
+        mine = disp & (tr["lane"] == q)
+        order = np.argsort(tr["start"][mine])
+        start, end, expert = tr["start"][mine][order], tr["end"][mine][order], tr["expert"][mine][order]
+        before = np.concatenate([[tr["end"][gate & (tr["lane"] == q)].max()], end[:-1]])
+        loads.extend(np.diff(expert, prepend=-1).tolist())
+        ns.extend((start - before).tolist())
+    loads, ns = np.array(loads), np.array(ns)
+    counts = np.unique(loads)
+    return {"loads": counts.tolist(), "ns": [float(np.median(ns[loads == c])) for c in counts],
+            "n": [int((loads == c).sum()) for c in counts]}
 
 
 def layer_returns(b: Bench) -> dict:

@@ -10,7 +10,8 @@ names its figures, its microbenchmark and its residual bound):
   gemm_row_group, gemm_overlap_power; task_overhead_ns 0: each measurement times a whole task);
 - `moves`: copy_rows and puts (l2_knee_bytes, copy_*, put_local_*, put_nvlink_ns_per_byte,
   nvlink_gbps, copy_nvlink_ns_per_byte);
-- `dispatch`: the store path's shares (dispatch_store_*), every dispatch entry checked;
+- `dispatch`: the store path's shares (dispatch_store_*), every dispatch entry checked, and a
+  block's walk to its shares (deal_share_ns, deal_count_ns);
 - `combine`: tile_combine_*, reduce_*, return_store_ns_per_byte;
 - `gate`: gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns, gate_select_*;
 - `scheduler`: handoff_ns, wake_ns, assign_ns, stop_ns, nvlink_latency_ns.
@@ -68,6 +69,7 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     f.merge(moves.fit_moves(raw, hw, base, origin, f.values))
     f.merge(dispatch.fit_dispatch(raw, hw, origin, f.values))
     layers = one_gpu_layers(raw)
+    f.merge(dispatch.fit_deal(layers, origin))
     f.merge(combine.fit_tile_combine(layers, dtype, origin))
     f.merge(combine.fit_reduce(need(raw, "combine", "the final combine's time per block"), layers,
                                f.values["l2_knee_bytes"], origin))

@@ -212,7 +212,9 @@ class FusedKernel:
         beside the other blocks' j-th (round j): the bytes each round has in flight and its shares
         over each link (at 16K tokens on two H100s, bf16, the first round stores into this GPU and
         the second, over NVLink, shares the port 125 ways)."""
-        shares = [(lane, x, nbytes) for _, lane, x, nbytes in self.dispatch_shares()]
+        dealt = self.dispatch_shares()
+        shares = [(lane, x, nbytes) for _, lane, x, nbytes, _ in dealt]
+        leads, self.deal_tail = self.deal_walks(dealt)
         taken = [0] * self.processors
         rounds = []
         for lane, _, _ in shares:
@@ -227,14 +229,38 @@ class FusedKernel:
         per_byte, fence = costs.nvlink_store_rate(self.hw)
         tokens = self.cfg.tokens * self.cfg.hidden * self.cfg.dtype_bytes  # this GPU's, which its shares gather
         moves = []
-        for j, (_, x, nbytes) in zip(rounds, shares):
+        for j, (_, x, nbytes), lead in zip(rounds, shares, leads):
             link, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_dst[x])
             if link == NVLINK and costs.stores_dispatch(self.dispatch, link):
-                moves.append(Move(fence + self.hw.task_overhead_ns, nbytes, per_byte, self.rank, dst))
+                moves.append(Move(fence + self.hw.task_overhead_ns, nbytes, per_byte, self.rank, dst, lead))
             else:
                 ns = costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j], tokens)
-                moves.append(Move(ns, 0, 0.0, self.rank, dst))
+                moves.append(Move(ns, 0, 0.0, self.rank, dst, lead))
         return shares, moves
+
+    def deal_walks(self, dealt: list[tuple[int, int, int, int, int]]) -> tuple[list[float], list[float]]:
+        """Each share's walk before it and each processor's walk after its last (dispatch_shares'
+        order): the kernel's deal loads the row count of every expert on the processor's list in
+        turn (processor.cuh deal_chunks), so a share costs its turnaround plus a load for each place
+        from the processor's share before (or the list's start) to its own, and the processor walks
+        the rest of its list before its first task."""
+        at, leads = [-1] * self.processors, []
+        for _, lane, _, _, place in dealt:
+            leads.append(self.hw.deal_share_ns + self.hw.deal_count_ns * (place - at[lane]))
+            at[lane] = place
+        return leads, [self.hw.deal_count_ns * (self.deal_list(lane) - 1 - at[lane]) for lane in range(self.processors)]
+
+    def deal_list(self, lane: int) -> int:
+        """The experts on processor `lane`'s deal list: every expert (flat), a staged sender's peers'
+        local experts, or a storing processor's own GPU's."""
+        if self.dispatch != "staged" or self.cfg.ranks == 1:
+            return self.cfg.experts
+        experts = self.cfg.local_experts
+        return experts * (self.cfg.ranks - 1) if lane < self.senders() else experts
+
+    def senders(self) -> int:
+        """The staged dispatch's senders: processors 0.. of them send the peers' chunks."""
+        return min(self.staged_blocks, self.processors - 1)
 
     def start(self, shares: list[tuple[int, int, int]], times: list[tuple[float, float]]) -> None:
         """Gate on every block (for `gate_ns`), then the processor blocks move this GPU's outgoing
@@ -252,6 +278,7 @@ class FusedKernel:
                          int(p.tile_expert[t]), t, int(p.transfer_dst[x]), nbytes)
             free_at[lane] = max(free_at[lane], end)
             ready[x] = max(ready.get(x, 0.0), end)
+        free_at = [t + tail for t, tail in zip(free_at, self.deal_tail)]
         for x, end in ready.items():
             stored = costs.stores_dispatch(self.dispatch, int(p.transfer_link[x]))
             self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
@@ -280,35 +307,36 @@ class FusedKernel:
             out.append((int(x), e, j))
         return out
 
-    def dispatch_shares(self) -> list[tuple[int, int, int, int]]:
-        """(share index u, processor, transfer, bytes) of this GPU's dispatch shares in u order: the
-        kernel cuts each chunk numbered c (numbered) into `parts` shares, u = c parts + part, and
+    def dispatch_shares(self) -> list[tuple[int, int, int, int, int]]:
+        """(share index u, processor, transfer, bytes, place) of this GPU's dispatch shares in u order:
+        the kernel cuts each chunk numbered c (numbered) into `parts` shares, u = c parts + part, and
         deals share u to processor u mod processors; a chunk it packs and puts is one block's (its
-        share 0)."""
+        share 0). A share's place: its expert's on the processor's deal list (deal_list; flat, the
+        expert)."""
         p, cfg = self.plan, self.cfg
         if self.dispatch == "staged" and cfg.ranks > 1:
             return self.staged_shares()
         parts, per_expert = costs.dispatch_parts(cfg, self.processors, self.dispatch), chunk_slots(cfg)
         chunks = self.dispatched_chunks()
         out = []
-        for (x, _, _), c in zip(chunks, self.numbered([e * per_expert + j for _, e, j in chunks])):
+        for (x, e, _), c in zip(chunks, self.numbered([e * per_expert + j for _, e, j in chunks])):
             rows = int(p.chunk_rows[p.transfer_chunk[x]])
             n = parts if costs.stores_dispatch(self.dispatch, int(p.transfer_link[x])) else 1
             share = -(-rows // n)
             for part in range(n):
                 r0, u = min(rows, part * share), c * parts + part
                 nbytes = (min(rows, r0 + share) - r0) * int(p.transfer_bytes[x]) // rows
-                out.append((u, u % self.processors, x, nbytes))
+                out.append((u, u % self.processors, x, nbytes, e))
         return sorted(out)
 
-    def staged_shares(self) -> list[tuple[int, int, int, int]]:
+    def staged_shares(self) -> list[tuple[int, int, int, int, int]]:
         """The staged dispatch's shares (trace.DISPATCH_PATHS), one per chunk: the peers' chunks,
         local expert by local expert with the peers counted k = 0.. from rank + 1 on (the senders
         stagger their owners), slot (le (P - 1) + k) CH + j, numbered (numbered) u and dealt to
         processor u mod R; this GPU's own, slot le CH + j, to processor R + u mod (the other
         processors)."""
         p, cfg = self.plan, self.cfg
-        r, slots, experts = min(self.staged_blocks, self.processors - 1), chunk_slots(cfg), cfg.local_experts
+        r, slots, experts = self.senders(), chunk_slots(cfg), cfg.local_experts
         remote, local = [], []
         for x, e, j in self.dispatched_chunks():
             owner, le = divmod(e, experts)
@@ -317,9 +345,10 @@ class FusedKernel:
             else:
                 remote.append(((le * (cfg.ranks - 1) + (owner - self.rank - 1) % cfg.ranks) * slots + j, x))
 
-        def dealt(chunks: list[tuple[int, int]], first: int, blocks: int) -> list[tuple[int, int, int, int]]:
+        def dealt(chunks: list[tuple[int, int]], first: int, blocks: int) -> list[tuple[int, int, int, int, int]]:
             numbers = self.numbered([slot for slot, _ in chunks])
-            return sorted((u, first + u % blocks, x, int(p.transfer_bytes[x])) for u, (_, x) in zip(numbers, chunks))
+            return sorted((u, first + u % blocks, x, int(p.transfer_bytes[x]), slot // slots)
+                          for u, (slot, x) in zip(numbers, chunks))
 
         return dealt(remote, 0, r) + dealt(local, r, self.processors - r)
 

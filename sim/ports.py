@@ -1,13 +1,14 @@
 """The dispatch's stores through the NVLink ports: every GPU's way out and way in, each shared by the
 flows through it, for all GPUs' processor blocks at once.
 
-A block moves its shares one after another (`Move`s). A move stores `nbytes` into a peer at the
-block's own rate (`ns_per_byte`) or, where its flows are more, at its equal part of the busier of the
-two ports on its way (`gbps` / the flows in the source's way out or the destination's way in), then
-waits `fixed_ns` (its fence's round trip, the task's overhead); a move without bytes (into the block's
-own GPU) takes `fixed_ns` alone. The rates change when a flow starts or ends at one of a flow's ports,
-so the many senders storing into the GPU that owns the hot experts share its way in, whichever GPU
-they are on. No port passes more than `gbps`: its flows' rates are each at most `gbps` / their count.
+A block moves its shares one after another (`Move`s), each after its walk to it (`lead_ns`). A move
+stores `nbytes` into a peer at the block's own rate (`ns_per_byte`) or, where its flows are more, at
+its equal part of the busier of the two ports on its way (`gbps` / the flows in the source's way out
+or the destination's way in), then waits `fixed_ns` (its fence's round trip, the task's overhead); a
+move without bytes (into the block's own GPU) takes `fixed_ns` alone. The rates change when a flow
+starts or ends at one of a flow's ports, so the many senders storing into the GPU that owns the hot
+experts share its way in, whichever GPU they are on. No port passes more than `gbps`: its flows'
+rates are each at most `gbps` / their count.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Move(NamedTuple):
     ns_per_byte: float  # the block's own rate alone
     way_out: int  # port ids: any hashable numbering, distinct for every port direction
     way_in: int
+    lead_ns: float = 0.0  # before it: the block's walk to it (its deal's count loads)
 
 
 def move_times(lanes: list[list[Move]], start: list[float], gbps: float) -> list[list[tuple[float, float]]]:
@@ -47,7 +49,7 @@ def move_times(lanes: list[list[Move]], start: list[float], gbps: float) -> list
 
     def next_move(lane: int, t: float) -> None:
         if len(times[lane]) < len(lanes[lane]):
-            push(t, lane, -1)
+            push(t + lanes[lane][len(times[lane])].lead_ns, lane, -1)
 
     for lane, t in enumerate(start):
         next_move(lane, t)

@@ -17,7 +17,7 @@ from sim.trace import KIND, ROLE, TraceBuilder
 KNEES = calibrate.KNEES
 FIGURES = dict(dispatch_store_fixed_ns=3000.0, dispatch_store_l2_ns_per_byte=0.03, dispatch_store_ns_per_byte=0.16,
                dispatch_store_knee_bytes=float(KNEES[30]), reduce_fixed_ns=1500.0, reduce_l2_ns_per_byte=0.06,
-               reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]))
+               reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]), deal_share_ns=1800.0, deal_count_ns=380.0)
 TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
 GEMM = dict(matrix_efficiency=0.8, gemm_fixed_ns=90000.0, weight_load_ns_per_byte=0.02, gemm_row_group=64.0)
 TILE_COMBINE = dict(tile_combine_fixed_ns=2000.0, tile_combine_l2_ns_per_byte=0.03, tile_combine_ns_per_byte=0.09,
@@ -37,6 +37,7 @@ def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
                     "combine_tokens_per_block": int(np.ceil(t / (n_proc * 4)) * 4),
                     "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc)),
                     **(tile_combine(hw, t) if hw.tile_combine_ns_per_byte else {}),
+                    **({"deal_walk": deal_walk(hw, t)} if hw.deal_count_ns else {}),
                     "gemm": [gemm_task(hw, t, kind, rows, n) for kind in ("gemm0", "gemm1")
                              for rows, n in ((t // 32, 1), (t // 32 - 7, 1), (128, 3), (t // 64, 2))]})
     return out
@@ -47,6 +48,12 @@ def tile_combine(hw, tokens):
     nbytes = min(tokens // 32, 128) * 2048 * 4
     per_byte = costs.tile_combine_ns_per_byte_at(hw, costs.returned_bytes(tokens, 2, 2048, 4))
     return {"tile_combine_bytes": _stat(nbytes), "tile_combine_ns": _stat(hw.tile_combine_fixed_ns + nbytes * per_byte)}
+
+
+def deal_walk(hw, tokens):
+    """A layer's walks to its shares (the microbenchmark's medians by counts loaded), timed by `hw`."""
+    loads = list(range(1 + tokens % 3, 64, 5))
+    return {"loads": loads, "ns": [hw.deal_share_ns + c * hw.deal_count_ns for c in loads], "n": [3] * len(loads)}
 
 
 def gemm_task(hw, tokens, kind, rows, n):
@@ -128,6 +135,30 @@ def test_a_traced_layers_gemm_tasks_are_grouped_by_tile_height_and_sharing():
     got = {(g["task"], g["rows"], g["tiles_per_expert"]): (g["ns_per_task"]["median"], g["ns_per_task"]["n"])
            for g in microbench.layer_gemm_tasks(bench, cfg, tr, proc, disp, 263)}
     assert got == {("gemm0", 100, 2): (110.0, 2), ("gemm1", 20, 2): (50.0, 1), ("gemm0", 64, 1): (70.0, 1)}
+
+
+def test_a_traced_layers_walks_are_read_by_the_counts_its_deal_loaded():
+    """One GPU deals every expert in turn: a block's first share after the counts of experts 0 ..
+    its own (from its gate's end), each next after those from its share before's expert on."""
+    tb = TraceBuilder()
+    for lane in (0, 1):
+        tb.add(0, 0, lane, "processor", "gate", 0.0, 100.0)
+    # lane 0: experts 2 (walk 3 counts, 1300 ns), 2 again (0, 500), 6 (4, 1700); lane 1: expert 0 (1, 700)
+    for lane, expert, start, end in ((0, 2, 1400.0, 2000.0), (0, 2, 2500.0, 3000.0), (0, 6, 4700.0, 5000.0),
+                                     (1, 0, 800.0, 900.0)):
+        tb.add(0, 0, lane, "processor", "dispatch", start, end, expert=expert, tile=0, peer=0, nbytes=64)
+    tr = tb.build()
+    proc = tr["role"] == ROLE["processor"]
+    got = microbench.deal_walk(tr, proc, proc & (tr["kind"] == KIND["dispatch"]))
+    assert got == {"loads": [0, 1, 3, 4], "ns": [500.0, 700.0, 1300.0, 1700.0], "n": [1, 1, 1, 1]}
+
+
+def test_without_walks_timed_the_deal_is_not_modelled(tmp_path):
+    raw = synthetic()
+    raw["in_layer"] = in_layer(hardware.PRESETS["h200-sxm"].replace(**dict(FIGURES, deal_count_ns=0.0)))
+    fit = _fit(tmp_path, raw)
+    assert fit.values["deal_share_ns"] == fit.values["deal_count_ns"] == 0.0
+    assert "not modelled" in fit.sources["deal_count_ns"]
 
 
 def test_the_per_tile_combine_is_fitted_in_the_layers_and_priced_for_float32_only(tmp_path):

@@ -132,7 +132,8 @@ def committed_fits():
         out[gpu, build] = {
             gemm: [(gemm.BOUND, gemm.fit_gemm(rows, hw, blocks, gpu, build))],
             moves: [(moves.BOUND, moves.fit_moves(rows, hw, base, gpu, v))],
-            dispatch: [(dispatch.BOUND, dispatch.fit_dispatch(rows, hw, gpu, v))],
+            dispatch: [(dispatch.BOUND, dispatch.fit_dispatch(rows, hw, gpu, v)),
+                       (dispatch.DEAL_BOUND, dispatch.fit_deal(layers, gpu))],
             combine: [(combine.TILE_COMBINE_BOUND, combine.fit_tile_combine(layers, build, gpu)),
                       (combine.REDUCE_BOUND, combine.fit_reduce(rows["combine"], layers, v["l2_knee_bytes"], gpu))],
             gate: [(gate.BOUND, gate.fit_gate(rows, blocks * wgs, wgs, gpu))],

@@ -106,6 +106,42 @@ def test_a_stored_share_contends_with_the_bytes_stored_into_its_gpu():
     assert beside == pytest.approx(costs.store_dispatch_ns(hw, share, inflight / 2) + hw.task_overhead_ns)
 
 
+@pytest.mark.parametrize("ranks,path", [(1, "store"), (2, "staged"), (2, "store")])
+def test_a_block_walks_its_deals_counts_to_each_share_and_after_its_last(ranks, path):
+    """processor.cuh deal_chunks loads the row count of each expert on a block's list in turn: a
+    share starts the block's turnaround plus a count for every expert from its share before (or the
+    list's start) to its own after the block's previous share (or the gate), and the block walks
+    the rest of its list before its first task."""
+    turnaround, count = 1700.0, 450.0
+    hw = HW.replace(deal_share_ns=turnaround, deal_count_ns=count)
+    cfg = presets.get("flashmoe").replace(ranks=ranks, tokens=1024, experts=32, seed=int(np.random.randint(1e6)))
+    tr = sim.simulate(cfg, hw, dispatch=path).trace
+    senders, per_gpu = min(costs.STAGED_BLOCKS, hw.processors - 1), cfg.local_experts
+    walked = 0
+    for rank in range(ranks):
+        d = shares_of(tr, rank)
+        gate = tr.where("processor", "gate")
+        tasks = tr.where("processor", "gemm0")
+        for lane in np.unique(d["lane"]):
+            mine = d["lane"] == lane
+            order = np.argsort(d["start"][mine])
+            start, end, expert = (d[c][mine][order] for c in ("start", "end", "expert"))
+            owner, local = np.divmod(expert, per_gpu)
+            if path == "staged" and lane < senders:  # the peers' local experts, owners from rank + 1 on
+                place, listed = local * (ranks - 1) + (owner - rank - 1) % ranks, per_gpu * (ranks - 1)
+            elif path == "staged":
+                place, listed = local, per_gpu
+            else:
+                place, listed = expert, cfg.experts
+            before = np.concatenate([[gate["end"][(gate["rank"] == rank) & (gate["lane"] == lane)].max()], end[:-1]])
+            assert start == pytest.approx(before + turnaround + count * np.diff(place, prepend=-1))
+            first_task = tasks["start"][(tasks["rank"] == rank) & (tasks["lane"] == lane)]
+            if first_task.size:
+                assert first_task.min() >= end[-1] + count * (listed - 1 - place[-1]) - 1e-6
+            walked += 1
+    assert walked > ranks * 16
+
+
 def test_unknown_dispatch_path(capsys):
     with pytest.raises(sim.SimError, match=r"'dispatch' = 'copy' is not allowed: one of staged, store, put"):
         sim.simulate(presets.get("tiny"), dispatch="copy")

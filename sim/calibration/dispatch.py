@@ -6,7 +6,11 @@ round's mean share of bytes x (the L2's rate x held + HBM's x (1 - held)), held 
 GPU's tokens' bytes, which the shares gather), the knee searched (costs.dispatch_ns charges every
 share that mean); else the dispatch microbenchmark, least squares of time = fixed + bytes x per
 byte. Every dispatch entry (put path, two GPUs) is checked against the moves' figures. Residual
-bound: BOUND."""
+bound: BOUND.
+
+A block's walk to its shares (`fit_deal`): from the same layers' deal_walk, a block's turnaround
+before a share = deal_share_ns + deal_count_ns x the experts' row counts its deal loaded since
+(least squares of the medians, each weighted by its shares); residual bound: DEAL_BOUND."""
 
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from .moves import MOVE_FIGURES
 BOUND = (0.10, 0.20)  # (mean, largest) |model - measured| / measured over the fitted dispatch shares
 NAMES = ("dispatch_store_fixed_ns", "dispatch_store_l2_ns_per_byte", "dispatch_store_ns_per_byte",
          "dispatch_store_knee_bytes")
+DEAL_NAMES = ("deal_share_ns", "deal_count_ns")
+DEAL_BOUND = (0.15, 0.35)  # (mean, largest) over the walks' medians (a single share's turnaround is ~2 us)
 
 
 def _world(raw: dict, d: dict):
@@ -57,6 +63,32 @@ def fit_store(pts: list[dict], layers: list[dict], hw, origin: str) -> Fit:
     model = preset_with(f.values, NAMES)
     for point, nbytes, tokens, y in in_layer:
         f.check(f"{point} (ns)", y, costs.store_dispatch_ns(model, nbytes, tokens))
+    return f
+
+
+def fit_deal(layers: list[dict], origin: str) -> Fit:
+    """deal_share_ns and deal_count_ns from the in-layer `layers`' walks (deal_walk); files from
+    before the microbenchmark timed them: 0 (the walk not modelled)."""
+    f = Fit()
+    timed = [c for c in layers if c.get("deal_walk")]
+    pts = [(c, loads, ns, n) for c in timed
+           for loads, ns, n in zip(c["deal_walk"]["loads"], c["deal_walk"]["ns"], c["deal_walk"]["n"])]
+    if len({loads for _, loads, _, _ in pts}) < 2:
+        for name in DEAL_NAMES:
+            f.set(name, 0.0, f"{origin}: no block's walk to its dispatch shares timed (a file from before it): "
+                  "not modelled")
+        return f
+    x, y, w = (np.array([p[i] for p in pts], np.float64) for i in (1, 2, 3))
+    (share, count), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]) * np.sqrt(w)[:, None],
+                                         y * np.sqrt(w), rcond=None)
+    how = (f"{origin}: each block's turnaround before its dispatch shares inside the megakernel at "
+           f"{tokens_label(timed)} tokens (one GPU, every expert's row count loaded in turn), least squares of the "
+           "medians by counts loaded, each weighted by its shares, of time = turnaround + counts x per count")
+    for name, v in zip(DEAL_NAMES, (share, count)):
+        f.set(name, max(float(v), 0.0), how)
+    for c, loads, ns, n in pts:
+        f.check(f"in layer: walk to a dispatch share, {layer_label(c)}, {loads} counts loaded, {n} shares (ns)",
+                ns, f.values["deal_share_ns"] + loads * f.values["deal_count_ns"])
     return f
 
 
