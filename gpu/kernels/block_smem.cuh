@@ -21,4 +21,5 @@ constexpr int GEMM_SMEM_BYTES = Tf32TileGemm<TILE_M, TILE_N, TILE_K>::SMEM_BYTES
 constexpr int GEMM_SMEM_BYTES = SimtTileGemm<TILE_M, TILE_N, TILE_K>::SMEM_FLOATS * 4;
 #endif
 constexpr int SMEM_BYTES = GEMM_SMEM_BYTES > GATE_BLOCK_SMEM_BYTES ? GEMM_SMEM_BYTES : GATE_BLOCK_SMEM_BYTES;
+static_assert(SMEM_BYTES >= BLOCK_THREADS * (int)sizeof(int), "the dispatch's deal scans its row counts in it");
 extern "C" __constant__ int moelab_smem_bytes = SMEM_BYTES;

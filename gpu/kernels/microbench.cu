@@ -189,8 +189,9 @@ MB_KERNEL mb_gate(const Params* __restrict__ params, unsigned long long* ns) {
 // dispatch_done zeroed).
 MB_KERNEL mb_dispatch(const Params* __restrict__ params, int n) {
   const Params& p = *params;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   if (blockIdx.x >= n) return;
-  dispatch_chunks<TILE_M>(p, 1, n);
+  dispatch_chunks<TILE_M>(p, 1, n, smem_raw);
   if (threadIdx.x == 0) nvshmem_quiet();
 }
 

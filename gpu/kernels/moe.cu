@@ -82,7 +82,7 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   }
 
   // processors: dispatch this rank's chunks, then tasks, then the ordered combine
-  dispatch_chunks<TILE_M>(p, telemetry, (int)p.n_proc);
+  dispatch_chunks<TILE_M>(p, telemetry, (int)p.n_proc, smem_raw);
   processor<TILE_M, TILE_N, TILE_K>(p, telemetry, smem_raw);
   if (!aborted(p)) combine_tokens(p, telemetry);
   if (threadIdx.x == 0) nvshmem_quiet();

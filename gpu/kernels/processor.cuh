@@ -203,20 +203,39 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
 // expert_at(0..ne-1), in that order and window order within each, each cut into `parts` shares,
 // numbered consecutively, share u to block u mod nb. Only non-empty chunks are counted: a dropless
 // layer's chunk slots (C = T) are mostly empty, and dealing the slots gave a few blocks every
-// expert's first chunks.
+// expert's first chunks. The block's threads load BLOCK_THREADS experts' row counts at once and
+// scan their shares into `ends` (shared memory, BLOCK_THREADS ints): a block walking the counts one
+// dependent load after another sat ~0.37 us an expert between its shares.
 template <int BM, class ExpertAt>
-__device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at, int parts, int b, int nb) {
-  const int rank = (int)p.rank;
+__device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at, int parts, int b, int nb,
+                            int* ends) {
+  __shared__ int warp_sums[BLOCK_THREADS / 32];
+  const int rank = (int)p.rank, first = first_window<BM>(p, rank), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   int u = 0;
-  for (int i = 0; i < ne; ++i) {
-    const long long e = expert_at(i);
-    const int rows = __ldcg(p.counts + e);
-    const int shares = rows == 0 ? 0 : (last_window<BM>(p, rank, rows) - first_window<BM>(p, rank) + 1) * parts;
-    for (int v = u + ((b - u) % nb + nb) % nb; v < u + shares; v += nb) {
-      const int j = (v - u) / parts;
-      dispatch_chunk<BM>(p, tel, (int)e, j, own_chunk<BM>(p, e, j), (v - u) % parts, parts);
+  for (int i0 = 0; i0 < ne; i0 += BLOCK_THREADS) {
+    const int n = min(BLOCK_THREADS, ne - i0), i = i0 + (int)threadIdx.x;
+    const int rows = i < ne ? __ldcg(p.counts + expert_at(i)) : 0;
+    int shares = rows == 0 ? 0 : (last_window<BM>(p, rank, rows) - first + 1) * parts;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, shares, d);
+      if (lane >= d) shares += up;
     }
-    u += shares;
+    if (lane == 31) warp_sums[warp] = shares;
+    __syncthreads();
+    for (int w = 0; w < warp; ++w) shares += warp_sums[w];
+    ends[threadIdx.x] = shares;  // the shares of experts i0 .. i, inclusive
+    __syncthreads();
+    const int total = ends[n - 1];
+    int g = 0;  // the expert of share v, i0 + g: v only grows
+    for (int v = u + ((b - u) % nb + nb) % nb; v < u + total; v += nb) {
+      while (ends[g] <= v - u) ++g;
+      const long long e = expert_at(i0 + g);
+      const int k = v - u - (g ? ends[g - 1] : 0);
+      dispatch_chunk<BM>(p, tel, (int)e, k / parts, own_chunk<BM>(p, e, k / parts), k % parts, parts);
+    }
+    u += total;
+    __syncthreads();  // ends and warp_sums are read before the next group's scan writes them
   }
 }
 
@@ -226,17 +245,18 @@ __device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at
 // waves; blocks R.. store this GPU's own chunks and go on to the tasks that those waves queue while
 // the rest is in flight (R = the host's layout.STAGED_BLOCKS; measurements: docs/notes/dispatch.md).
 template <int BM>
-__device__ void dispatch_chunks(const Params& p, int tel, int n) {
+__device__ void dispatch_chunks(const Params& p, int tel, int n, unsigned char* smem) {
   const int R = p.P > 1 ? (int)min(p.staged_blocks, (long long)n - 1) : 0, b = (int)blockIdx.x;
   const int P = (int)p.P, L = (int)p.L, rank = (int)p.rank;
+  int* const ends = reinterpret_cast<int*>(smem);  // the gate is done with it, no task has begun
   if (R == 0) {
-    deal_chunks<BM>(p, tel, (int)p.E, [](int i) { return (long long)i; }, dispatch_parts(p), b, n);
+    deal_chunks<BM>(p, tel, (int)p.E, [](int i) { return (long long)i; }, dispatch_parts(p), b, n, ends);
   } else if (b >= R) {
-    deal_chunks<BM>(p, tel, L, [=](int i) { return (long long)rank * L + i; }, 1, b - R, n - R);
+    deal_chunks<BM>(p, tel, L, [=](int i) { return (long long)rank * L + i; }, 1, b - R, n - R, ends);
   } else {
     // a local expert's chunks on each peer k = 0.. counted from rank + 1 on
     auto peer_expert = [=](int i) { return (long long)((rank + 1 + i % (P - 1)) % P) * L + i / (P - 1); };
-    deal_chunks<BM>(p, tel, L * (P - 1), peer_expert, 1, b, R);
+    deal_chunks<BM>(p, tel, L * (P - 1), peer_expert, 1, b, R, ends);
   }
 }
 
