@@ -33,7 +33,7 @@ fails or a job cut short still leaves the others:
   last GEMM1), from its telemetry on IN_LAYERS, none a measured run's size: each
   layer's share times and sizes, the shares and bytes its first round has in flight, the
   final-combine times of the processors with the most tokens, its per-tile combine tasks' times
-  and bytes, its blocks' walks to their shares by the row counts their deal loaded (deal_walk),
+  and bytes, its blocks' walks to their shares by the row counts their deal read (deal_walk),
   and its GEMM tasks' times by kind, tile height and tiles per expert.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
@@ -513,14 +513,14 @@ def sec_in_layer(b: Bench) -> list[dict]:
 
 def deal_walk(tr, proc: np.ndarray, disp: np.ndarray) -> dict:
     """Each block's turnaround before each of its dispatch shares, by the experts' row counts the
-    kernel's deal loaded since (processor.cuh deal_chunks; one GPU deals every expert in order, one
-    count each): before its first share from its gate's end, the counts of experts 0 .. its own;
-    before each next from its share before, those after that share's expert up to its own. The
-    medians for each number of counts loaded."""
+    kernel's deal read since (processor.cuh deal_chunks; one GPU deals every expert in order, one
+    count each): before its first share ("first") from its gate's end, the counts of experts 0 ..
+    its own; before each next ("next") from its share before, those after that share's expert up to
+    its own. The medians for each number of counts read."""
     from sim.trace import KIND
 
     gate = proc & (tr["kind"] == KIND["gate"])
-    loads, ns = [], []
+    loads, ns, first = [], [], []
     for q in np.unique(tr["lane"][disp]):
         mine = disp & (tr["lane"] == q)
         order = np.argsort(tr["start"][mine])
@@ -528,10 +528,15 @@ def deal_walk(tr, proc: np.ndarray, disp: np.ndarray) -> dict:
         before = np.concatenate([[tr["end"][gate & (tr["lane"] == q)].max()], end[:-1]])
         loads.extend(np.diff(expert, prepend=-1).tolist())
         ns.extend((start - before).tolist())
-    loads, ns = np.array(loads), np.array(ns)
-    counts = np.unique(loads)
-    return {"loads": counts.tolist(), "ns": [float(np.median(ns[loads == c])) for c in counts],
-            "n": [int((loads == c).sum()) for c in counts]}
+        first.extend([True] + [False] * (len(start) - 1))
+    loads, ns, first = np.array(loads), np.array(ns), np.array(first)
+
+    def medians(m: np.ndarray) -> dict:
+        counts = np.unique(loads[m])
+        return {"loads": counts.tolist(), "ns": [float(np.median(ns[m & (loads == c)])) for c in counts],
+                "n": [int((m & (loads == c)).sum()) for c in counts]}
+
+    return {"first": medians(first), "next": medians(~first)}
 
 
 def layer_returns(b: Bench) -> dict:

@@ -115,8 +115,10 @@ class Hardware:
     dispatch_store_l2_ns_per_byte: float  # up to the knee
     dispatch_store_knee_bytes: float  # the bytes of a GPU's tokens the L2 holds (0: one rate for all)
     # a block's walk to each of its dispatch shares (processor.cuh deal_chunks): its turnaround after
-    # the gate or its share before, plus one dependent load of an expert's row count for every expert
-    # on its deal's list it passes (also after its last share, before its first task)
+    # the gate (its deal reads its list first) or after its share before, plus the read of an expert's
+    # row count for every expert on its deal's list it passes (also after its last share, before its
+    # first task)
+    deal_first_ns: float
     deal_share_ns: float
     deal_count_ns: float
     # the float32 kernel's per-tile combine task (one block weights a returned tile's rows in place,
@@ -310,7 +312,7 @@ _H100 = {
                                          "return_store_ns_per_byte",
                                          "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
-                                         "dispatch_store_knee_bytes", "deal_share_ns", "deal_count_ns",
+                                         "dispatch_store_knee_bytes", "deal_first_ns", "deal_share_ns", "deal_count_ns",
                                          "tile_combine_fixed_ns",
                                          "tile_combine_ns_per_byte", "tile_combine_l2_ns_per_byte",
                                          "tile_combine_knee_bytes", "reduce_fixed_ns", "reduce_ns_per_byte",

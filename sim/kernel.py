@@ -240,13 +240,18 @@ class FusedKernel:
 
     def deal_walks(self, dealt: list[tuple[int, int, int, int, int]]) -> tuple[list[float], list[float]]:
         """Each share's walk before it and each processor's walk after its last (dispatch_shares'
-        order): the kernel's deal loads the row count of every expert on the processor's list in
-        turn (processor.cuh deal_chunks), so a share costs its turnaround plus a load for each place
-        from the processor's share before (or the list's start) to its own, and the processor walks
-        the rest of its list before its first task."""
+        order): the kernel's deal reads the row count of every expert on the processor's list in
+        turn (processor.cuh deal_chunks), so a share costs a turnaround (the processor's first, which
+        reads the list first, its own) plus a read for each place from the processor's share before
+        (or the list's start) to its own, and the processor walks the rest of its list before its
+        first task. A kernel that dealt chunk slots found its shares without the walk
+        (costs.DISPATCH_DEALS): none."""
+        if self.deal != "chunks":
+            return [0.0] * len(dealt), [0.0] * self.processors
         at, leads = [-1] * self.processors, []
         for _, lane, _, _, place in dealt:
-            leads.append(self.hw.deal_share_ns + self.hw.deal_count_ns * (place - at[lane]))
+            turnaround = self.hw.deal_first_ns if at[lane] < 0 else self.hw.deal_share_ns
+            leads.append(turnaround + self.hw.deal_count_ns * (place - at[lane]))
             at[lane] = place
         return leads, [self.hw.deal_count_ns * (self.deal_list(lane) - 1 - at[lane]) for lane in range(self.processors)]
 

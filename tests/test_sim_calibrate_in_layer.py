@@ -17,7 +17,8 @@ from sim.trace import KIND, ROLE, TraceBuilder
 KNEES = calibrate.KNEES
 FIGURES = dict(dispatch_store_fixed_ns=3000.0, dispatch_store_l2_ns_per_byte=0.03, dispatch_store_ns_per_byte=0.16,
                dispatch_store_knee_bytes=float(KNEES[30]), reduce_fixed_ns=1500.0, reduce_l2_ns_per_byte=0.06,
-               reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]), deal_share_ns=1800.0, deal_count_ns=380.0)
+               reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]), deal_first_ns=2700.0, deal_share_ns=1800.0,
+               deal_count_ns=380.0)
 TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
 GEMM = dict(matrix_efficiency=0.8, gemm_fixed_ns=90000.0, weight_load_ns_per_byte=0.02, gemm_row_group=64.0)
 TILE_COMBINE = dict(tile_combine_fixed_ns=2000.0, tile_combine_l2_ns_per_byte=0.03, tile_combine_ns_per_byte=0.09,
@@ -51,9 +52,12 @@ def tile_combine(hw, tokens):
 
 
 def deal_walk(hw, tokens):
-    """A layer's walks to its shares (the microbenchmark's medians by counts loaded), timed by `hw`."""
-    loads = list(range(1 + tokens % 3, 64, 5))
-    return {"loads": loads, "ns": [hw.deal_share_ns + c * hw.deal_count_ns for c in loads], "n": [3] * len(loads)}
+    """A layer's walks to its first and next shares (the microbenchmark's medians by counts read),
+    timed by `hw`."""
+    first, later = list(range(1 + tokens % 3, 64, 5)), [131 // (1 + tokens % 4)]
+    return {"first": {"loads": first, "ns": [hw.deal_first_ns + c * hw.deal_count_ns for c in first],
+                      "n": [2] * len(first)},
+            "next": {"loads": later, "ns": [hw.deal_share_ns + c * hw.deal_count_ns for c in later], "n": [40]}}
 
 
 def gemm_task(hw, tokens, kind, rows, n):
@@ -137,7 +141,7 @@ def test_a_traced_layers_gemm_tasks_are_grouped_by_tile_height_and_sharing():
     assert got == {("gemm0", 100, 2): (110.0, 2), ("gemm1", 20, 2): (50.0, 1), ("gemm0", 64, 1): (70.0, 1)}
 
 
-def test_a_traced_layers_walks_are_read_by_the_counts_its_deal_loaded():
+def test_a_traced_layers_walks_are_read_by_the_counts_its_deal_passed():
     """One GPU deals every expert in turn: a block's first share after the counts of experts 0 ..
     its own (from its gate's end), each next after those from its share before's expert on."""
     tb = TraceBuilder()
@@ -150,14 +154,28 @@ def test_a_traced_layers_walks_are_read_by_the_counts_its_deal_loaded():
     tr = tb.build()
     proc = tr["role"] == ROLE["processor"]
     got = microbench.deal_walk(tr, proc, proc & (tr["kind"] == KIND["dispatch"]))
-    assert got == {"loads": [0, 1, 3, 4], "ns": [500.0, 700.0, 1300.0, 1700.0], "n": [1, 1, 1, 1]}
+    assert got == {"first": {"loads": [1, 3], "ns": [700.0, 1300.0], "n": [1, 1]},
+                   "next": {"loads": [0, 4], "ns": [500.0, 1700.0], "n": [1, 1]}}
+
+
+def test_walks_timed_together_give_one_turnaround(tmp_path):
+    """A file from before first and next shares were told apart: one turnaround for both."""
+    raw = synthetic()
+    hw = hardware.PRESETS["h200-sxm"].replace(**dict(FIGURES, deal_first_ns=FIGURES["deal_share_ns"]))
+    raw["in_layer"] = in_layer(hw)
+    for c in raw["in_layer"]:
+        walk = c.pop("deal_walk")
+        c["deal_walk"] = {k: walk["first"][k] + walk["next"][k] for k in ("loads", "ns", "n")}
+    v = _fit(tmp_path, raw).values
+    assert v["deal_first_ns"] == v["deal_share_ns"] == pytest.approx(FIGURES["deal_share_ns"])
+    assert v["deal_count_ns"] == pytest.approx(FIGURES["deal_count_ns"])
 
 
 def test_without_walks_timed_the_deal_is_not_modelled(tmp_path):
     raw = synthetic()
     raw["in_layer"] = in_layer(hardware.PRESETS["h200-sxm"].replace(**dict(FIGURES, deal_count_ns=0.0)))
     fit = _fit(tmp_path, raw)
-    assert fit.values["deal_share_ns"] == fit.values["deal_count_ns"] == 0.0
+    assert fit.values["deal_first_ns"] == fit.values["deal_share_ns"] == fit.values["deal_count_ns"] == 0.0
     assert "not modelled" in fit.sources["deal_count_ns"]
 
 

@@ -108,12 +108,12 @@ def test_a_stored_share_contends_with_the_bytes_stored_into_its_gpu():
 
 @pytest.mark.parametrize("ranks,path", [(1, "store"), (2, "staged"), (2, "store")])
 def test_a_block_walks_its_deals_counts_to_each_share_and_after_its_last(ranks, path):
-    """processor.cuh deal_chunks loads the row count of each expert on a block's list in turn: a
+    """processor.cuh deal_chunks reads the row count of each expert on a block's list in turn: a
     share starts the block's turnaround plus a count for every expert from its share before (or the
-    list's start) to its own after the block's previous share (or the gate), and the block walks
-    the rest of its list before its first task."""
-    turnaround, count = 1700.0, 450.0
-    hw = HW.replace(deal_share_ns=turnaround, deal_count_ns=count)
+    list's start) to its own after the block's previous share (or, with its first turnaround, the
+    gate), and the block walks the rest of its list before its first task."""
+    first, turnaround, count = 2600.0, 1700.0, 450.0
+    hw = HW.replace(deal_first_ns=first, deal_share_ns=turnaround, deal_count_ns=count)
     cfg = presets.get("flashmoe").replace(ranks=ranks, tokens=1024, experts=32, seed=int(np.random.randint(1e6)))
     tr = sim.simulate(cfg, hw, dispatch=path).trace
     senders, per_gpu = min(costs.STAGED_BLOCKS, hw.processors - 1), cfg.local_experts
@@ -134,7 +134,8 @@ def test_a_block_walks_its_deals_counts_to_each_share_and_after_its_last(ranks, 
             else:
                 place, listed = expert, cfg.experts
             before = np.concatenate([[gate["end"][(gate["rank"] == rank) & (gate["lane"] == lane)].max()], end[:-1]])
-            assert start == pytest.approx(before + turnaround + count * np.diff(place, prepend=-1))
+            turn = np.where(np.arange(len(start)) == 0, first, turnaround)
+            assert start == pytest.approx(before + turn + count * np.diff(place, prepend=-1))
             first_task = tasks["start"][(tasks["rank"] == rank) & (tasks["lane"] == lane)]
             if first_task.size:
                 assert first_task.min() >= end[-1] + count * (listed - 1 - place[-1]) - 1e-6

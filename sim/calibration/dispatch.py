@@ -9,8 +9,9 @@ byte. Every dispatch entry (put path, two GPUs) is checked against the moves' fi
 bound: BOUND.
 
 A block's walk to its shares (`fit_deal`): from the same layers' deal_walk, a block's turnaround
-before a share = deal_share_ns + deal_count_ns x the experts' row counts its deal loaded since
-(least squares of the medians, each weighted by its shares); residual bound: DEAL_BOUND."""
+before its first share = deal_first_ns, before each next = deal_share_ns, both + deal_count_ns x
+the experts' row counts its deal read since (least squares of the medians, each weighted by its
+shares); residual bound: DEAL_BOUND."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .moves import MOVE_FIGURES
 BOUND = (0.10, 0.20)  # (mean, largest) |model - measured| / measured over the fitted dispatch shares
 NAMES = ("dispatch_store_fixed_ns", "dispatch_store_l2_ns_per_byte", "dispatch_store_ns_per_byte",
          "dispatch_store_knee_bytes")
-DEAL_NAMES = ("deal_share_ns", "deal_count_ns")
+DEAL_NAMES = ("deal_first_ns", "deal_share_ns", "deal_count_ns")
 DEAL_BOUND = (0.15, 0.35)  # (mean, largest) over the walks' medians (a single share's turnaround is ~2 us)
 
 
@@ -66,29 +67,46 @@ def fit_store(pts: list[dict], layers: list[dict], hw, origin: str) -> Fit:
     return f
 
 
+def _walks(c: dict) -> list[tuple[str, int, float, int]]:
+    """(which, counts read, median ns, shares) of an in-layer entry's deal_walk: "first" and "next"
+    shares apart, or (entries from before they were) "any"."""
+    walk = c["deal_walk"]
+    parts = [(w, walk[w]) for w in ("first", "next") if w in walk] or [("any", walk)]
+    return [(w, loads, ns, n) for w, d in parts for loads, ns, n in zip(d["loads"], d["ns"], d["n"])]
+
+
 def fit_deal(layers: list[dict], origin: str) -> Fit:
-    """deal_share_ns and deal_count_ns from the in-layer `layers`' walks (deal_walk); files from
+    """deal_first_ns, deal_share_ns and deal_count_ns from the in-layer `layers`' walks (deal_walk):
+    a block's first share after its turnaround (deal_first_ns: its deal reads its list before it),
+    each next after the turnaround between shares (deal_share_ns), both plus the counts read x
+    deal_count_ns; entries that timed every share together give one turnaround for both; files from
     before the microbenchmark timed them: 0 (the walk not modelled)."""
     f = Fit()
     timed = [c for c in layers if c.get("deal_walk")]
-    pts = [(c, loads, ns, n) for c in timed
-           for loads, ns, n in zip(c["deal_walk"]["loads"], c["deal_walk"]["ns"], c["deal_walk"]["n"])]
-    if len({loads for _, loads, _, _ in pts}) < 2:
+    pts = [(c, *walk) for c in timed for walk in _walks(c)]
+    if len({loads for _, _, loads, _, _ in pts}) < 2:
         for name in DEAL_NAMES:
             f.set(name, 0.0, f"{origin}: no block's walk to its dispatch shares timed (a file from before it): "
                   "not modelled")
         return f
-    x, y, w = (np.array([p[i] for p in pts], np.float64) for i in (1, 2, 3))
-    (share, count), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]) * np.sqrt(w)[:, None],
-                                         y * np.sqrt(w), rcond=None)
+    which = [w for _, w, _, _, _ in pts]
+    x, y, n = (np.array([p[i] for p in pts], np.float64) for i in (2, 3, 4))
+    kinds = [k for k in ("first", "next", "any") if k in which]
+    a = np.column_stack([[float(w == k) for w in which] for k in kinds] + [x]) * np.sqrt(n)[:, None]
+    coef, *_ = np.linalg.lstsq(a, y * np.sqrt(n), rcond=None)
+    turn = dict(zip(kinds, coef[:-1]))
+    first, share = turn.get("first", turn.get("any", 0.0)), turn.get("next", turn.get("any", 0.0))
     how = (f"{origin}: each block's turnaround before its dispatch shares inside the megakernel at "
-           f"{tokens_label(timed)} tokens (one GPU, every expert's row count loaded in turn), least squares of the "
-           "medians by counts loaded, each weighted by its shares, of time = turnaround + counts x per count")
-    for name, v in zip(DEAL_NAMES, (share, count)):
+           f"{tokens_label(timed)} tokens (one GPU, every expert's row count read in turn), least squares of the "
+           "medians by counts read, each weighted by its shares, of time = turnaround (a block's first share, its "
+           "next ones) + counts x per count")
+    for name, v in zip(DEAL_NAMES, (first, share, coef[-1])):
         f.set(name, max(float(v), 0.0), how)
-    for c, loads, ns, n in pts:
-        f.check(f"in layer: walk to a dispatch share, {layer_label(c)}, {loads} counts loaded, {n} shares (ns)",
-                ns, f.values["deal_share_ns"] + loads * f.values["deal_count_ns"])
+    v = f.values
+    for c, w, loads, ns, shares in pts:
+        turnaround = v["deal_first_ns"] if w == "first" else v["deal_share_ns"]
+        f.check(f"in layer: walk to a dispatch share ({w}), {layer_label(c)}, {loads} counts read, {shares} shares "
+                "(ns)", ns, turnaround + loads * v["deal_count_ns"])
     return f
 
 
