@@ -33,7 +33,8 @@ fails or a job cut short still leaves the others:
   last GEMM1), from its telemetry on IN_LAYERS, none a measured run's size: each
   layer's share times and sizes, the shares and bytes its first round has in flight, the
   final-combine times of the processors with the most tokens, its per-tile combine tasks' times
-  and bytes, its blocks' walks to their shares by the row counts their deal read (deal_walk),
+  and bytes, its blocks' walks to their shares by the row counts their deal read (deal_walk), the
+  subscriber's delay in seeing a landed tile by the entries it watches (signal_seen),
   and its GEMM tasks' times by kind, tile height and tiles per expert.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
@@ -507,6 +508,7 @@ def sec_in_layer(b: Bench) -> list[dict]:
                     "tile_combine_ns": stats(tr["end"][weighting] - tr["start"][weighting]),
                     "tile_combine_bytes": stats(tr["bytes"][weighting]),
                     "deal_walk": deal_walk(tr, proc, disp),
+                    "signal_seen": signal_seen(cfg, tr, disp),
                     "gemm": layer_gemm_tasks(b, cfg, tr, proc, disp, n_proc)})
     return out
 
@@ -537,6 +539,26 @@ def deal_walk(tr, proc: np.ndarray, disp: np.ndarray) -> dict:
                 "n": [int((m & (loads == c)).sum()) for c in counts]}
 
     return {"first": medians(first), "next": medians(~first)}
+
+
+def signal_seen(cfg: Config, tr, disp: np.ndarray) -> dict:
+    """How long after a tile's last dispatch share ends the subscriber logs the tile's signal (one
+    GPU: a tile and its chunk are an (expert, window); the first signal of each is its landing, a
+    later one its return), and the entries its lanes watch (os.cuh subscriber: this GPU's tiles and
+    its own returned chunks)."""
+    from reference import plan_of
+    from sim.costs import watched_entries
+    from sim.trace import KIND, ROLE
+
+    sig = (tr["rank"] == 0) & (tr["role"] == ROLE["subscriber"]) & (tr["kind"] == KIND["signal"])
+    seen = {}
+    for t, e, w in sorted(zip(tr["start"][sig], tr["expert"][sig], tr["tile"][sig])):
+        seen.setdefault((int(e), int(w)), float(t))
+    last = {}
+    for t, e, w in zip(tr["end"][disp], tr["expert"][disp], tr["tile"][disp]):
+        last[int(e), int(w)] = max(last.get((int(e), int(w)), -np.inf), float(t))
+    waits = [seen[k] - t for k, t in last.items() if k in seen]
+    return {"watched": watched_entries(cfg, plan_of(cfg), 0), "ns": stats(np.array(waits)) if waits else None}
 
 
 def layer_returns(b: Bench) -> dict:

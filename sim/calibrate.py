@@ -14,7 +14,8 @@ names its figures, its microbenchmark and its residual bound):
   block's walk to its shares (deal_share_ns, deal_count_ns);
 - `combine`: tile_combine_*, reduce_*, return_store_ns_per_byte;
 - `gate`: gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns, gate_select_*;
-- `scheduler`: handoff_ns, wake_ns, assign_ns, stop_ns, nvlink_latency_ns.
+- `scheduler`: handoff_ns, wake_ns, assign_ns, stop_ns, nvlink_latency_ns, and the subscriber's
+  delay in seeing a landed tile (signal_seen_ns, signal_seen_ns_per_entry).
 
 The file's top level is the float32 kernel build's microbenchmarks; its "bfloat16" section (when
 measured) the bf16 build's, fitted the same way: the matrix rate against the BF16 peak, rows of
@@ -70,6 +71,7 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     f.merge(dispatch.fit_dispatch(raw, hw, origin, f.values))
     layers = one_gpu_layers(raw)
     f.merge(dispatch.fit_deal(layers, origin))
+    f.merge(scheduler.fit_signal_seen(layers, origin))
     f.merge(combine.fit_tile_combine(layers, dtype, origin))
     f.merge(combine.fit_reduce(need(raw, "combine", "the final combine's time per block"), layers,
                                f.values["l2_knee_bytes"], origin))

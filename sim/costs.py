@@ -357,6 +357,20 @@ def dispatch_parts(cfg: Config, processors: int, path: str) -> int:
     return max(1, min(processors // dispatch_slots(cfg), DISPATCH_MAX_PARTS))
 
 
+def watched_entries(cfg: Config, plan, rank: int) -> int:
+    """The entries GPU `rank`'s subscriber watches (os.cuh subscriber, its lanes splitting them):
+    its tiles that wait for dispatched chunks and its own routed chunks that come back."""
+    routed = plan.tile_expert < cfg.experts
+    landing = routed & (plan.tile_owner == rank)
+    returning = routed[plan.chunk_tile] & (plan.chunk_src == rank)
+    return int(np.count_nonzero(landing) + np.count_nonzero(returning))
+
+
+def signal_seen_ns(hw: Hardware, cfg: Config, plan, rank: int) -> float:
+    """From a chunk's signal to the subscriber's seeing it: its lane's pass over its entries."""
+    return hw.signal_seen_ns + hw.signal_seen_ns_per_entry * watched_entries(cfg, plan, rank)
+
+
 def dispatch_slots(cfg: Config) -> int:
     """Dispatch slots per (source, expert) block times the experts: the kernel's one slot per
     chunk a block can be cut into (plan.chunk_slots, from C = Config.slots)."""

@@ -121,6 +121,11 @@ class Hardware:
     deal_first_ns: float
     deal_share_ns: float
     deal_count_ns: float
+    # the subscriber sees a landed chunk's signal when its lane's pass over the entries it watches
+    # comes round (os.cuh subscriber: each lane polls its share of the GPU's tiles and returned
+    # chunks, one acquire each): fixed + per entry the GPU watches
+    signal_seen_ns: float
+    signal_seen_ns_per_entry: float
     # the float32 kernel's per-tile combine task (one block weights a returned tile's rows in place,
     # beside the GEMMs): fixed + the tile's bytes x per byte, at the L2's rate for the share of the
     # layer's returned bytes it holds (tile_combine_knee_bytes of them), HBM's for the rest (0:
@@ -313,6 +318,7 @@ _H100 = {
                                          "dispatch_store_fixed_ns",
                                          "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
                                          "dispatch_store_knee_bytes", "deal_first_ns", "deal_share_ns", "deal_count_ns",
+                                         "signal_seen_ns", "signal_seen_ns_per_entry",
                                          "tile_combine_fixed_ns",
                                          "tile_combine_ns_per_byte", "tile_combine_l2_ns_per_byte",
                                          "tile_combine_knee_bytes", "reduce_fixed_ns", "reduce_ns_per_byte",

@@ -203,6 +203,7 @@ class FusedKernel:
         # each local expert's tiles whose GEMM0 tasks are done: with "expert-both", their GEMM1 tasks wait for all
         self.expert_gemm0_done: dict[int, list[int]] = {}
         self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
+        self.seen_ns = costs.signal_seen_ns(hw, cfg, plan, rank)
 
     def dispatch_moves(self) -> tuple[list[tuple[int, int, int]], list[Move]]:
         """This GPU's dispatch shares in the kernel's order, (processor, transfer, bytes) each, and
@@ -358,12 +359,13 @@ class FusedKernel:
         return dealt(remote, 0, r) + dealt(local, r, self.processors - r)
 
     def arrive(self, x: int) -> None:
-        """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk. A dispatched
-        tile lands with its last chunk and its tasks are queued; a returned chunk is combined."""
+        """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk once its pass
+        sees it (`seen_ns`). A dispatched tile lands with its last chunk and its tasks are queued; a
+        returned chunk is combined."""
         p = self.plan
         c, t = int(p.transfer_chunk[x]), int(p.transfer_tile[x])
         free, warp = heapq.heappop(self.subscribers)
-        start = max(self.env.now, free)
+        start = max(self.env.now + self.seen_ns, free)
         end = start + self.hw.subscriber_ns
         heapq.heappush(self.subscribers, (end, warp))
         self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end,

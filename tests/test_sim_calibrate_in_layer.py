@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from test_sim_calibrate import TRUE, _write, synthetic
 
+import reference
 from gpu import microbench
 from reference import presets
 from reference.plan import COMBINE, LOCAL, NVLINK
@@ -18,7 +19,7 @@ KNEES = calibrate.KNEES
 FIGURES = dict(dispatch_store_fixed_ns=3000.0, dispatch_store_l2_ns_per_byte=0.03, dispatch_store_ns_per_byte=0.16,
                dispatch_store_knee_bytes=float(KNEES[30]), reduce_fixed_ns=1500.0, reduce_l2_ns_per_byte=0.06,
                reduce_ns_per_byte=0.1, reduce_knee_bytes=float(KNEES[36]), deal_first_ns=2700.0, deal_share_ns=1800.0,
-               deal_count_ns=380.0)
+               deal_count_ns=380.0, signal_seen_ns=2500.0, signal_seen_ns_per_entry=15.0)
 TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288)
 GEMM = dict(matrix_efficiency=0.8, gemm_fixed_ns=90000.0, weight_load_ns_per_byte=0.02, gemm_row_group=64.0)
 TILE_COMBINE = dict(tile_combine_fixed_ns=2000.0, tile_combine_l2_ns_per_byte=0.03, tile_combine_ns_per_byte=0.09,
@@ -39,6 +40,9 @@ def in_layer(hw, world=1, tokens=TOKENS, n_proc=263):
                     "final_combine_ns": _stat(costs.reduce_ns(hw, cfg, n_proc)),
                     **(tile_combine(hw, t) if hw.tile_combine_ns_per_byte else {}),
                     **({"deal_walk": deal_walk(hw, t)} if hw.deal_count_ns else {}),
+                    **({"signal_seen": {"watched": t // 8, "ns": _stat(hw.signal_seen_ns + t // 8 *
+                                                                       hw.signal_seen_ns_per_entry)}}
+                       if hw.signal_seen_ns_per_entry else {}),
                     "gemm": [gemm_task(hw, t, kind, rows, n) for kind in ("gemm0", "gemm1")
                              for rows, n in ((t // 32, 1), (t // 32 - 7, 1), (128, 3), (t // 64, 2))]})
     return out
@@ -156,6 +160,21 @@ def test_a_traced_layers_walks_are_read_by_the_counts_its_deal_passed():
     got = microbench.deal_walk(tr, proc, proc & (tr["kind"] == KIND["dispatch"]))
     assert got == {"first": {"loads": [1, 3], "ns": [700.0, 1300.0], "n": [1, 1]},
                    "next": {"loads": [0, 4], "ns": [500.0, 1700.0], "n": [1, 1]}}
+
+
+def test_a_traced_layers_tiles_are_seen_after_their_last_share():
+    """A tile's first signal is its landing (a later one its return): the delay from its last share."""
+    cfg = presets.get("flashmoe").replace(ranks=1, tokens=768)
+    tb = TraceBuilder()
+    for lane, (expert, tile, end) in enumerate(((3, 0, 100.0), (3, 0, 140.0), (5, 1, 90.0))):
+        tb.add(0, 0, lane, "processor", "dispatch", 0.0, end, expert=expert, tile=tile, peer=0, nbytes=64)
+    for expert, tile, at in ((3, 0, 150.0), (5, 1, 120.0), (3, 0, 900.0)):  # the last: expert 3's return
+        tb.add(0, 0, 0, "subscriber", "signal", at, at, expert=expert, tile=tile, peer=0)
+    tr = tb.build()
+    disp = (tr["role"] == ROLE["processor"]) & (tr["kind"] == KIND["dispatch"])
+    got = microbench.signal_seen(cfg, tr, disp)
+    assert got["ns"]["median"] == 20.0 and got["ns"]["n"] == 2 and (got["ns"]["min"], got["ns"]["max"]) == (10.0, 30.0)
+    assert got["watched"] == costs.watched_entries(cfg, reference.plan_of(cfg), 0) == 128
 
 
 def test_walks_timed_together_give_one_turnaround(tmp_path):

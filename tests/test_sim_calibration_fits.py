@@ -137,11 +137,13 @@ def committed_fits():
             combine: [(combine.TILE_COMBINE_BOUND, combine.fit_tile_combine(layers, build, gpu)),
                       (combine.REDUCE_BOUND, combine.fit_reduce(rows["combine"], layers, v["l2_knee_bytes"], gpu))],
             gate: [(gate.BOUND, gate.fit_gate(rows, blocks * wgs, wgs, gpu))],
+            scheduler: [(scheduler.SEEN_BOUND, scheduler.fit_signal_seen(layers, gpu))],
             "whole": whole}
     return out
 
 
-@pytest.mark.parametrize("mechanism", [gemm, moves, dispatch, combine, gate], ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("mechanism", [gemm, moves, dispatch, combine, gate, scheduler],
+                         ids=lambda m: m.__name__.split(".")[-1])
 def test_committed_files_fit_within_the_stated_bounds(committed_fits, mechanism):
     for (gpu, build), fits in committed_fits.items():
         for (mean_bound, worst_bound), f in fits[mechanism]:

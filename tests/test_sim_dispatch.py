@@ -143,6 +143,24 @@ def test_a_block_walks_its_deals_counts_to_each_share_and_after_its_last(ranks, 
     assert walked > ranks * 16
 
 
+def test_a_landed_chunk_is_seen_after_its_subscribers_pass():
+    """A tile's signal is taken by a subscriber warp no sooner than its lane's pass over the entries
+    the GPU watches comes round (costs.signal_seen_ns): the first tiles, with the warps free, exactly then."""
+    hw = HW.replace(signal_seen_ns=2000.0, signal_seen_ns_per_entry=30.0)
+    cfg = presets.get("flashmoe").replace(ranks=1, tokens=2048, seed=int(np.random.randint(1e6)))
+    plan = reference.plan_of(cfg)
+    seen = costs.signal_seen_ns(hw, cfg, plan, 0)
+    assert seen == 2000.0 + 30.0 * costs.watched_entries(cfg, plan, 0) and costs.watched_entries(cfg, plan, 0) > 0
+    tr = sim.simulate(cfg, hw, dispatch="store").trace
+    d, sig = shares_of(tr, 0), tr.where("subscriber", "signal")
+    delays = []
+    for t in np.unique(d["tile"]):
+        landed = d["end"][d["tile"] == t].max()
+        took = sig["start"][sig["tile"] == t]
+        delays.append(took[took >= landed].min() - landed)
+    assert min(delays) == pytest.approx(seen) and min(delays) <= max(delays)
+
+
 def test_unknown_dispatch_path(capsys):
     with pytest.raises(sim.SimError, match=r"'dispatch' = 'copy' is not allowed: one of staged, store, put"):
         sim.simulate(presets.get("tiny"), dispatch="copy")

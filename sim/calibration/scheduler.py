@@ -2,13 +2,48 @@
 (the megakernel's telemetry on a 12K-token layer); wake_ns, assign_ns and stop_ns on a 1.5K-token
 layer on one GPU (processors idle); nvlink_latency_ns, half a bare-signal round trip between two
 GPUs, with the put-with-signal round trips checked against it. Each figure is one measured median
-(no residual to bound); the checks print the two-GPU and round-trip figures beside the model's."""
+(no residual to bound); the checks print the two-GPU and round-trip figures beside the model's.
+
+`fit_signal_seen`: signal_seen_ns and signal_seen_ns_per_entry, least squares of the in-layer
+layers' median delay from a tile's last dispatch share to the subscriber's signal against the
+entries the GPU's subscriber watches (one GPU); residual bound: SEEN_BOUND."""
 
 from __future__ import annotations
 
-from .common import CalibrationError, Fit, need
+import numpy as np
+
+from .common import CalibrationError, Fit, layer_label, need, tokens_label
 
 IDLE_NEEDS = ("first_task_ns", "assign_ns_per_task", "stop_ns")
+SEEN_NAMES = ("signal_seen_ns", "signal_seen_ns_per_entry")
+SEEN_BOUND = (0.25, 0.6)  # (mean, largest) over the layers' medians
+
+
+def fit_signal_seen(layers: list[dict], origin: str) -> Fit:
+    """The subscriber's delay in seeing a landed tile from the in-layer `layers` (signal_seen);
+    files from before it: 0 (not modelled)."""
+    f = Fit()
+    pts = [(c, c["signal_seen"]["watched"], c["signal_seen"]["ns"]["median"]) for c in layers
+           if (c.get("signal_seen") or {}).get("ns")]
+    if len({w for _, w, _ in pts}) < 2:
+        for name in SEEN_NAMES:
+            f.set(name, 0.0, f"{origin}: the subscriber's delay in seeing a landed tile not timed (a file from "
+                  "before it): not modelled")
+        return f
+    x = np.array([w for _, w, _ in pts], np.float64)
+    y = np.array([ns for _, _, ns in pts], np.float64)
+    (fixed, per), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(x), x]), y, rcond=None)
+    if per < 0:
+        fixed, per = float(y.mean()), 0.0
+    how = (f"{origin}: the median delay from a tile's last dispatch share to the subscriber's signal inside the "
+           f"megakernel at {tokens_label([c for c, _, _ in pts])} tokens (one GPU), least squares of time = fixed + "
+           "the entries its subscriber watches (its tiles and returned chunks) x per entry")
+    for name, v in zip(SEEN_NAMES, (fixed, per)):
+        f.set(name, max(float(v), 0.0), how)
+    for c, w, ns in pts:
+        f.check(f"in layer: a landed tile's signal seen, {layer_label(c)}, {w} entries watched (ns)", ns,
+                f.values["signal_seen_ns"] + w * f.values["signal_seen_ns_per_entry"])
+    return f
 
 
 def fit_latency(raw: dict, origin: str) -> Fit:
