@@ -204,6 +204,7 @@ class FusedKernel:
         self.expert_gemm0_done: dict[int, list[int]] = {}
         self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
         self.seen_ns = costs.signal_seen_ns(hw, cfg, plan, rank)
+        self.deal_tail = [0.0] * self.processors  # each processor's walk after its last share (dispatch_moves)
 
     def dispatch_moves(self) -> tuple[list[tuple[int, int, int]], list[Move]]:
         """This GPU's dispatch shares in the kernel's order, (processor, transfer, bytes) each, and
