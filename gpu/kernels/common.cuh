@@ -25,6 +25,17 @@ __device__ __forceinline__ void unit_sync() {
     asm volatile("bar.sync %0, %1;" ::"r"(2 + (int)threadIdx.x / UNIT_THREADS), "n"(UNIT_THREADS) : "memory");
 }
 
+// v summed over this lane and the lanes below it in its warp (every lane of the warp calls it)
+__device__ __forceinline__ int warp_inclusive_sum(int v) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int up = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += up;
+  }
+  return v;
+}
+
 __device__ __forceinline__ uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

@@ -389,12 +389,7 @@ __device__ int unit_exclusive_scan(const int* in, int* out, int n, int* warp_sum
   unit_sync();
   for (int i0 = 0; i0 < n; i0 += UNIT_THREADS) {
     const int i = i0 + tid, v = i < n ? __ldcg(in + i) : 0;
-    int incl = v;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int up = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += up;
-    }
+    const int incl = warp_inclusive_sum(v);
     if (lane == 31) warp_sums[warp] = incl;
     unit_sync();
     int before = carry;

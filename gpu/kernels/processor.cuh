@@ -215,12 +215,7 @@ __device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at
   for (int i0 = 0; i0 < ne; i0 += BLOCK_THREADS) {
     const int n = min(BLOCK_THREADS, ne - i0), i = i0 + (int)threadIdx.x;
     const int rows = i < ne ? __ldcg(p.counts + expert_at(i)) : 0;
-    int shares = rows == 0 ? 0 : (last_window<BM>(p, rank, rows) - first + 1) * parts;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int up = __shfl_up_sync(0xffffffffu, shares, d);
-      if (lane >= d) shares += up;
-    }
+    int shares = warp_inclusive_sum(rows == 0 ? 0 : (last_window<BM>(p, rank, rows) - first + 1) * parts);
     if (lane == 31) warp_sums[warp] = shares;
     __syncthreads();
     for (int w = 0; w < warp; ++w) shares += warp_sums[w];
