@@ -204,8 +204,8 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
 // numbered consecutively, share u to block u mod nb. Only non-empty chunks are counted: a dropless
 // layer's chunk slots (C = T) are mostly empty, and dealing the slots gave a few blocks every
 // expert's first chunks. The block's threads load BLOCK_THREADS experts' row counts at once and
-// scan their shares into `ends` (shared memory, BLOCK_THREADS ints): a block walking the counts one
-// dependent load after another sat ~0.37 us an expert between its shares.
+// scan their shares into `ends` (shared memory, BLOCK_THREADS ints): one dependent load an expert
+// passed made a block wait between its shares (docs/notes/dispatch.md).
 template <int BM, class ExpertAt>
 __device__ void deal_chunks(const Params& p, int tel, int ne, ExpertAt expert_at, int parts, int b, int nb,
                             int* ends) {
