@@ -171,21 +171,21 @@ def test_compare_validation_exits_non_zero_until_the_bars_are_met(capsys):
 # leaves this list.
 VALIDATION_CAUSES = {
     "COMBINE_SHORT": (
-        "the final combine modelled 20-39% short at k 1 (H 1792, four GPUs, skew 2) and at k 3-8 (E 48-160, "
+        "the final combine modelled 21-36% short at k 1 (H 1792, four GPUs, skew 2) and at k 3-8 (E 48-160, "
         "H 1024-1536, one and two GPUs): no microbenchmark times it at k other than 2"
     ),
     "COMBINE_PART_ROUND_LONG": (
-        "the final combine modelled 21-43% long where capacity drops choices (k 1-5, capacity 1.0-1.25) and H "
+        "the final combine modelled 21-35% long where capacity drops choices (k 1-5, capacity 1.0-1.25) and H "
         "leaves a part of a round (sim.costs.reduce_read_width prices it whole): a part round, or a round of "
         "few kept rows, costs less than a full one"
     ),
     "DISPATCH_ONE_GPU": (
-        "on one GPU the local dispatch modelled 20-44% long where the tokens (3-11 MB) fit the L2: a share's "
+        "on one GPU the local dispatch modelled 22-30% long where the tokens (3-11 MB) fit the L2: a share's "
         "measured fixed cost grows with H (3-10 us) and with the bytes at 0.025 ns a byte, where the fit's one "
         "fixed cost and its L2 rate (0.042) come from the calibration's layers of H 2048 alone"
     ),
     "DISPATCH_HOT_PEER": (
-        "on four GPUs under skew the dispatch modelled 21-40% short: the shares into the hot GPU take longer "
+        "on four GPUs under skew the dispatch modelled 23-39% short: the shares into the hot GPU take longer "
         "than its port's equal share gives (sim.ports)"
     ),
     "DISPATCH_SMALL_SHARES": (
@@ -194,15 +194,15 @@ VALIDATION_CAUSES = {
         "with the calibration of the kernel after it, whose share's fixed cost is 2.9 us (3.6 before)"
     ),
     "LAYER_SHORT": (
-        "the layer modelled 11-25% short while most phases' busy times hold: its processors wait longer "
+        "the layer modelled 10-19% short while most phases' busy times hold: its processors wait longer "
         "between phases than modelled (SM utilization measured below modelled)"
     ),
     "LAYER_LONG": (
-        "the layer modelled 11-17% long: its combine and the waits around it (2 H200s, E 16, k 4, skew 1), or "
+        "the layer modelled 11-18% long: its combine and the waits around it (2 H200s, E 16, k 4, skew 1), or "
         "its dispatch (one H100, E 8, k 6, skew 1.75: DISPATCH_ONE_GPU)"
     ),
     "DISPATCH_ONE_GPU_DROPS": (
-        "on one GPU under skew 1.5 with capacity 1.25 the local dispatch modelled 25-31% short (an H100, and an "
+        "on one GPU under skew 1.5 with capacity 1.25 the local dispatch modelled 26-31% short (an H100, and an "
         "H200 since its calibration at the current kernel): no microbenchmark times the dispatch of a layer that "
         "drops rows"
     ),
