@@ -360,9 +360,8 @@ def dispatch_parts(cfg: Config, processors: int, path: str) -> int:
 def watched_entries(cfg: Config, plan, rank: int) -> int:
     """The entries GPU `rank`'s subscriber watches (os.cuh subscriber, its lanes splitting them):
     its tiles that wait for dispatched chunks and its own routed chunks that come back."""
-    routed = plan.tile_expert < cfg.experts
-    landing = routed & (plan.tile_owner == rank)
-    returning = routed[plan.chunk_tile] & (plan.chunk_src == rank)
+    landing = plan.tile_expert[plan.tile_owner == rank] < cfg.experts
+    returning = plan.tile_expert[plan.chunk_tile[plan.chunk_src == rank]] < cfg.experts
     return int(np.count_nonzero(landing) + np.count_nonzero(returning))
 
 

@@ -176,15 +176,15 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     # every GPU's blocks dispatch at once: the stores into NVLink peers share the ports on their way
     planned = [k.dispatch_moves() for k in kernels]
     lanes: list[list] = [[] for _ in range(cfg.ranks * hw.processors)]
-    for r, (shares, moves) in enumerate(planned):
+    for r, (shares, moves, _) in enumerate(planned):
         for (lane, _, _), move in zip(shares, moves):
             lanes[r * hw.processors + lane].append(move)
     times = move_times(lanes, [k.gate_ns for k in kernels for _ in range(hw.processors)], hw.nvlink_gbps)
-    for r, (k, (shares, _)) in enumerate(zip(kernels, planned)):
+    for r, (k, (shares, _, tails)) in enumerate(zip(kernels, planned)):
         taken = [0] * hw.processors
         when = []
         for lane, _, _ in shares:
             when.append(times[r * hw.processors + lane][taken[lane]])
             taken[lane] += 1
-        k.start(shares, when)
+        k.start(shares, when, tails)
     return left

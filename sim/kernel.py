@@ -204,19 +204,19 @@ class FusedKernel:
         self.expert_gemm0_done: dict[int, list[int]] = {}
         self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
         self.seen_ns = costs.signal_seen_ns(hw, cfg, plan, rank)
-        self.deal_tail = [0.0] * self.processors  # each processor's walk after its last share (dispatch_moves)
 
-    def dispatch_moves(self) -> tuple[list[tuple[int, int, int]], list[Move]]:
-        """This GPU's dispatch shares in the kernel's order, (processor, transfer, bytes) each, and
-        their moves (ports.Move): a share stored into an NVLink peer moves its bytes through this
-        GPU's way out and the peer's way in (ports.move_times shares them among all GPUs' flows),
-        then its fence; any other its time alone (costs.dispatch_ns). A block's j-th share runs
+    def dispatch_moves(self) -> tuple[list[tuple[int, int, int]], list[Move], list[float]]:
+        """This GPU's dispatch shares in the kernel's order, (processor, transfer, bytes) each, their
+        moves (ports.Move) and each processor's walk after its last (deal_walks): a share stored into
+        an NVLink peer moves its bytes through this GPU's way out and the peer's way in
+        (ports.move_times shares them among all GPUs' flows), then its fence; any other its time
+        alone (costs.dispatch_ns). A block's j-th share runs
         beside the other blocks' j-th (round j): the bytes each round has in flight and its shares
         over each link (at 16K tokens on two H100s, bf16, the first round stores into this GPU and
         the second, over NVLink, shares the port 125 ways)."""
         dealt = self.dispatch_shares()
         shares = [(lane, x, nbytes) for _, lane, x, nbytes, _ in dealt]
-        leads, self.deal_tail = self.deal_walks(dealt)
+        leads, tails = self.deal_walks(dealt)
         taken = [0] * self.processors
         rounds = []
         for lane, _, _ in shares:
@@ -238,7 +238,7 @@ class FusedKernel:
             else:
                 ns = costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j], tokens)
                 moves.append(Move(ns, 0, 0.0, self.rank, dst, lead))
-        return shares, moves
+        return shares, moves, tails
 
     def deal_walks(self, dealt: list[tuple[int, int, int, int, int]]) -> tuple[list[float], list[float]]:
         """Each share's walk before it and each processor's walk after its last (dispatch_shares'
@@ -269,9 +269,10 @@ class FusedKernel:
         """The staged dispatch's senders: processors 0.. of them send the peers' chunks."""
         return min(self.staged_blocks, self.processors - 1)
 
-    def start(self, shares: list[tuple[int, int, int]], times: list[tuple[float, float]]) -> None:
+    def start(self, shares: list[tuple[int, int, int]], times: list[tuple[float, float]], tails: list[float]) -> None:
         """Gate on every block (for `gate_ns`), then the processor blocks move this GPU's outgoing
-        chunks, each block its `shares` (dispatch_moves) in the kernel's order, at `times`."""
+        chunks, each block its `shares` (dispatch_moves) in the kernel's order, at `times`, and walk
+        `tails` more before their first task."""
         gate = self.gate_ns
         for lane in range(self.processors):
             self.rec.add(self.rank, self.node, lane, "processor", "gate", 0.0, gate)
@@ -285,7 +286,7 @@ class FusedKernel:
                          int(p.tile_expert[t]), t, int(p.transfer_dst[x]), nbytes)
             free_at[lane] = max(free_at[lane], end)
             ready[x] = max(ready.get(x, 0.0), end)
-        free_at = [t + tail for t, tail in zip(free_at, self.deal_tail)]
+        free_at = [t + tail for t, tail in zip(free_at, tails)]
         for x, end in ready.items():
             stored = costs.stores_dispatch(self.dispatch, int(p.transfer_link[x]))
             self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
