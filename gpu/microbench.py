@@ -64,7 +64,7 @@ SECTIONS = ("layer_pieces", "gemm", "copy", "put", "pingpong", "scheduler", "in_
             "copy_nvlink")  # in the order they run
 BYTE_SECTIONS = ("put", "pingpong")  # the same NVSHMEM byte moves in both builds: measured by the float32 job
 KERNELS = ("mb_gemm", "mb_copy", "mb_put", "mb_pingpong", "mb_gate", "mb_dispatch", "mb_combine")
-H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the tile tasks of every measured layer run)
+H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the GEMM microbenchmark's tasks)
 SHARING = (1, 2, 8)  # tiles per expert that share each weight slice, in the GEMM microbenchmark
 GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
 # (tokens, experts, top_k): the gate alone at other top_k, logits in shared memory (64 experts) and in
@@ -92,7 +92,10 @@ IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288, 24576)
 # and one layer of 8 experts at 7168 tokens, 14 tiles per expert: where sharing a weight slice stops
 # paying (the 8-expert run has 16, and its tasks ran above a fit on 1 to 6 tiles by 10%)
 IN_LAYER_SHARING = dict(tokens=7168, experts=8)
-IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING,)
+# and two of other widths: GEMMs 1024 to 7168 deep (a task streams its whole weight slice, so its
+# time grows with the depth, which layers of one width cannot tell from its fixed time)
+IN_LAYER_DEPTHS = (dict(tokens=5120, hidden=4096, ffn=1024), dict(tokens=6656, hidden=1536, ffn=7168))
+IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING, *IN_LAYER_DEPTHS)
 # on two GPUs, a layer whose GEMM1 tasks store half their tiles' rows into the peer (the tiles it
 # sent) and half into their own GPU: 6144 tokens a GPU, a size no measured run uses
 IN_LAYER_RETURN = dict(tokens=6144)
@@ -123,7 +126,8 @@ def job_cases(world: int, dtype: str = "float32") -> list[dict]:
     cfgs = [flashmoe(world, dtype, tokens=t, experts=e) for t, e in GATE_POINTS]
     cfgs += [flashmoe(world, dtype, tokens=t, experts=e, top_k=k) for t, e, k in GATE_TOPK_POINTS]
     cfgs += [flashmoe(world, dtype, **SCHED_CONFIG), flashmoe(world, dtype, **SCHED_SMALL),
-             flashmoe(world, dtype, tokens=max(IN_LAYER_TOKENS)), flashmoe(world, dtype, **IN_LAYER_SHARING)]
+             flashmoe(world, dtype, tokens=max(IN_LAYER_TOKENS)), flashmoe(world, dtype, **IN_LAYER_SHARING),
+             *(flashmoe(world, dtype, **c) for c in IN_LAYER_DEPTHS)]
     return [{"name": f"layer-{i}", "config": c.to_dict()} for i, c in enumerate(cfgs)]
 
 
@@ -500,7 +504,7 @@ def sec_in_layer(b: Bench) -> list[dict]:
                          for q in tr["lane"][final]])
         most = held == held.max()
         out.append({"tokens": tokens, "experts": cfg.experts, "world": b.s.world, "n_proc": n_proc,
-                    "top_k": cfg.top_k, "hidden": cfg.hidden,
+                    "top_k": cfg.top_k, "hidden": cfg.hidden, "ffn": cfg.ffn,
                     "bytes_per_value": b.elem_bytes, "inflight_bytes": int(nbytes[first].sum()),
                     "first_round_shares": len(first), "share_bytes": stats(nbytes), "dispatch_ns": stats(dur),
                     "combine_tokens_per_block": int(held.max()),

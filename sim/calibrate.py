@@ -6,8 +6,9 @@ gpu/microbench.py) and fits, on those microbenchmarks only (never on the layer r
 names its figures, its microbenchmark and its residual bound):
 
 - the occupancy (here): the device's SMs, the megakernel's blocks per SM, the build's warpgroups;
-- `gemm`: the tile GEMM task (matrix_efficiency, gemm_fixed_ns, weight_load_ns_per_byte,
-  gemm_row_group, gemm_overlap_power; task_overhead_ns 0: each measurement times a whole task);
+- `gemm`: the tile GEMM task (matrix_efficiency, gemm_fixed_ns, weight_stream_ns_per_byte,
+  weight_load_ns_per_byte, gemm_row_group, gemm_overlap_power; task_overhead_ns 0: each
+  measurement times a whole task);
 - `moves`: copy_rows and puts (l2_knee_bytes, copy_*, put_local_*, put_nvlink_ns_per_byte,
   nvlink_gbps, copy_nvlink_ns_per_byte);
 - `dispatch`: the store path's shares (dispatch_store_*), every dispatch entry checked, and a

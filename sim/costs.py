@@ -12,9 +12,11 @@ every block (an item's H split over up to 8 blocks when the items are fewer than
 item's tokens pick their top k in k passes over their logits (4 lanes a token; from shared memory up
 to 64 experts, else from global memory), then one block per expert scans its row counts per (choice,
 item) for its slots; a tile GEMM task costs `gemm_fixed_ns` beyond its FLOPs however few its rows
-(the weight slice loads whole), and `weight_load_ns_per_byte` per byte of its weight slice over the
-tiles of its expert that share the slice at once (a slice one tile uses alone comes from HBM), the
-multiply and that load added, or where measured overlapped as the p-norm of the two
+(its prologue and epilogue), and a load of its weight slice: `weight_stream_ns_per_byte` per byte of
+the whole slice (every task streams it from the L2, k-step by k-step, beside the other blocks' tasks,
+so a deeper GEMM's task takes longer whatever its rows) and `weight_load_ns_per_byte` per byte of it
+over the tiles of its expert that share the slice at once (a slice one tile uses alone comes from
+HBM), the multiply and that load added, or where measured overlapped as the p-norm of the two
 (`gemm_overlap_power`: a slice streamed from HBM hides most of a short tile's multiply), its rows
 computed in whole groups of `gemm_row_group` (where measured; the tensor-core builds' whole 64-row
 blocks) and its columns a whole tile_n-wide slice (a ragged last column block multiplies the zero
@@ -137,6 +139,16 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     return np.where(kind == COMBINE, 0.0, depth * cols * cfg.dtype_bytes / sharing)
 
 
+def weight_slice_bytes(cfg: Config, plan) -> np.ndarray:
+    """Per task: the bytes of its whole weight slice (its GEMM's depth x its weight columns, a gated
+    GEMM0 task's gate and up ones), which it streams through the L2 whatever the tiles sharing it; 0
+    for a combine."""
+    kind = plan.task_kind
+    depth = np.where(kind == GEMM0, cfg.hidden, cfg.ffn)
+    cols = weight_columns(cfg, kind, plan.task_cols)
+    return np.where(kind == COMBINE, 0.0, depth * cols * float(cfg.dtype_bytes))
+
+
 def flops_per_row(cfg: Config, plan) -> np.ndarray:
     """Per task: the FLOPs its multiply spends on one of its tile's rows, 2 x its GEMM's depth x
     tile_n weight columns (a gated GEMM0 task's gate and up ones): every build multiplies a whole
@@ -154,11 +166,17 @@ def multiply_flops(cfg: Config, plan) -> np.ndarray:
 
 
 def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbytes: np.ndarray,
-            weight_alone: np.ndarray | float = 0.0, row_flops: np.ndarray | float = 0.0) -> np.ndarray:
+            weight_alone: np.ndarray | float = 0.0, row_flops: np.ndarray | float = 0.0,
+            weight_slice: np.ndarray | float = 0.0) -> np.ndarray:
     """Duration of each task (arrays of the tile plan's task_kind, task_flops, task_bytes,
-    `weight_alone` from weight_bytes_alone where the preset measures the weights' loads, and
-    `row_flops` from flops_per_row where it measures a row group)."""
+    `weight_alone` from weight_bytes_alone where the preset measures the weights' loads, `row_flops`
+    from flops_per_row where it measures a row group, and `weight_slice` from weight_slice_bytes
+    where it measures the slices' stream)."""
     combine = kind == COMBINE
+    if hw.weight_stream_ns_per_byte and not np.any(weight_slice):
+        raise ValueError(f"weight_slice = {weight_slice!r}: {hw.name} streams every GEMM task's weight slice at "
+                         f"{hw.weight_stream_ns_per_byte:g} ns per byte, so task_ns needs each task's slice bytes "
+                         "(weight_slice_bytes)")
     if hw.gemm_row_group > 1:
         if not np.any(row_flops):
             raise ValueError(f"row_flops = {row_flops!r}: {hw.name} computes tile rows in groups of "
@@ -185,7 +203,9 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
             rate, combine_fixed = tile_combine_ns_per_byte_at(hw, returned), hw.tile_combine_fixed_ns
         memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * rate, memory)
     busy = np.maximum(compute, memory)
-    gemm = hw.gemm_fixed_ns + overlapped(busy, hw.weight_load_ns_per_byte * weight_alone, hw.gemm_overlap_power)
+    load = (hw.weight_stream_ns_per_byte * np.asarray(weight_slice)
+            + hw.weight_load_ns_per_byte * np.asarray(weight_alone))
+    gemm = hw.gemm_fixed_ns + overlapped(busy, load, hw.gemm_overlap_power)
     return np.where(combine, busy + combine_fixed, gemm) + hw.task_overhead_ns
 
 

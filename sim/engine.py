@@ -162,8 +162,8 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, costs.multiply_flops(cfg, plan),
                               plan.task_bytes.astype(np.float64),
-                              costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan)
-                              ).tolist()
+                              costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan),
+                              costs.weight_slice_bytes(cfg, plan)).tolist()
     left = [plan.chunk_src.size]
 
     def chunk_done(_chunk: int) -> None:

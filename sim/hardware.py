@@ -88,6 +88,9 @@ class Hardware:
     # per byte of the task's weight slice over the tiles of its expert that share it at once (a
     # slice one tile uses alone comes from HBM; shared, from L2 for all but the first)
     weight_load_ns_per_byte: float
+    # per byte of the task's whole weight slice, which every task streams through the L2 k-step by
+    # k-step beside the other blocks' tasks (a task of a deeper GEMM takes longer, whatever its rows)
+    weight_stream_ns_per_byte: float
     # how a task's multiply and that load overlap: 0 or 1, added; p > 1, their p-norm (costs.overlapped)
     gemm_overlap_power: float
     # block copies and puts slow down once the bytes all blocks have in flight at once outgrow the
@@ -309,7 +312,7 @@ _H100 = {
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
                                          "gate_select_smem_ns", "gate_select_global_ns",
                                          "gemm_fixed_ns", "gemm_row_group",
-                                         "weight_load_ns_per_byte", "gemm_overlap_power",
+                                         "weight_load_ns_per_byte", "weight_stream_ns_per_byte", "gemm_overlap_power",
                                          "l2_knee_bytes", "copy_ns_per_byte",
                                          "copy_extra_ns_per_byte", "copy_half_bytes", "put_local_ns_per_byte",
                                          "put_local_extra_ns_per_byte", "put_local_half_bytes",

@@ -64,17 +64,17 @@ def deal_walk(hw, tokens):
             "next": {"loads": later, "ns": [hw.deal_share_ns + c * hw.deal_count_ns for c in later], "n": [40]}}
 
 
-def gemm_task(hw, tokens, kind, rows, n):
-    """A layer's GEMM tasks of `rows`-row tiles, `n` tiles per expert, timed by `hw`'s model."""
+def gemm_task(hw, tokens, kind, rows, n, depth=2048):
+    """A layer's GEMM tasks of `rows`-row tiles, `n` tiles per expert, `depth` deep, timed by `hw`'s model."""
     rows = min(rows, 128)
-    flops = 2 * rows * 2048 * 64
+    flops = 2 * rows * depth * 64
     group = hw.gemm_row_group or 1
     computed = float(costs.grouped_rows(rows, group))
-    ns = hw.gemm_fixed_ns + float(costs.overlapped(2 * computed * 2048 * 64 / costs.block_flops_per_ns(hw, "float32"),
-                                                   hw.weight_load_ns_per_byte * 2048 * 64 * 4 / n,
-                                                   hw.gemm_overlap_power))
-    return {"tokens": tokens, "task": kind, "blocks": 264, "rows": rows, "k": 2048, "n": 64, "flops": flops,
-            "tiles_per_expert": n, "weight_bytes": 2048 * 64 * 4, "ns_per_task": {**_stat(ns), "n": 16}}
+    load = hw.weight_stream_ns_per_byte * depth * 64 * 4 + hw.weight_load_ns_per_byte * depth * 64 * 4 / n
+    ns = hw.gemm_fixed_ns + float(costs.overlapped(2 * computed * depth * 64 / costs.block_flops_per_ns(hw, "float32"),
+                                                   load, hw.gemm_overlap_power))
+    return {"tokens": tokens, "task": kind, "blocks": 264, "rows": rows, "k": depth, "n": 64, "flops": flops,
+            "tiles_per_expert": n, "weight_bytes": depth * 64 * 4, "ns_per_task": {**_stat(ns), "n": 16}}
 
 
 def _stat(v):
@@ -122,6 +122,31 @@ def test_tasks_whose_multiply_hides_under_their_weight_load_fit_its_p_norm(tmp_p
     for name in ("gemm_fixed_ns", "weight_load_ns_per_byte", "matrix_efficiency", "gemm_row_group"):
         assert fit.values[name] == pytest.approx(made[name], rel=1e-3), name
     assert "p-norm" in fit.sources["gemm_overlap_power"]
+
+
+@pytest.mark.parametrize("power", [0.0, 3.0])
+def test_tasks_of_several_depths_fit_the_slices_stream_apart_from_the_fixed_time(tmp_path, power):
+    """Layers whose GEMMs are 1024 to 7168 deep: every task streams its whole weight slice, so its
+    time grows with the depth whatever its rows; the fit finds that stream, and the fixed time it
+    was made with, where tasks of one depth could not tell them apart."""
+    raw = synthetic()
+    made = dict(GEMM, gemm_fixed_ns=6000.0, weight_stream_ns_per_byte=0.05, gemm_overlap_power=power)
+    hw = hardware.PRESETS["h200-sxm"].replace(blocks_per_sm=2, **FIGURES, **made)
+    layers = in_layer(hw)
+    for c, depth in zip(layers, (1024, 4096, 7168)):  # three of the layers at other depths
+        c["gemm"] = [gemm_task(hw, c["tokens"], g["task"], g["rows"], g["tiles_per_expert"], depth) for g in c["gemm"]]
+    raw["in_layer"] = layers
+    fit = _fit(tmp_path, raw)
+    assert fit.values["gemm_overlap_power"] == power
+    for name in ("gemm_fixed_ns", "weight_stream_ns_per_byte", "weight_load_ns_per_byte", "matrix_efficiency"):
+        assert fit.values[name] == pytest.approx(made[name], rel=2e-3 if power else 1e-6), name
+    assert "depth 1024, 2048, 4096, 7168" in fit.sources["weight_stream_ns_per_byte"]
+    # one depth only: the stream is not measured, and the fixed time holds it
+    raw["in_layer"] = in_layer(hw)
+    one = _fit(tmp_path, raw)
+    assert one.values["weight_stream_ns_per_byte"] == 0.0
+    assert "not measured" in one.sources["weight_stream_ns_per_byte"]
+    assert one.values["gemm_fixed_ns"] > made["gemm_fixed_ns"] * 1.5
 
 
 def test_a_traced_layers_gemm_tasks_are_grouped_by_tile_height_and_sharing():

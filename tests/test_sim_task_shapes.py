@@ -82,8 +82,35 @@ def test_a_tensor_core_builds_rows_are_multiplied_in_whole_64_row_blocks():
     hw = hardware.get(str(compare.MEASUREMENTS / "calibrated-h200.json")).for_config(cfg)
     assert hw.gemm_row_group == costs.WGMMA_ROW_BLOCK
     row = 2.0 * cfg.hidden * cfg.tile_n
-    ns = costs.task_ns(hw, cfg, np.zeros(4, int), rows[[1, 2, 3, 5]] * row, np.zeros(4), 0.0, row)
+    ns = costs.task_ns(hw, cfg, np.zeros(4, int), rows[[1, 2, 3, 5]] * row, np.zeros(4), 0.0, row,
+                       np.full(4, cfg.hidden * cfg.tile_n * 2.0))
     assert ns[0] == pytest.approx(ns[1]) and ns[2] == pytest.approx(ns[3]) and ns[2] > ns[1]
+
+
+def test_every_task_streams_its_whole_weight_slice_so_deeper_gemms_take_longer():
+    """A GEMM task's whole slice (depth x its weight columns, a gated GEMM0's gate and up ones) goes
+    through the L2 whatever the tiles sharing it: twice the depth, twice that part of its time."""
+    shallow = presets.get("small").replace(precision="bfloat16", tile_n=128, tile_k=64, activation="swiglu", seed=3)
+    deep = shallow.replace(hidden=2 * shallow.hidden)
+    times = []
+    for cfg in (shallow, deep):
+        plan = reference.plan_of(cfg)
+        sel = gemm(plan, tile_plan.GEMM0) & (plan.task_tile == 0)
+        slices = costs.weight_slice_bytes(cfg, plan)
+        cols = tile_plan.weight_columns(cfg, plan.task_kind, plan.task_cols)
+        assert np.all(slices[sel] == cfg.hidden * cols[sel] * 2) and np.all(cols[sel] == cfg.tile_n)
+        assert np.all(slices[plan.task_kind == tile_plan.COMBINE] == 0)
+        hw = HW.for_config(cfg).replace(weight_stream_ns_per_byte=0.05, weight_load_ns_per_byte=0.0,
+                                        gemm_overlap_power=0.0)
+        args = (hw, cfg, plan.task_kind, costs.multiply_flops(cfg, plan),
+                plan.task_bytes.astype(float), 0.0, costs.flops_per_row(cfg, plan))
+        with pytest.raises(ValueError, match="weight_slice"):
+            costs.task_ns(*args)  # a preset that streams needs the slices
+        ns = costs.task_ns(*args, slices)
+        no_stream = costs.task_ns(args[0].replace(weight_stream_ns_per_byte=0.0), *args[1:], slices)
+        assert np.allclose(ns[sel] - no_stream[sel], 0.05 * slices[sel])
+        times.append((ns[sel] - no_stream[sel])[0])
+    assert times[1] == pytest.approx(2 * times[0])
 
 
 @pytest.mark.parametrize("queue", costs.QUEUE_POLICIES)

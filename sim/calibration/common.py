@@ -70,16 +70,23 @@ def one_gpu_layers(raw: dict) -> list[dict]:
 
 
 def tokens_label(points: list[dict]) -> str:
-    """The layers' token counts, with the experts of a layer whose count is not most layers' (the
-    in-layer section's sharing layer)."""
-    experts = [p.get("experts") for p in points]
-    usual = max(set(experts), key=experts.count) if experts else None
-    return ", ".join(f"{p['tokens']}" + (f" ({e} experts)" if e != usual else "") for p, e in zip(points, experts))
+    """The layers' token counts, with the experts, or the widths, of a layer whose count or widths are
+    not most layers' (the in-layer section's sharing layer and its layers of other GEMM depths)."""
+    def usual(key):
+        values = [p.get(key) for p in points]
+        return max(set(values), key=values.count) if values else None
+
+    experts, widths = usual("experts"), usual("hidden")
+    return ", ".join(f"{p['tokens']}" + (f" ({p.get('experts')} experts)" if p.get("experts") != experts else "")
+                     + (f" (H {p['hidden']}, I {p.get('ffn')})" if p.get("hidden") != widths else "")
+                     for p in points)
 
 
 def layer_label(c: dict) -> str:
-    """An in-layer entry's name in the fits' checks: its tokens, and its experts where the entry has them."""
-    return f"T={c['tokens']}" + (f" E={c['experts']}" if "experts" in c else "")
+    """An in-layer entry's name in the fits' checks: its tokens, and its experts and widths where the
+    entry has them."""
+    return (f"T={c['tokens']}" + (f" E={c['experts']}" if "experts" in c else "")
+            + (f" H={c['hidden']} I={c['ffn']}" if "ffn" in c else ""))
 
 
 def fixed_and_rates(points: list[tuple[str, float, float, float]]) -> tuple[float, float, float, float]:

@@ -1,7 +1,10 @@
 """The tile GEMM task's figures: time = gemm_fixed_ns + the multiply (its FLOPs, rows in whole
 `gemm_row_group`s, at matrix_efficiency x the precision's peak per block) with its weight slice's
-load (bytes over the tiles sharing it x weight_load_ns_per_byte), added or overlapped as the p-norm
-of `gemm_overlap_power` (sim.costs.task_ns prices every GEMM task, gated and shared ones too, so).
+load (the whole slice's bytes x weight_stream_ns_per_byte, streamed through the L2 by every task,
+plus its bytes over the tiles sharing it x weight_load_ns_per_byte, from HBM), added or overlapped
+as the p-norm of `gemm_overlap_power` (sim.costs.task_ns prices every GEMM task, gated and shared
+ones too, so). The stream is told apart from the fixed time only by tasks of GEMMs of several
+depths (the in-layer layers of other widths); without them it is 0 and the fixed time holds it.
 
 Points: the megakernel's own tasks on the in_layer layers of one GPU where IN_LAYER_MIN or more
 timed them (tasks out of step, as in a measured layer), else the microbenchmark's at the
@@ -48,11 +51,13 @@ def computed(flops, rows, group, whole: bool = False):
 
 @dataclass
 class Tasks:
-    """The fitted tasks as arrays: FLOPs, rows, weight bytes alone, median time, and each point's
-    weight (the square root of the tasks it holds: a layer's typical tasks, not its rare heights)."""
+    """The fitted tasks as arrays: FLOPs, rows, weight slice bytes (whole and alone), median time,
+    and each point's weight (the square root of the tasks it holds: a layer's typical tasks, not its
+    rare heights)."""
 
     flops: np.ndarray
     rows: np.ndarray
+    slice: np.ndarray
     alone: np.ndarray
     ns: np.ndarray
     sw: np.ndarray
@@ -60,12 +65,21 @@ class Tasks:
     @classmethod
     def of(cls, pts: list[dict]) -> Tasks:
         col = lambda fn: np.array([fn(g) for g in pts], np.float64)  # noqa: E731
-        return cls(col(lambda g: g["flops"]), col(lambda g: g["rows"]), col(weight_alone),
-                   col(lambda g: g["ns_per_task"]["median"]), np.sqrt(col(lambda g: g["ns_per_task"].get("n", 1))))
+        return cls(col(lambda g: g["flops"]), col(lambda g: g["rows"]), col(lambda g: g.get("weight_bytes", 0)),
+                   col(weight_alone), col(lambda g: g["ns_per_task"]["median"]),
+                   np.sqrt(col(lambda g: g["ns_per_task"].get("n", 1))))
 
     @property
     def shared(self) -> bool:  # files from before the sharing points (2 tiles per expert throughout): no weight term
         return len(set(self.alone.tolist())) > 1
+
+    @property
+    def deep(self) -> bool:  # tasks of one GEMM depth only: the stream is not told from the fixed time
+        return len(set(self.slice.tolist())) > 1
+
+    def load_columns(self) -> list[np.ndarray]:
+        """The weight load's terms the points tell apart: the whole slice (streamed), its share alone."""
+        return ([self.slice] if self.deep else []) + ([self.alone] if self.shared else [])
 
     def lstsq(self, cols: list[np.ndarray], y: np.ndarray) -> tuple[np.ndarray, float]:
         a = np.column_stack(cols)
@@ -78,7 +92,7 @@ def row_group(t: Tasks) -> tuple[int, np.ndarray, float]:
     miss): a group among ROW_GROUPS below the tallest tile is kept where the straight line misses a
     task by more than LINE_MISS and the group at least halves its squared residuals (the float32
     SIMT GEMM gives each thread 4 rows of every 64: its 32-row tasks take about its 64-row ones')."""
-    extra = [t.alone] if t.shared else []
+    extra = t.load_columns()
     one = np.ones_like(t.flops)
 
     def solve(group):
@@ -98,50 +112,61 @@ def row_group(t: Tasks) -> tuple[int, np.ndarray, float]:
 
 def wgmma_rows(t: Tasks) -> tuple[int, np.ndarray, float]:
     """row_group's answer for a tensor-core build: its multiply's whole row blocks, not searched."""
-    extra = [t.alone] if t.shared else []
+    extra = t.load_columns()
     group = costs.WGMMA_ROW_BLOCK
     coef, _ = t.lstsq([np.ones_like(t.flops), computed(t.flops, t.rows, group, True)] + extra, t.ns)
     return group, coef, 0.0
 
 
-def fit_overlap(work: np.ndarray, alone: np.ndarray, y: np.ndarray, weight: np.ndarray, power: float,
-                peak: float) -> tuple[float, float, float, float]:
-    """rate, fixed and per byte of y = fixed + costs.overlapped(work / rate, per byte x alone,
-    power) by weighted least squares, the rate at most `peak` (rate and per byte on log grids,
-    narrowed around their best; fixed, given them, in closed form, at least 0): (rate, fixed, per
-    byte, squared residuals)."""
-    def solve(rates, per_bytes):
-        base = costs.overlapped(work / rates[:, None, None], per_bytes[None, :, None] * alone, power)
+def fit_overlap(t: Tasks, work: np.ndarray, power: float, peak: float) -> tuple[float, float, float, float, float]:
+    """rate, fixed, per byte streamed, per byte alone of y = fixed + costs.overlapped(work / rate,
+    stream x slice + per byte x alone, power) by weighted least squares over `t`'s tasks, the rate at
+    most `peak` (rate and the load's figures on log grids, narrowed around their best; a load term
+    the points do not tell apart stays 0; fixed, given them, in closed form, at least 0): (rate,
+    fixed, stream, per byte, squared residuals)."""
+    y, weight = t.ns, t.sw ** 2
+    loads = t.load_columns()
+    wide = 61 if len(loads) == 1 else 21  # points a load's first grid has (two loads: a coarser cube)
+    grids = [np.geomspace(peak / 30, peak, 41)] + [np.geomspace(1e-5, 10.0, wide) for _ in loads]
+
+    def solve(axes):
+        mesh = np.meshgrid(*axes, indexing="ij")
+        load = sum((m[..., None] * col for m, col in zip(mesh[1:], loads)), np.zeros_like(y))
+        base = costs.overlapped(work / mesh[0][..., None], load, power)
         fixed = np.maximum(np.sum(weight * (y - base), axis=-1) / np.sum(weight), 0.0)
         return fixed, np.sum(weight * (y - fixed[..., None] - base) ** 2, axis=-1)
 
-    rates, per_bytes = np.geomspace(peak / 30, peak, 41), np.geomspace(1e-5, 10.0, 61)
     for _ in range(5):
-        _, sse = solve(rates, per_bytes)
-        i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
-        rates = np.geomspace(rates[max(i - 1, 0)], rates[min(i + 1, len(rates) - 1)], 21)
-        per_bytes = np.geomspace(per_bytes[max(j - 1, 0)], per_bytes[min(j + 1, len(per_bytes) - 1)], 21)
-    fixed, sse = solve(rates, per_bytes)
-    i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
-    return float(rates[i]), float(fixed[i, j]), float(per_bytes[j]), float(sse[i, j])
+        _, sse = solve(grids)
+        best = np.unravel_index(int(np.argmin(sse)), sse.shape)
+        grids = [np.geomspace(g[max(i - 1, 0)], g[min(i + 1, len(g) - 1)], 21) for g, i in zip(grids, best)]
+    fixed, sse = solve(grids)
+    best = np.unravel_index(int(np.argmin(sse)), sse.shape)
+    values = [float(g[i]) for g, i in zip(grids, best)]
+    stream = values[1] if t.deep else 0.0
+    per_byte = values[-1] if t.shared else 0.0
+    return values[0], float(fixed[best]), stream, per_byte, float(sse[best])
 
 
-def rate_and_terms(t: Tasks, work: np.ndarray, slope: float, peak: float) -> tuple[float, float, float, float, float]:
-    """(rate, fixed, per byte, power, share of squared residuals the p-norm took off): the rate
-    the slope gives, at most `peak`; fixed and per byte again with it, multiply and load added;
-    then each p-norm of OVERLAP_POWERS (where there is a weight term), kept where it takes
+def rate_and_terms(t: Tasks, work: np.ndarray, slope: float, peak: float) -> tuple[float, float, float, float, float,
+                                                                                   float]:
+    """(rate, fixed, stream, per byte, power, share of squared residuals the p-norm took off): the
+    rate the slope gives, at most `peak`; fixed and the load's figures again with it, multiply and
+    load added; then each p-norm of OVERLAP_POWERS (where there is a load term), kept where it takes
     OVERLAP_GAIN or more off the added form's squared residuals (a slice streamed from HBM hides a
     short tile's multiply: one H200's bf16 tasks alone on their expert took 38-44 us for 13-128 rows)."""
     rate = min(1.0 / slope, peak) if slope > 0 else peak
-    rest = [np.ones_like(work)] + ([t.alone] if t.shared else [])
-    sol, added_sse = t.lstsq(rest, t.ns - work / rate)
-    fixed, per_byte = sol[0], (sol[-1] if t.shared else 0.0)
+    loads = t.load_columns()
+    sol, added_sse = t.lstsq([np.ones_like(work)] + loads, t.ns - work / rate)
+    fixed = sol[0]
+    stream = sol[1] if t.deep else 0.0
+    per_byte = sol[-1] if t.shared else 0.0
     power, best_sse = 1.0, added_sse
-    for pw in OVERLAP_POWERS if t.shared else ():
-        r, fx, pb, e = fit_overlap(work, t.alone, t.ns, t.sw ** 2, pw, peak)
+    for pw in OVERLAP_POWERS if loads else ():
+        r, fx, st, pb, e = fit_overlap(t, work, pw, peak)
         if e <= (1 - OVERLAP_GAIN) * added_sse and e < best_sse:
-            power, rate, fixed, per_byte, best_sse = pw, r, fx, pb, e
-    return rate, float(fixed), float(per_byte), power, 1 - best_sse / added_sse if added_sse else 0.0
+            power, rate, fixed, stream, per_byte, best_sse = pw, r, fx, st, pb, e
+    return rate, float(fixed), float(stream), float(per_byte), power, 1 - best_sse / added_sse if added_sse else 0.0
 
 
 def fit_gemm(raw: dict, hw, blocks: int, origin: str, dtype: str) -> Fit:
@@ -154,7 +179,8 @@ def fit_gemm(raw: dict, hw, blocks: int, origin: str, dtype: str) -> Fit:
     whole = dtype in costs.WHOLE_ROW_BLOCKS
     group, coef, line_miss = wgmma_rows(t) if whole else row_group(t)
     peak = hw.tflops(dtype) * 1e3 / blocks  # flops per ns of one block at the dtype's peak
-    rate, fixed, per_byte, power, gain = rate_and_terms(t, computed(t.flops, t.rows, group, whole), coef[1], peak)
+    rate, fixed, stream, per_byte, power, gain = rate_and_terms(t, computed(t.flops, t.rows, group, whole), coef[1],
+                                                                peak)
     heights = sorted({g["rows"] for g in pts})
     f = Fit()
     span = f"{heights[0]} to {heights[-1]}" if len(heights) > 4 else str(heights)
@@ -168,8 +194,7 @@ def fit_gemm(raw: dict, hw, blocks: int, origin: str, dtype: str) -> Fit:
           f"{100 * line_miss:.0f}%; the group halves its squared residuals or more)" if group > 1 else
           f"{origin}: none (the straight line misses no task by more than {100 * LINE_MISS:.0f}%, or no group among "
           f"{list(ROW_GROUPS)} rows halves its squared residuals)")
-    _record_terms(f, t.shared, fixed, per_byte, power, gain, sorted({g.get("tiles_per_expert", 2) for g in pts}),
-                  origin)
+    _record_terms(f, t, fixed, stream, per_byte, power, gain, pts, origin)
     if t.shared:  # the first-principles rate beside it: a block's share of HBM
         f.check("weight slice streamed alone, ns per byte (the fit; model: HBM rate / blocks; not fitted)",
                 f.values["weight_load_ns_per_byte"], blocks / hw.hbm_gbps)
@@ -178,18 +203,24 @@ def fit_gemm(raw: dict, hw, blocks: int, origin: str, dtype: str) -> Fit:
     return f
 
 
-def _record_terms(f: Fit, shared: bool, fixed: float, per_byte: float, power: float, gain: float, sharing: list,
-                  origin: str) -> None:
+def _record_terms(f: Fit, t: Tasks, fixed: float, stream: float, per_byte: float, power: float, gain: float,
+                  pts: list[dict], origin: str) -> None:
+    sharing = sorted({g.get("tiles_per_expert", 2) for g in pts})
+    depths = sorted({g["k"] for g in pts})
     f.set("gemm_fixed_ns", max(fixed, 0.0), f"{origin}: the same tasks' time beyond their FLOPs at that rate"
-          + (" and their weight loads" if shared else ""))
+          + (" and their weight loads" if t.shared or t.deep else ""))
+    f.set("weight_stream_ns_per_byte", max(stream, 0.0),
+          f"{origin}: the same least squares over GEMMs of depth {', '.join(map(str, depths))} (each task's whole "
+          "weight slice, streamed through the L2)"
+          if t.deep else f"{origin}: not measured (every task of depth {depths[0]}): in gemm_fixed_ns")
     f.set("weight_load_ns_per_byte", max(per_byte, 0.0),
           f"{origin}: the same least squares over {sharing} tiles per expert sharing each weight slice"
-          if shared else f"{origin}: not measured (every task at 2 tiles per expert): in gemm_fixed_ns")
+          if t.shared else f"{origin}: not measured (every task at 2 tiles per expert): in gemm_fixed_ns")
     f.set("gemm_overlap_power", power if power > 1 else 0.0,
           f"{origin}: the p-norm of multiply and load among {list(OVERLAP_POWERS)} of least squares over the same "
           f"tasks ({100 * gain:.0f}% fewer squared residuals than the two added)"
           if power > 1 else f"{origin}: none (added: no p-norm among {list(OVERLAP_POWERS)} took "
-          f"{100 * OVERLAP_GAIN:.0f}% off the squared residuals)" if shared else
+          f"{100 * OVERLAP_GAIN:.0f}% off the squared residuals)" if t.shared or t.deep else
           f"{origin}: not measured (no weight term): added")
     f.set("task_overhead_ns", 0.0, f"{origin}: 0, every microbenchmark times a whole task body (its overhead "
           "included); the gap between tasks is handoff_ns")
@@ -199,9 +230,10 @@ def task_model_ns(values: dict, rate: float, g: dict, whole: bool = False) -> fl
     """A microbenchmark row's time under the fitted figures `values` and block rate `rate` (its rows
     in whole groups of gemm_row_group, in warps' shares of a short tile unless `whole`)."""
     group = values["gemm_row_group"] or 1
+    load = values.get("weight_stream_ns_per_byte", 0.0) * g.get("weight_bytes", 0) + \
+        values["weight_load_ns_per_byte"] * weight_alone(g)
     return values["gemm_fixed_ns"] + float(costs.overlapped(computed(g["flops"], g["rows"], group, whole) / rate,
-                                                            values["weight_load_ns_per_byte"] * weight_alone(g),
-                                                            values["gemm_overlap_power"]))
+                                                            load, values["gemm_overlap_power"]))
 
 
 def _check_tasks(f: Fit, raw: dict, fitted: set, blocks: int, full: dict, rate: float, whole: bool) -> None:
