@@ -125,15 +125,20 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     ("tile": a peer's tiles ran 170-390 us after the GPU's own, two H100s, when the slice had
     left the L2), a tile counting as the source of its last chunk (it lands with it). A GEMM0
     task's slice is H x its weight columns (a gated one's gate and up columns, plan.weight_columns),
-    a GEMM1 task's I x its columns (the last column block may be narrower); at most processors /
-    the tile's tasks of that kind run at once; 0 for a combine task."""
+    a GEMM1 task's I x its columns (the last column block may be narrower); the tiles queued together
+    are queued column block by column block (os.cuh enqueue_expert: the tasks of one slice side by
+    side), so up to the processors run a slice's tasks at once, while of tiles queued one by one, with
+    their tasks together (and the GEMM1 tasks of "expert"), at most processors / the tile's tasks of
+    that kind do; 0 for a combine task."""
     kind, tile = plan.task_kind, plan.task_tile
     experts = cfg.experts + cfg.shared_experts
     src = 0 if queue in BY_EXPERT else plan.chunk_src[plan.chunk_lo[1:] - 1]  # each tile's last chunk
     key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
     tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
     tasks_per_tile = np.where(kind == GEMM0, column_blocks(cfg, GEMM0), column_blocks(cfg, GEMM1))
-    sharing = np.minimum(tiles_of, np.maximum(processors // tasks_per_tile, 1))
+    by_column = (kind == GEMM0) if queue == "expert" else queue in BY_EXPERT  # "expert": GEMM1 tile by tile
+    at_once = np.where(by_column, processors, np.maximum(processors // tasks_per_tile, 1))
+    sharing = np.minimum(tiles_of, at_once)
     depth = np.where(kind == GEMM0, cfg.hidden, cfg.ffn)
     cols = weight_columns(cfg, kind, plan.task_cols)
     return np.where(kind == COMBINE, 0.0, depth * cols * cfg.dtype_bytes / sharing)

@@ -57,7 +57,7 @@ def test_gemm1_tasks_store_each_chunk_home_and_each_chunk_is_combined_there():
     # a GEMM1 task's extra time: its column block of the peer's chunk stored over NVLink
     alone = costs.weight_bytes_alone(cfg, plan, hw.processors, "expert")
     durations = costs.task_ns(hw, cfg, plan.task_kind, plan.task_flops.astype(float), plan.task_bytes.astype(float),
-                              alone, costs.flops_per_row(cfg, plan))
+                              alone, costs.flops_per_row(cfg, plan), costs.weight_slice_bytes(cfg, plan))
     n1 = cfg.hidden // cfg.tile_n
     ret = plan.transfer_kind == RETURN
     peer_bytes = np.bincount(plan.transfer_tile[ret], (plan.transfer_bytes * (plan.transfer_link == NVLINK))[ret],

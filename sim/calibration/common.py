@@ -63,10 +63,15 @@ def need(raw: dict, key: str, what: str):
     return v
 
 
-def one_gpu_layers(raw: dict) -> list[dict]:
+WIDTH = 2048  # the in-layer layers' hidden and ffn widths but for the GEMM's layers of other depths
+
+
+def one_gpu_layers(raw: dict, any_width: bool = False) -> list[dict]:
     """The in_layer section's layers run on one GPU alone (entries from before `world` was
-    recorded: the file's world)."""
-    return [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1]
+    recorded: the file's world), of WIDTH only unless `any_width`: the layers of other widths are
+    the tile GEMM's (its tasks' depths), and the other fits keep to the widths they were made on."""
+    return [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1
+            and (any_width or (c.get("hidden", WIDTH), c.get("ffn", WIDTH)) == (WIDTH, WIDTH))]
 
 
 def tokens_label(points: list[dict]) -> str:
