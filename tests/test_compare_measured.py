@@ -92,22 +92,15 @@ KEPT_ROWS_COMBINE = ("at 2K bf16 tokens on one H200 the final combine, reading e
 DISPATCH_128_H100 = ("128 bf16 experts on two H100s (two kernels' runs): the staged dispatch's busy time modelled "
                      "27-28% short (the later: 0.0295 ms a block against 0.0216), the latency within 5.3%")
 
-ZOO_DEEPSEEK_V3 = ("DeepSeek-V3 at 4K tokens on two and four H200s (256 experts, k 8, H 7168): the layer modelled "
-                   "13-17% short, its GEMM0 busy 16-20% short (K 7168, where the tile GEMM is fitted at K 2048) and "
-                   "its gate 16-19% short (256 experts and the group-limited router; the selection is fitted at 64 "
-                   "and 128 experts)")
-ZOO_BIG_GEMMS = ("Mixtral-8x7B at 4K on two and four H200s (8 experts, I 14336, gated): GEMM0 busy modelled 41-49% "
-                 "long and GEMM1 22-28% short, the layer +13-21%: the tile GEMM is fitted at K 2048 and 256 columns, "
-                 "and these tasks run K 4096 over 2 x 14336 gated columns and K 14336")
-ZOO_FOUR_WAITS = ("Qwen3-235B-A22B at 4K tokens on four H200s (128 experts, k 8, measured on the kernel before the "
-                  "dispatch's deal was scanned): the layer modelled 11.6% short with every phase's busy time within "
-                  "11%; SM utilization measured 0.88 against 0.92 modelled: the processors wait longer between "
-                  "phases than modelled (as the validation layers' LAYER_SHORT)")
-ZOO_SCOUT_DISPATCH = ("Llama 4 Scout at 4K tokens on two H200s (16 experts, top-1, scaled before the expert): the "
-                      "dispatch modelled 20% short (17% on four): its shares scale each row by its routing weight as "
-                      "they copy it, which no calibration share does")
-ZOO_SCOUT_GEMM1 = ("Llama 4 Scout at 4K on two and four H200s (16 experts, top-1, scaled before the expert): GEMM1 "
-                   "(I 8192, K 8192) modelled 27-28% short, the layer within 9.2%")
+ZOO_DEEPSEEK_V3 = ("DeepSeek-V3 at 4K tokens on four H200s (256 experts, k 8, H 7168, measured on the kernel before "
+                   "the dispatch's deal was scanned): the layer modelled 10.7% short (8.0% on two), its gate 19% short "
+                   "(256 experts and the group-limited router; the selection is fitted at 64 and 128 experts) and its "
+                   "GEMM1 11% short")
+ZOO_SHALLOW_GEMM1 = ("Qwen3-30B-A3B at 4K tokens on four H200s (measured on the kernel before the dispatch's deal was "
+                     "scanned): GEMM1 (768 deep) modelled 20.5% short, the layer 14.7% (8.6% on two): the tile GEMM's "
+                     "fit misses its in-layer layers' own 1024-deep tasks by 12%, a shallower task's by more (the "
+                     "validation set's GEMM_SHALLOW)")
+
 
 
 def _zoo(model: str, gpus: int = 2) -> str:
@@ -115,13 +108,8 @@ def _zoo(model: str, gpus: int = 2) -> str:
 
 
 KNOWN_MISSES: dict[tuple[str, str], str] = {
-    **{(_zoo("deepseek-v3", g), "layer"): ZOO_DEEPSEEK_V3 for g in (2, 4)},
-    **{(_zoo("mixtral-8x7b"), q): ZOO_BIG_GEMMS for q in ("layer", "gemm0", "gemm1")},
-    (_zoo("llama-4-scout"), "gemm1"): ZOO_SCOUT_GEMM1,
-    (_zoo("llama-4-scout"), "dispatch"): ZOO_SCOUT_DISPATCH,
-    (_zoo("qwen3-235b-a22b", 4), "layer"): ZOO_FOUR_WAITS,
-    **{(_zoo("mixtral-8x7b", 4), q): ZOO_BIG_GEMMS for q in ("layer", "gemm0", "gemm1")},
-    (_zoo("llama-4-scout", 4), "gemm1"): ZOO_SCOUT_GEMM1,
+    (_zoo("deepseek-v3", 4), "layer"): ZOO_DEEPSEEK_V3,
+    **{(_zoo("qwen3-30b-a3b", 4), q): ZOO_SHALLOW_GEMM1 for q in ("layer", "gemm1")},
     **_misses("h100x2", {"tokens-1k-bf16-p2": {"layer": SMALL_TWO_GPU}}),
     **_misses("h100x4", {
         **{run: {"layer": FOUR_H100_BF16} for run in ("experts-8-bf16-p4", "tokens-2k-bf16-p4", "tokens-4k-bf16-p4")},
@@ -139,7 +127,7 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
         "tokens-1k-bf16-p4": {"layer": FOUR_GPU_STAGED_BF16, "overlap": FOUR_GPU_STAGED_BF16},
         "tokens-2k-bf16-p4": {"layer": FOUR_GPU_STAGED_BF16, "gemm1": FOUR_GPU_STAGED_BF16,
                               "overlap": FOUR_GPU_STAGED_BF16},
-        **{run: {"layer": FOUR_GPU_BF16} for run in ("experts-8-bf16-store-p4", "tokens-2k-apart-bf16-p4")},
+        "tokens-2k-apart-bf16-p4": {"layer": FOUR_GPU_BF16},
         "tokens-2k-bf16-store-p4": {"layer": FOUR_GPU_BF16, "gemm1": FOUR_GPU_BF16},
         "tokens-1k-bf16-store-p4": {"layer": FOUR_GPU_BF16, "overlap": FOUR_GPU_BF16},
         "tokens-1k-apart-bf16-p4": {"layer": FOUR_GPU_BF16, "dispatch": SHARED_PORT_DISPATCH, "gemm1": FOUR_GPU_BF16,

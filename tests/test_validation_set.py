@@ -171,7 +171,7 @@ def test_compare_validation_exits_non_zero_until_the_bars_are_met(capsys):
 # leaves this list.
 VALIDATION_CAUSES = {
     "COMBINE_SHORT": (
-        "the final combine modelled 21-36% short at k 1 (H 1792, four GPUs, skew 2) and at k 3-8 (E 48-160, "
+        "the final combine modelled 21-35% short at k 1 (H 1792, four GPUs, skew 2) and at k 3-8 (E 48-160, "
         "H 1024-1536, one and two GPUs): no microbenchmark times it at k other than 2"
     ),
     "COMBINE_PART_ROUND_LONG": (
@@ -194,12 +194,21 @@ VALIDATION_CAUSES = {
         "with the calibration of the kernel after it, whose share's fixed cost is 2.9 us (3.6 before)"
     ),
     "LAYER_SHORT": (
-        "the layer modelled 10-19% short while most phases' busy times hold: its processors wait longer "
+        "the layer modelled 12-21% short while most phases' busy times hold: its processors wait longer "
         "between phases than modelled (SM utilization measured below modelled)"
     ),
     "LAYER_LONG": (
-        "the layer modelled 11-18% long: its combine and the waits around it (2 H200s, E 16, k 4, skew 1), or "
-        "its dispatch (one H100, E 8, k 6, skew 1.75: DISPATCH_ONE_GPU)"
+        "the layer modelled 17% long: its combine and the waits around it (2 H200s, E 16, k 4, skew 1)"
+    ),
+    "GEMM_SHALLOW": (
+        "the layer modelled 10-14% short with its GEMM tasks 1024-1536 deep 12-17% short a task: the fit "
+        "(fixed + the multiply's and the weight slice's load's p-norm) misses the in-layer layers' own "
+        "1024-deep tasks by 12%, and a shallow task's time beyond the slice's stream is not modelled"
+    ),
+    "GEMM_FEW_AT_ONCE": (
+        "GEMM1 busy modelled 31% long: its 140 tasks 7936 deep (on 131 processors) took 82 us against 97 "
+        "modelled; with few tasks at once each streams its slice faster than the rate of the in-layer layers, "
+        "whose processors all run tasks: no microbenchmark times the stream by the tasks running at once"
     ),
     "DISPATCH_ONE_GPU_DROPS": (
         "on one GPU under skew 1.5 with capacity 1.25 the local dispatch modelled 26-31% short (an H100, and an "
@@ -207,27 +216,25 @@ VALIDATION_CAUSES = {
         "drops rows"
     ),
     "GEMM_SKEW": (
-        "GEMM busy time off by 20-45% on skewed layers with k 1, capacity 1.25 or E 8: the few rows a tile "
+        "GEMM busy time off by 20-47% on skewed layers with k 1, capacity 1.25 or E 8: the few rows a tile "
         "holds cost what the 64-row groups give"
     ),
 }
 VALIDATION_MISSES: dict[tuple[str, str], str] = {
     ("h200x2-trace-val-00-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
     ("h200x2-trace-val-02-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU_DROPS"],
-    ("h200x2-trace-val-02-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x2-trace-val-06-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
     ("h200x2-trace-val-10-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x2-trace-val-12-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x2-trace-val-14-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
-    ("h200x2-trace-val-17-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
     ("h200x2-trace-val-21-p2", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
-    ("h200x2-trace-val-26-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x2-trace-val-24-p2", "layer"): VALIDATION_CAUSES["GEMM_SHALLOW"],
     ("h200x2-trace-val-27-p2", "layer"): VALIDATION_CAUSES["LAYER_LONG"],
     ("h200x2-trace-val-29-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
     ("h200x2-trace-val-30-p2", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
     ("h200x2-trace-val-31-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
+    ("h200x2-trace-val-31-p2", "gemm1"): VALIDATION_CAUSES["GEMM_FEW_AT_ONCE"],
     ("h200x4-trace-val-32-p4", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
-    ("h200x4-trace-val-35-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
     ("h200x4-trace-val-35-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
     ("h200x4-trace-val-36-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
     ("h200x4-trace-val-36-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
@@ -240,6 +247,8 @@ VALIDATION_MISSES: dict[tuple[str, str], str] = {
     ("h200x4-trace-val-40-p4", "gemm0"): VALIDATION_CAUSES["GEMM_SKEW"],
     ("h200x4-trace-val-41-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_SMALL_SHARES"],
     ("h200x4-trace-val-42-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
+    ("h200x4-trace-val-44-p4", "layer"): VALIDATION_CAUSES["GEMM_SHALLOW"],
+    ("h200x4-trace-val-47-p4", "layer"): VALIDATION_CAUSES["GEMM_SHALLOW"],
     ("h100x1-trace-val-01-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
     ("h100x1-trace-val-02-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU_DROPS"],
     ("h100x1-trace-val-02-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
@@ -247,8 +256,6 @@ VALIDATION_MISSES: dict[tuple[str, str], str] = {
     ("h100x1-trace-val-10-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h100x1-trace-val-12-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h100x1-trace-val-14-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
-    ("h100x1-trace-val-15-p1", "layer"): VALIDATION_CAUSES["LAYER_LONG"],
-    ("h100x1-trace-val-15-p1", "gemm0"): VALIDATION_CAUSES["GEMM_SKEW"],
 }
 
 
