@@ -241,7 +241,27 @@ def windows(cfg: Config, send_counts: np.ndarray):
 
 def build(cfg: Config, routing: Routing) -> TilePlan:
     """The tile plan of one layer call."""
-    offsets, token, choice, weight = _blocks(cfg, routing)
+    return _build(cfg, *_blocks(cfg, routing))
+
+
+def from_counts(cfg: Config, send_counts: np.ndarray) -> TilePlan:
+    """The tile plan of a layer call known only by the (P, E) rows each GPU sent each routed expert
+    (a measured call, whose tokens were drawn on the GPU): its tiles, chunks, tasks and transfers
+    are the call's own; which token and choice each row holds is not known (-1, weights NaN)."""
+    counts = np.asarray(send_counts)
+    if counts.shape != (cfg.ranks, cfg.experts) or counts.dtype.kind not in "iu" or np.any(counts < 0):
+        raise ValueError(f"send_counts of shape {counts.shape}: {cfg.ranks} x {cfg.experts} (GPUs x routed experts) "
+                         "counts of rows >= 0 are allowed")
+    full = np.concatenate([counts.astype(np.int64), np.full((cfg.ranks, cfg.shared_experts), cfg.tokens)], axis=1)
+    offsets = np.zeros(full.size + 1, np.int64)
+    np.cumsum(full.reshape(-1), out=offsets[1:])
+    n = int(offsets[-1])
+    return _build(cfg, offsets, np.full(n, -1, np.int32), np.full(n, -1, np.int32), np.full(n, np.nan))
+
+
+def _build(cfg: Config, offsets: np.ndarray, token: np.ndarray, choice: np.ndarray, weight: np.ndarray) -> TilePlan:
+    """The plan of a call whose (source, expert) blocks start at `offsets`, their rows' tokens,
+    choices and weights."""
     n_exp = cfg.experts + cfg.shared_experts
     counts = np.diff(offsets).reshape(cfg.ranks, n_exp)
     (tile_expert, tile_owner, tile_window, tile_rows), (c_tile, c_src, c_slot0, c_rows) = windows(cfg, counts)

@@ -3,7 +3,10 @@
 A measured run is a kernel telemetry trace (`.npz` of the trace schema, meta "source": "gpu"
 with the run's "gpu" and the keys every trace has, sim.trace.META_KEYS) under measurements/gpu/,
 or a benchmark summary JSON naming such a trace. Its prediction is `sim.simulate` of the same
-config, dispatch path, senders and queue rule (the trace's meta) with
+config, dispatch path, senders and queue rule (the trace's meta), and the run's own routing (the
+rows each GPU sent each expert, from its dispatch shares: the kernel draws its tokens on the GPU,
+another sample than the reference's seeded ones, and the experts that finish last set the layer's
+end), with
 the preset calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, from
 `moelab calibrate`; never fitted to layer runs), or, for a run of an earlier kernel whose
 microbenchmarks are kept, on those (calibrated-<gpu>-<commit[:7]>.json). Both traces go through
@@ -31,11 +34,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from reference import Config, ConfigError
+from reference import Config, ConfigError, TilePlan
+from reference import plan as tile_plan
 from reference.files import FileError, read_json
 
 from . import metrics
@@ -66,6 +71,35 @@ class MeasuredRun:
     trace: Trace  # first event at t = 0
     gpu: str
     processors: int
+
+    @cached_property
+    def send_counts(self) -> np.ndarray | None:
+        """(P, E) rows each GPU sent each routed expert in the measured call, from its dispatch
+        shares' bytes; None where the trace cannot tell (events dropped, a share without its
+        expert, or rows that do not add up to its tokens' choices)."""
+        cfg, tr = self.config, self.trace
+        share = (tr["role"] == ROLE["processor"]) & (tr["kind"] == KIND["dispatch"])
+        row = cfg.hidden * cfg.dtype_bytes
+        expert, nbytes = tr["expert"][share], tr["bytes"][share]
+        if (int(tr.meta.get("dropped_events", 0)) or not share.any() or np.any(expert < 0)
+                or np.any(expert >= cfg.experts) or np.any(nbytes % row)):
+            return None
+        counts = np.zeros((cfg.ranks, cfg.experts), np.int64)
+        np.add.at(counts, (tr["rank"][share], expert), nbytes // row)
+        sent, choices = counts.sum(axis=1), cfg.tokens * cfg.top_k
+        return counts if np.all(sent == choices if cfg.capacity_factor is None else sent <= choices) else None
+
+    @cached_property
+    def plan(self) -> TilePlan | None:
+        """The measured call's tile plan (from send_counts), or None where they are not known."""
+        counts = self.send_counts
+        return None if counts is None else tile_plan.from_counts(self.config, counts)
+
+    @property
+    def routing(self) -> str:
+        """Whose routing its prediction simulates."""
+        return ("the run's own (its dispatch shares)" if self.plan is not None
+                else "the reference's seeded one (the trace cannot tell its own)")
 
     @property
     def commit(self) -> str | None:
@@ -242,16 +276,18 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str, str | None, int, str], object] = {}
+        self.cache: dict[tuple[str, str, str, str | None, int, str, str | None], object] = {}
 
     def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None,
-                 staged_blocks: int = STAGED_BLOCKS, deal: str = "chunks"):
+                 staged_blocks: int = STAGED_BLOCKS, deal: str = "chunks", plan: TilePlan | None = None):
+        """`plan`: the call's own (a measured run's); default the reference's seeded routing."""
         figures = hw.for_config(cfg).to_dict()  # what simulate runs with
+        routing = None if plan is None else plan.send_counts.tobytes().hex()
         key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue,
-               staged_blocks, deal)
+               staged_blocks, deal, routing)
         if key not in self.cache:
             self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue, staged_blocks=staged_blocks,
-                                       deal=deal)
+                                       deal=deal, plan=plan)
         return self.cache[key]
 
 
@@ -282,7 +318,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_config(run.config)
-    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal)
+    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta["processors"])
     ranks = run.config.ranks
@@ -296,7 +332,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
         pred_two = predict(two.config, hw, two.dispatch, two.queue, two.staged_blocks,
-                           two.deal).metrics["latency_ns"] / 1e6
+                           two.deal, two.plan).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])
@@ -324,7 +360,7 @@ def table(c: Comparison) -> str:
     rows = [(q, num(p), num(m), "" if e is None else (f"{e:+.3f}" if "overlap" in q else f"{100 * e:+.1f}%"), b,
              {True: "ok", False: "MISS", None: ""}[ok]) for q, p, m, e, b, ok in c.rows]
     head = (f"{c.run.name}: {c.run.config.ranks} x {c.run.gpu}, T={c.run.config.tokens}/GPU, E={c.run.config.experts}"
-            f"; predicted with {c.hardware.name}")
+            f"; predicted with {c.hardware.name}, routing {c.run.routing}")
     return head + "\n" + format_table(("quantity", "predicted", "measured", "error", "bound", ""), rows)
 
 
@@ -340,7 +376,7 @@ def perfetto(c: Comparison) -> dict:
                                "args": {"sort_index": ev["pid"]}})
             events.append(ev)
     return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"measured": str(c.run.path), "hardware": c.hardware.name}}
+            "otherData": {"measured": str(c.run.path), "hardware": c.hardware.name, "routing": c.run.routing}}
 
 
 def picture(c: Comparison, path: str | Path) -> None:

@@ -59,7 +59,7 @@ def _one(args) -> int:
         f"{args.hardware or cmp.calibrated_for(run)}")
     c = cmp.compare(run, args.hardware, runs=cmp.measured_runs(Path(args.measured).resolve().parent))
     if args.json:
-        print(json.dumps({"measured": str(run.path), "hardware": c.hardware.name,
+        print(json.dumps({"measured": str(run.path), "hardware": c.hardware.name, "routing": run.routing,
                           "rows": [dict(zip(("quantity", "predicted", "measured", "error", "bound", "ok"), r))
                                    for r in c.rows]}, indent=2))
     else:

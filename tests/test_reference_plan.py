@@ -185,3 +185,22 @@ def test_plan_at_eight_ranks():
     tp = reference.plan_of(cfg)
     assert set(tp.tile_owner.tolist()) == set(range(8))
     assert np.array_equal(np.unique(tp.tile_expert // 8), np.arange(8))
+
+
+@pytest.mark.parametrize("changes", [dict(ranks=2, capacity_factor=1.25, skew=1.0), dict(ranks=4, shared_experts=1),
+                                     dict(ranks=2, activation="swiglu")])
+def test_a_plan_from_the_send_counts_alone_is_the_calls_own(changes):
+    """A measured call is known by the rows each GPU sent each expert: its tiles, chunks, tasks and
+    transfers are the seeded plan's when the counts are; the rows' tokens are not known."""
+    cfg = presets.get("small").replace(seed=int(np.random.default_rng().integers(1 << 30)), **changes)
+    seeded = reference.plan_of(cfg)
+    counted = plan.from_counts(cfg, seeded.send_counts[:, : cfg.experts])
+    for f in ("block_offsets", "tile_expert", "tile_owner", "tile_rows", "chunk_tile", "chunk_src", "chunk_rows",
+              "task_kind", "task_tile", "task_cols", "task_flops", "task_bytes", "transfer_src", "transfer_dst",
+              "transfer_bytes"):
+        assert np.array_equal(getattr(seeded, f), getattr(counted, f)), f
+    assert np.all(counted.row_token == -1) and np.all(np.isnan(counted.row_weight))
+    routed = seeded.send_counts[:, : cfg.experts]
+    for bad in (routed[:, 1:], -routed, routed * 0.5):
+        with pytest.raises(ValueError, match="send_counts"):
+            plan.from_counts(cfg, bad)
