@@ -52,6 +52,9 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
   int barriers = gate_phase(p, smem_raw);
   if (barriers < 0 || (barriers = capacity_phase(p, smem_raw, barriers)) < 0) return;
   if (blockIdx.x == 0 && !wait_all_started(p, epoch)) return;
+  // a processor dispatching its shares holds both its mailbox slots (os.cuh scheduler), so the first
+  // tasks go to processors that can run them, not behind a staged sender's peers' chunks
+  if (!is_os && threadIdx.x == 0) st_relaxed_gpu(p.mailbox_done + blockIdx.x, -MAILBOX_SLOTS);
   if (!grid_barrier(p, barriers++)) return;
   if (threadIdx.x == 0) log_event(p, telemetry, log, EV_GATE, t_start, now_ns(), -1, -1, 0, -1, 0);
 
@@ -83,6 +86,7 @@ MOE_KERNEL(const Params* __restrict__ params, uint64_t epoch, int telemetry) {
 
   // processors: dispatch this rank's chunks, then tasks, then the ordered combine
   dispatch_chunks<TILE_M>(p, telemetry, (int)p.n_proc, smem_raw);
+  if (threadIdx.x == 0) st_release_gpu(p.mailbox_done + blockIdx.x, 0);  // its slots free for tasks
   processor<TILE_M, TILE_N, TILE_K>(p, telemetry, smem_raw);
   if (!aborted(p)) combine_tokens(p, telemetry);
   if (threadIdx.x == 0) nvshmem_quiet();

@@ -291,7 +291,8 @@ __device__ void scheduler(const Params& p, volatile int* s_total) {
     bool all_idle = true, progress = false;
     // idle processors first, then, with tasks left over, a second task to each busy one: it finds
     // that task in its other mailbox slot as it finishes, without waiting for this warp's round
-    // (the round was a ~10 us gap between a processor's tasks)
+    // (the round was a ~10 us gap between a processor's tasks); one still dispatching holds both
+    // slots (moe.cu), so no task waits behind a staged sender's peers' chunks
 #pragma unroll
     for (int ahead = 0; ahead < MAILBOX_SLOTS; ++ahead) {
 #pragma unroll

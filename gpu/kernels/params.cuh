@@ -99,7 +99,7 @@ struct Params {
   int* expert_tiles;           // [3][L] tiles each local expert expects, those landed and those whose GEMM0 is done
   unsigned long long* mailbox; // [NP][2] (sequence << 32) | task index, written by the scheduler
                                //         (slot sequence % 2: the running task's and the next one's)
-  int* mailbox_done;           // [NP] last sequence number a processor finished
+  int* mailbox_done;           // [NP] last sequence number a processor finished (-2 while it dispatches)
   long long* error;            // ERROR_WORDS: the first failed wait
   unsigned long long* tlog;    // [logs][tlog_cap][4] telemetry events
   int* tlog_count;             // [logs] events written (may exceed tlog_cap: dropped)
