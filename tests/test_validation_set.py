@@ -195,7 +195,10 @@ VALIDATION_CAUSES = {
     ),
     "LAYER_SHORT": (
         "the layer modelled 14-20% short while most phases' busy times hold: its processors wait longer "
-        "between phases than modelled (SM utilization measured below modelled)"
+        "between phases than modelled (SM utilization measured below modelled). In val-31 an expert's last two "
+        "GEMM1 tasks went into the second mailbox slot of processors 0 and 1, busy until 78 us later, while "
+        "twenty others went idle within 20 us (os.cuh scheduler: idle processors first, then busy ones in "
+        "lane order); the simulator gives a task to the processor that frees first"
     ),
     "GEMM_SHALLOW": (
         "the layer modelled 10-13% short with its GEMM tasks 1024-1536 deep 12-17% short a task: the fit "
