@@ -63,15 +63,15 @@ def need(raw: dict, key: str, what: str):
     return v
 
 
-WIDTH = 2048  # the in-layer layers' hidden and ffn widths but for the GEMM's layers of other depths
-
-
 def one_gpu_layers(raw: dict, any_width: bool = False) -> list[dict]:
     """The in_layer section's layers run on one GPU alone (entries from before `world` was
-    recorded: the file's world), of WIDTH only unless `any_width`: the layers of other widths are
-    the tile GEMM's (its tasks' depths), and the other fits keep to the widths they were made on."""
-    return [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1
-            and (any_width or (c.get("hidden", WIDTH), c.get("ffn", WIDTH)) == (WIDTH, WIDTH))]
+    recorded: the file's world), of most layers' widths (hidden, ffn) unless `any_width`: the
+    layers of other widths are the tile GEMM's (its tasks' depths), and the other fits keep to the
+    widths they were made on."""
+    layers = [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1]
+    widths = [(c.get("hidden"), c.get("ffn")) for c in layers]
+    usual = max(set(widths), key=widths.count) if widths else None
+    return [c for c, w in zip(layers, widths) if any_width or w == usual]
 
 
 def tokens_label(points: list[dict]) -> str:
