@@ -171,7 +171,7 @@ def test_compare_validation_exits_non_zero_until_the_bars_are_met(capsys):
 # leaves this list.
 VALIDATION_CAUSES = {
     "COMBINE_SHORT": (
-        "the final combine modelled 21-35% short at k 1 (H 1792, four GPUs, skew 2) and at k 3-8 (E 48-160, "
+        "the final combine modelled 21-32% short at k 1 (H 1792, four GPUs, skew 2) and at k 3-8 (E 48-160, "
         "H 1024-1536, one and two GPUs): no microbenchmark times it at k other than 2"
     ),
     "COMBINE_PART_ROUND_LONG": (
@@ -180,12 +180,12 @@ VALIDATION_CAUSES = {
         "few kept rows, costs less than a full one"
     ),
     "DISPATCH_ONE_GPU": (
-        "on one GPU the local dispatch modelled 21-29% long where the tokens (3-11 MB) fit the L2: a share's "
+        "on one GPU the local dispatch modelled 22-29% long where the tokens (3-11 MB) fit the L2: a share's "
         "measured fixed cost grows with H (3-10 us) and with the bytes at 0.025 ns a byte, where the fit's one "
         "fixed cost and its L2 rate (0.042) come from the calibration's layers of H 2048 alone"
     ),
     "DISPATCH_HOT_PEER": (
-        "on four GPUs under skew the dispatch modelled 31% short: the shares into the hot GPU take longer "
+        "on four GPUs under skew the dispatch modelled 30-31% short: the shares into the hot GPU take longer "
         "than its port's equal share gives (sim.ports)"
     ),
     "DISPATCH_SMALL_SHARES": (
@@ -193,22 +193,23 @@ VALIDATION_CAUSES = {
         "took a median 6.5-7.1 us (3.9-6.1 modelled), measured on the kernel before the deal's scan and predicted "
         "with the calibration of the kernel after it, whose share's fixed cost is 2.9 us (3.6 before)"
     ),
+    "DISPATCH_WIDE_ROWS": (
+        "on two GPUs the dispatch of an H 5888 layer (E 60, k 4, capacity 1.25, skew 1.75) modelled 22% "
+        "short: the store path's fit is on the in-layer layers of H 2048 (in the tf32x3 build's layer of H "
+        "4096 a share took 34% longer than that fit gives)"
+    ),
     "LAYER_SHORT": (
-        "the layer modelled 14-20% short while most phases' busy times hold: its processors wait longer "
-        "between phases than modelled (SM utilization measured below modelled). In val-31 an expert's last two "
-        "GEMM1 tasks went into the second mailbox slot of processors 0 and 1, busy until 78 us later, while "
-        "twenty others went idle within 20 us (os.cuh scheduler: idle processors first, then busy ones in "
-        "lane order); the simulator gives a task to the processor that frees first"
+        "the layer modelled 13-18% short on four GPUs (measured on the kernel before the deal's scan) while "
+        "most phases' busy times hold: its processors wait longer between phases than modelled. On two GPUs "
+        "val-31 was 20% short on an earlier kernel: an expert's last two GEMM1 tasks went into the second "
+        "mailbox slot of processors 0 and 1, busy until 78 us later, while twenty others went idle within "
+        "20 us (os.cuh scheduler: idle processors first, then busy ones in lane order); the simulator gives "
+        "a task to the processor that frees first"
     ),
     "GEMM_SHALLOW": (
-        "the layer modelled 10-13% short with its GEMM tasks 1024-1536 deep 12-17% short a task: the fit "
+        "the layer modelled 11-14% short with its GEMM tasks 1024-1536 deep 12-17% short a task: the fit "
         "(fixed + the multiply's and the weight slice's load's p-norm) misses the in-layer layers' own "
         "1024-deep tasks by 12%, and a shallow task's time beyond the slice's stream is not modelled"
-    ),
-    "GEMM_FEW_AT_ONCE": (
-        "GEMM1 busy modelled 20% long: its 140 tasks 7936 deep (on 131 processors) took 82 us against 98 "
-        "modelled; with few tasks at once each streams its slice faster than the rate of the in-layer layers, "
-        "whose processors all run tasks: no microbenchmark times the stream by the tasks running at once"
     ),
     "DISPATCH_ONE_GPU_DROPS": (
         "on one GPU under skew 1.5 with capacity 1.25 the local dispatch modelled 26-31% short (an H100, and an "
@@ -216,22 +217,21 @@ VALIDATION_CAUSES = {
         "drops rows"
     ),
     "GEMM_SKEW": (
-        "GEMM busy time off by 20-36% on skewed layers with k 1, capacity 1.25 or E 8: the few rows a tile "
+        "GEMM busy time off by 22-38% on skewed layers with k 1, capacity 1.25 or E 8: the few rows a tile "
         "holds cost what the 64-row groups give"
     ),
 }
 VALIDATION_MISSES: dict[tuple[str, str], str] = {
     ("h200x2-trace-val-00-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
     ("h200x2-trace-val-02-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU_DROPS"],
+    ("h200x2-trace-val-02-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x2-trace-val-06-p1", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
     ("h200x2-trace-val-10-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x2-trace-val-12-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
-    ("h200x2-trace-val-14-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
     ("h200x2-trace-val-21-p2", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
+    ("h200x2-trace-val-21-p2", "dispatch"): VALIDATION_CAUSES["DISPATCH_WIDE_ROWS"],
     ("h200x2-trace-val-24-p2", "layer"): VALIDATION_CAUSES["GEMM_SHALLOW"],
     ("h200x2-trace-val-30-p2", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
-    ("h200x2-trace-val-31-p2", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
-    ("h200x2-trace-val-31-p2", "gemm1"): VALIDATION_CAUSES["GEMM_FEW_AT_ONCE"],
     ("h200x4-trace-val-32-p4", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x4-trace-val-36-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
     ("h200x4-trace-val-36-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
