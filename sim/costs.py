@@ -123,9 +123,8 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     expert's, from every source, where the subscriber queues them together (`queue` in BY_EXPERT,
     QUEUE_POLICIES); only those of the same source where each tile was queued as it landed
     ("tile": a peer's tiles ran 170-390 us after the GPU's own, two H100s, when the slice had
-    left the L2), a tile counting as the source of its last chunk (it lands with it). A GEMM0
-    task's slice is H x its weight columns (a gated one's gate and up columns, plan.weight_columns),
-    a GEMM1 task's I x its columns (the last column block may be narrower); the tiles queued together
+    left the L2), a tile counting as the source of its last chunk (it lands with it); the slice:
+    weight_slice_bytes (the last column block may be narrower); the tiles queued together
     are queued column block by column block (os.cuh enqueue_expert: the tasks of one slice side by
     side), so up to the processors run a slice's tasks at once, while of tiles queued one by one, with
     their tasks together (and the GEMM1 tasks of "expert"), at most processors / the tile's tasks of
@@ -138,10 +137,7 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     tasks_per_tile = np.where(kind == GEMM0, column_blocks(cfg, GEMM0), column_blocks(cfg, GEMM1))
     by_column = (kind == GEMM0) if queue == "expert" else queue in BY_EXPERT  # "expert": GEMM1 tile by tile
     at_once = np.where(by_column, processors, np.maximum(processors // tasks_per_tile, 1))
-    sharing = np.minimum(tiles_of, at_once)
-    depth = np.where(kind == GEMM0, cfg.hidden, cfg.ffn)
-    cols = weight_columns(cfg, kind, plan.task_cols)
-    return np.where(kind == COMBINE, 0.0, depth * cols * cfg.dtype_bytes / sharing)
+    return weight_slice_bytes(cfg, plan) / np.minimum(tiles_of, at_once)
 
 
 def weight_slice_bytes(cfg: Config, plan) -> np.ndarray:

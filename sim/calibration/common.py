@@ -63,6 +63,11 @@ def need(raw: dict, key: str, what: str):
     return v
 
 
+def most_common(values: list):
+    """The value most of `values` have (None for none)."""
+    return max(set(values), key=values.count) if values else None
+
+
 def one_gpu_layers(raw: dict, any_width: bool = False) -> list[dict]:
     """The in_layer section's layers run on one GPU alone (entries from before `world` was
     recorded: the file's world), of most layers' widths (hidden, ffn) unless `any_width`: the
@@ -70,18 +75,14 @@ def one_gpu_layers(raw: dict, any_width: bool = False) -> list[dict]:
     widths they were made on."""
     layers = [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1]
     widths = [(c.get("hidden"), c.get("ffn")) for c in layers]
-    usual = max(set(widths), key=widths.count) if widths else None
+    usual = most_common(widths)
     return [c for c, w in zip(layers, widths) if any_width or w == usual]
 
 
 def tokens_label(points: list[dict]) -> str:
     """The layers' token counts, with the experts, or the widths, of a layer whose count or widths are
     not most layers' (the in-layer section's sharing layer and its layers of other GEMM depths)."""
-    def usual(key):
-        values = [p.get(key) for p in points]
-        return max(set(values), key=values.count) if values else None
-
-    experts, widths = usual("experts"), usual("hidden")
+    experts, widths = (most_common([p.get(key) for p in points]) for key in ("experts", "hidden"))
     return ", ".join(f"{p['tokens']}" + (f" ({p.get('experts')} experts)" if p.get("experts") != experts else "")
                      + (f" (H {p['hidden']}, I {p.get('ffn')})" if p.get("hidden") != widths else "")
                      for p in points)

@@ -82,6 +82,12 @@ class Tasks:
         """The weight load's terms the points tell apart: the whole slice (streamed), its share alone."""
         return ([self.slice] if self.deep else []) + ([self.alone] if self.shared else [])
 
+    def load_figures(self, coefs) -> tuple[float, float]:
+        """(per byte streamed, per byte alone) from coefficients in load_columns' order; 0 for a
+        term the points do not tell apart."""
+        it = iter(coefs)
+        return (float(next(it)) if self.deep else 0.0), (float(next(it)) if self.shared else 0.0)
+
     def lstsq(self, cols: list[np.ndarray], y: np.ndarray) -> tuple[np.ndarray, float]:
         a = np.column_stack(cols)
         coef, *_ = np.linalg.lstsq(a * self.sw[:, None], y * self.sw, rcond=None)
@@ -143,10 +149,8 @@ def fit_overlap(t: Tasks, work: np.ndarray, power: float, peak: float) -> tuple[
         grids = [np.geomspace(g[max(i - 1, 0)], g[min(i + 1, len(g) - 1)], 21) for g, i in zip(grids, best)]
     fixed, sse = solve(grids)
     best = np.unravel_index(int(np.argmin(sse)), sse.shape)
-    values = [float(g[i]) for g, i in zip(grids, best)]
-    stream = values[1] if t.deep else 0.0
-    per_byte = values[-1] if t.shared else 0.0
-    return values[0], float(fixed[best]), stream, per_byte, float(sse[best])
+    rate, *load = (float(g[i]) for g, i in zip(grids, best))
+    return rate, float(fixed[best]), *t.load_figures(load), float(sse[best])
 
 
 def rate_and_terms(t: Tasks, work: np.ndarray, slope: float, peak: float) -> tuple[float, float, float, float, float,
@@ -159,9 +163,7 @@ def rate_and_terms(t: Tasks, work: np.ndarray, slope: float, peak: float) -> tup
     rate = min(1.0 / slope, peak) if slope > 0 else peak
     loads = t.load_columns()
     sol, added_sse = t.lstsq([np.ones_like(work)] + loads, t.ns - work / rate)
-    fixed = sol[0]
-    stream = sol[1] if t.deep else 0.0
-    per_byte = sol[-1] if t.shared else 0.0
+    fixed, (stream, per_byte) = sol[0], t.load_figures(sol[1:])
     power, best_sse = 1.0, added_sse
     for pw in OVERLAP_POWERS if loads else ():
         r, fx, st, pb, e = fit_overlap(t, work, pw, peak)
@@ -231,7 +233,7 @@ def task_model_ns(values: dict, rate: float, g: dict, whole: bool = False) -> fl
     """A microbenchmark row's time under the fitted figures `values` and block rate `rate` (its rows
     in whole groups of gemm_row_group, in warps' shares of a short tile unless `whole`)."""
     group = values["gemm_row_group"] or 1
-    load = values.get("weight_stream_ns_per_byte", 0.0) * g.get("weight_bytes", 0) + \
+    load = values["weight_stream_ns_per_byte"] * g.get("weight_bytes", 0) + \
         values["weight_load_ns_per_byte"] * weight_alone(g)
     return values["gemm_fixed_ns"] + float(costs.overlapped(computed(g["flops"], g["rows"], group, whole) / rate,
                                                             load, values["gemm_overlap_power"]))
