@@ -404,8 +404,8 @@ def kernel_constants() -> dict[str, int]:
     """The numbers Python owns and every kernel unit reads, passed to nvcc as -D flags (gpu/build.py):
     the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
     in reference.config's lists), the gate's work item and selection, and the most blocks a stored
-    chunk is shared by and the final combine's loads in flight (sim.costs, which models them), the most
-    sources a tile window spans."""
+    chunk is shared by, the final combine's loads in flight and the copy loop's rows and vectors at
+    once (sim.costs, which models them), the most sources a tile window spans."""
     return {**{f"MOELAB_EV_{k.upper()}": i for i, k in enumerate(KINDS)},
             **{f"MOELAB_GATE_{g.upper()}": i for i, g in enumerate(ALL_GATES)},
             **{f"MOELAB_ACT_{a.upper()}": i for i, a in enumerate(ALL_ACTIVATIONS)},
@@ -413,7 +413,8 @@ def kernel_constants() -> dict[str, int]:
             "MOELAB_GATE_DEPTH": costs.GATE_DEPTH, "MOELAB_GATE_MAX_SPLITS": costs.GATE_MAX_SPLITS,
             "MOELAB_GATE_SMEM_LOGITS": costs.GATE_SMEM_LOGITS, "MOELAB_SELECT_LANES": costs.SELECT_LANES,
             "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS, "MOELAB_MAX_TILE_SOURCES": MAX_TILE_SOURCES,
-            "MOELAB_REDUCE_BATCH": costs.REDUCE_BATCH}
+            "MOELAB_REDUCE_BATCH": costs.REDUCE_BATCH, "MOELAB_COPY_ROW_GROUP": costs.COPY_ROW_GROUP,
+            "MOELAB_COPY_ROW_BATCH": costs.COPY_ROW_BATCH}
 
 
 def kernel_name(cfg: Config) -> str:

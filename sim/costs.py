@@ -23,7 +23,8 @@ blocks) and its columns a whole tile_n-wide slice (a ragged last column block mu
 fill past the matrix too, and loads its own columns); a block copies token rows at its own rate
 alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched chunk's rows (a
 tile's rows of one source) are gathered straight into the owner's inbox (its GPU, or an NVLink peer
-at the block's copy rate and the port's share), by one of STAGED_BLOCKS processors for a peer and by
+at the block's copy rate on the whole rounds and passes its copy loop takes, copied_bytes, and the
+port's share, then a fence, two where the chunk is one share), by one of STAGED_BLOCKS processors for a peer and by
 one of the others for this GPU (the "staged" path, the kernel's default below FLAT_DISPATCH_TOP_K
 choices a token or FLAT_DISPATCH_RANKS GPUs on one node), or shared by up to 4 processors when the
 dispatch slots are fewer than they (the "store" path, and the staged one on one GPU), or, across
@@ -78,6 +79,9 @@ DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (the ke
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
 Y_BYTES = 4  # the layer's output y is float32 in both kernels (params.cuh)
 REDUCE_BATCH = 4  # 16-byte loads a lane has in flight per returned row in the final combine (the kernel's too)
+# a block's copy loop (processor.cuh copy_rows): each warp copies COPY_ROW_GROUP rows at once, each lane
+# COPY_ROW_BATCH 16-byte vectors of each per pass, every load in flight before its stores (the kernel's too)
+COPY_ROW_GROUP, COPY_ROW_BATCH = 4, 2
 WEIGHTED_IN_TASK = {"float32": True, "bfloat16": False}  # processor.cuh: TASK_COMBINE weights rows (fp32 only)
 
 
@@ -438,11 +442,28 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     return max(own, queued) + hw.task_overhead_ns
 
 
-def nvlink_store_rate(hw: Hardware) -> tuple[float, float]:
-    """A block storing a dispatch share into an NVLink peer: its time per byte alone (its copy loop
-    into a peer, copy_nvlink_ns_per_byte, where measured, else copy_rows' or a put's) and its
-    fence's, which waits for the peer to acknowledge the last of them (a round trip)."""
-    return hw.copy_nvlink_ns_per_byte or hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte, 2 * hw.nvlink_latency_ns
+def nvlink_store_rate(hw: Hardware, parts: int = 1) -> tuple[float, float]:
+    """A block storing a dispatch share of a chunk cut in `parts` into an NVLink peer: its time per
+    byte alone (its copy loop into a peer, copy_nvlink_ns_per_byte, where measured, else copy_rows'
+    or a put's) and its fences', each waiting for the peer to acknowledge the last of them (a round
+    trip): the share's own, and a chunk's whole share fences again before its count
+    (processor.cuh dispatch_chunk)."""
+    fences = 2 if parts == 1 else 1
+    return (hw.copy_nvlink_ns_per_byte or hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte,
+            fences * 2 * hw.nvlink_latency_ns)
+
+
+def copied_bytes(hw: Hardware, nbytes: float, row_bytes: float) -> float:
+    """The bytes a block's copy loop pays for when it copies `nbytes` of rows `row_bytes` wide: its
+    passes wait for their loads, so it takes whole rounds of rows (COPY_ROW_GROUP a warp) and whole
+    passes of a row (COPY_ROW_BATCH vectors a lane): a 2-row share of H 7168 costs a round of 32 rows
+    (bf16's 8 warps), 14 passes each."""
+    if nbytes <= 0 or row_bytes <= 0:
+        return nbytes
+    rows_a_round = COPY_ROW_GROUP * 4 * hw.warpgroups_per_block  # 4 warps a warpgroup
+    pass_bytes = 32 * COPY_ROW_BATCH * 16
+    rows = math.ceil(nbytes / row_bytes - 1e-9)
+    return math.ceil(rows / rows_a_round) * rows_a_round * math.ceil(row_bytes / pass_bytes) * pass_bytes
 
 
 def nvlink_share_ns(hw: Hardware, nbytes: float, inflight: float, over: dict[int, int]) -> float:

@@ -228,13 +228,17 @@ class FusedKernel:
             link = int(self.plan.transfer_link[x])
             inflight[j] += nbytes
             over[j][link] = over[j].get(link, 0) + 1
-        per_byte, fence = costs.nvlink_store_rate(self.hw)
-        tokens = self.cfg.tokens * self.cfg.hidden * self.cfg.dtype_bytes  # this GPU's, which its shares gather
+        parts = costs.dispatch_parts(self.cfg, self.processors, self.dispatch)
+        per_byte, fence = costs.nvlink_store_rate(self.hw, parts)
+        row_bytes = self.cfg.hidden * self.cfg.dtype_bytes
+        tokens = self.cfg.tokens * row_bytes  # this GPU's, which its shares gather
         moves = []
         for j, (_, x, nbytes), lead in zip(rounds, shares, leads):
             link, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_dst[x])
             if link == NVLINK and costs.stores_dispatch(self.dispatch, link):
-                moves.append(Move(fence + self.hw.task_overhead_ns, nbytes, per_byte, self.rank, dst, lead))
+                # the block's own rate on the bytes its copy loop pays for
+                paid = costs.copied_bytes(self.hw, nbytes, row_bytes) / nbytes if nbytes else 1.0
+                moves.append(Move(fence + self.hw.task_overhead_ns, nbytes, per_byte * paid, self.rank, dst, lead))
             else:
                 ns = costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j], tokens)
                 moves.append(Move(ns, 0, 0.0, self.rank, dst, lead))
@@ -435,7 +439,8 @@ class FusedKernel:
             unit[0] -= 1
             unit[1] = max(unit[1], end)
             if not unit[0]:
-                env.timeout(unit[1] - env.now).callbacks.append(lambda _: self.phase_done(u, kind))
+                # an end a rounding error before now is now
+                env.timeout(max(unit[1] - env.now, 0.0)).callbacks.append(lambda _: self.phase_done(u, kind))
 
         if kind == GEMM1:
             peer = {u: self.peer_bytes(u) for u in left}

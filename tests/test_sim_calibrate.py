@@ -285,13 +285,31 @@ def test_local_dispatch_shares_wait_for_the_nvlink_ones_beside_them():
     assert costs.dispatch_ns(one_per_sm, nbytes, LOCAL, "store", inflight, over) == pytest.approx(alone)
 
 
-def test_a_share_stored_into_the_peer_ends_with_a_round_trip():
-    """Its bytes at a put's rate (or the port's share), then its fence's wait for the peer's
-    acknowledgement: two NVLink latencies."""
+def test_a_share_stored_into_the_peer_ends_with_a_round_trip_a_fence():
+    """Its bytes at a put's rate (or the port's share), then its fences' waits for the peer's
+    acknowledgement, two NVLink latencies each: its own fence and, a chunk in one part, the chunk's
+    before its count; a part of a chunk cut in more fences once (the last part twice)."""
     hw = hardware.PRESETS["h200-sxm"].replace(put_nvlink_ns_per_byte=0.1, nvlink_gbps=370.0, nvlink_latency_ns=900.0)
     nbytes, over = 1 << 16, {LOCAL: 64, NVLINK: 64}
     got = costs.dispatch_ns(hw, nbytes, NVLINK, "store", 128 * nbytes, over)
-    assert got == pytest.approx(nbytes * max(0.1, 64 / 370.0) + 2 * 900.0 + hw.task_overhead_ns)
+    assert got == pytest.approx(nbytes * max(0.1, 64 / 370.0) + 2 * 2 * 900.0 + hw.task_overhead_ns)
+    assert costs.nvlink_store_rate(hw, parts=1)[1] == pytest.approx(2 * costs.nvlink_store_rate(hw, parts=4)[1])
+
+
+@pytest.mark.parametrize("warpgroups", [1, 2])
+def test_a_blocks_copy_loop_pays_for_whole_rounds_of_rows_and_whole_passes_of_a_row(warpgroups):
+    """copy_rows: each warp takes COPY_ROW_GROUP rows a round, each lane COPY_ROW_BATCH 16-byte
+    vectors of a row a pass: one row costs a whole round, a row a byte past a pass another pass;
+    whole rounds of whole passes cost what they move."""
+    hw = hardware.PRESETS["h200-sxm"].replace(warpgroups_per_block=warpgroups)
+    round_rows = costs.COPY_ROW_GROUP * 4 * warpgroups
+    pass_bytes = 32 * costs.COPY_ROW_BATCH * 16
+    row = 4 * pass_bytes
+    assert costs.copied_bytes(hw, row, row) == round_rows * row
+    assert costs.copied_bytes(hw, round_rows * row, row) == round_rows * row
+    assert costs.copied_bytes(hw, (round_rows + 1) * row, row) == 2 * round_rows * row
+    assert costs.copied_bytes(hw, row + 16, row + 16) == round_rows * (row + pass_bytes)
+    assert costs.copied_bytes(hw, 0.0, row) == 0.0
 
 
 @pytest.mark.parametrize("blocks", [1, 16, 64, 264])

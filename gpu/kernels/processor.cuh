@@ -100,7 +100,7 @@ __device__ __forceinline__ void with_activation(int kind, F f) {
 // (bf16 rows scaled in float32 and rounded to nearest even, as the golden stores a scaled row). Each warp moves ROW_GROUP rows at a time with all of a batch's
 // 16-byte loads issued before any store: these copies are bound by load latency, not bandwidth,
 // when each load waits for the one before.
-constexpr int ROW_GROUP = 4, ROW_BATCH = 2;
+constexpr int ROW_GROUP = MOELAB_COPY_ROW_GROUP, ROW_BATCH = MOELAB_COPY_ROW_BATCH;  // sim.costs models them
 // 16 bytes of elem_t times w
 __device__ __forceinline__ float4 scaled(float4 v, float w) {
 #if MOE_BF16
