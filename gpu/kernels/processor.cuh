@@ -183,9 +183,9 @@ __device__ void dispatch_chunk(const Params& p, int tel, int e, int j, Chunk c, 
     // scope orders the shares' stores before its count (as a GEMM1 count on this GPU).
     const bool here = owner == p.rank;
     auto fence_for_owner = [here] { here ? __threadfence() : __threadfence_system(); };
-    fence_for_owner();  // this share's stores, before its count
+    fence_for_owner();  // this share's stores, before its count (a chunk of one share: before its signal)
     if (parts == 1 || atomicAdd(p.dispatch_done + (long long)e * p.CH + j, 1) == parts - 1) {
-      fence_for_owner();  // every counted share's stores, before the chunk's count
+      if (parts > 1) fence_for_owner();  // every counted share's stores, before the chunk's count
       if (here)
         atomicAdd(reinterpret_cast<unsigned long long*>(landed), 1ull);
       else
