@@ -189,6 +189,7 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
         "staged_blocks": layer.staged_blocks,
         "queue": queue_policy(cfg),  # os.cuh QUEUE_BY_EXPERT, as the simulator names it
         "deal": "chunks",  # processor.cuh deal_chunks, as the simulator names it (sim.costs.DISPATCH_DEALS)
+        "share_fences": 1,  # processor.cuh dispatch_chunk, a chunk of one share (sim.costs.SHARE_FENCES)
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
     check_meta(trace.meta)

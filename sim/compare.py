@@ -129,6 +129,12 @@ class MeasuredRun:
         return str(self.trace.meta.get("deal", "slots"))
 
     @property
+    def share_fences(self) -> int:
+        """The fences before the signal of a chunk its kernel stored into a peer as one share
+        (costs.SHARE_FENCES): a run that recorded none was measured on a kernel that fenced twice."""
+        return int(self.trace.meta.get("share_fences", 2))
+
+    @property
     def name(self) -> str:
         return self.path.stem
 
@@ -276,18 +282,19 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str, str | None, int, str, str | None], object] = {}
+        self.cache: dict[tuple[str, str, str, str | None, int, str, int, str | None], object] = {}
 
     def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None,
-                 staged_blocks: int = STAGED_BLOCKS, deal: str = "chunks", plan: TilePlan | None = None):
+                 staged_blocks: int = STAGED_BLOCKS, deal: str = "chunks", plan: TilePlan | None = None,
+                 share_fences: int = 1):
         """`plan`: the call's own (a measured run's); default the reference's seeded routing."""
         figures = hw.for_config(cfg).to_dict()  # what simulate runs with
         routing = None if plan is None else plan.send_counts.tobytes().hex()
         key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue,
-               staged_blocks, deal, routing)
+               staged_blocks, deal, share_fences, routing)
         if key not in self.cache:
             self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue, staged_blocks=staged_blocks,
-                                       deal=deal, plan=plan)
+                                       deal=deal, plan=plan, share_fences=share_fences)
         return self.cache[key]
 
 
@@ -300,7 +307,8 @@ def partner(run: MeasuredRun, runs: list[MeasuredRun]) -> MeasuredRun | None:
         d = r.config.to_dict()
         d.pop("name")
         if (d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit and r.dispatch == run.dispatch
-                and r.staged_blocks == run.staged_blocks and r.deal == run.deal):
+                and r.staged_blocks == run.staged_blocks and r.deal == run.deal
+                and r.share_fences == run.share_fences):
             return r
     return None
 
@@ -318,7 +326,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_config(run.config)
-    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan)
+    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan, run.share_fences)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta["processors"])
     ranks = run.config.ranks
@@ -332,7 +340,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
         pred_two = predict(two.config, hw, two.dispatch, two.queue, two.staged_blocks,
-                           two.deal, two.plan).metrics["latency_ns"] / 1e6
+                           two.deal, two.plan, two.share_fences).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])

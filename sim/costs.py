@@ -24,7 +24,7 @@ fill past the matrix too, and loads its own columns); a block copies token rows 
 alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched chunk's rows (a
 tile's rows of one source) are gathered straight into the owner's inbox (its GPU, or an NVLink peer
 at the block's copy rate on the whole rounds and passes its copy loop takes, copied_bytes, and the
-port's share, then a fence, two where the chunk is one share), by one of STAGED_BLOCKS processors for a peer and by
+port's share, then its fence: SHARE_FENCES), by one of STAGED_BLOCKS processors for a peer and by
 one of the others for this GPU (the "staged" path, the kernel's default below FLAT_DISPATCH_TOP_K
 choices a token or FLAT_DISPATCH_RANKS GPUs on one node), or shared by up to 4 processors when the
 dispatch slots are fewer than they (the "store" path, and the staged one on one GPU), or, across
@@ -74,6 +74,10 @@ QUEUE_POLICIES = ("expert-both", "expert", "tile")
 # non-empty chunks numbered one after another (the kernel's); "slots", every chunk slot numbered, empty
 # or not, as an earlier kernel did (committed runs that record no "deal" in their meta measured it)
 DISPATCH_DEALS = ("chunks", "slots")
+# system-scope fences before the signal of a chunk stored into a peer as one share (processor.cuh
+# dispatch_chunk): 1, the kernel's; 2, an earlier kernel's, which fenced again before the count
+# (committed runs that record no "share_fences" in their meta measured it)
+SHARE_FENCES = (1, 2)
 BY_EXPERT = ("expert-both", "expert")  # the policies that queue an expert's tiles' GEMM0 tasks together
 DISPATCH_MAX_PARTS = 4  # the most processors that share one stored tile (the kernel's too: gpu/layout.py)
 REDUCE_WARPS = 4  # the final combine spreads tokens over the processors' 4 warps (processor.cuh)
@@ -442,13 +446,12 @@ def dispatch_ns(hw: Hardware, nbytes: float, link: int, path: str, inflight: flo
     return max(own, queued) + hw.task_overhead_ns
 
 
-def nvlink_store_rate(hw: Hardware, parts: int = 1) -> tuple[float, float]:
+def nvlink_store_rate(hw: Hardware, parts: int = 1, share_fences: int = 1) -> tuple[float, float]:
     """A block storing a dispatch share of a chunk cut in `parts` into an NVLink peer: its time per
     byte alone (its copy loop into a peer, copy_nvlink_ns_per_byte, where measured, else copy_rows'
     or a put's) and its fences', each waiting for the peer to acknowledge the last of them (a round
-    trip): the share's own, and a chunk's whole share fences again before its count
-    (processor.cuh dispatch_chunk)."""
-    fences = 2 if parts == 1 else 1
+    trip): the share's own, `share_fences` of them where the chunk is one share (SHARE_FENCES)."""
+    fences = share_fences if parts == 1 else 1
     return (hw.copy_nvlink_ns_per_byte or hw.copy_ns_per_byte or hw.put_nvlink_ns_per_byte,
             fences * 2 * hw.nvlink_latency_ns)
 

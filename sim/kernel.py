@@ -177,10 +177,12 @@ class FusedKernel:
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: list[float], rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
-                 port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks"):
+                 port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks",
+                 share_fences: int = 1):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.deal = deal  # costs.DISPATCH_DEALS
+        self.share_fences = share_fences  # costs.SHARE_FENCES
         self.staged_blocks = staged_blocks  # the staged path's senders
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec  # durations: a list, per task
@@ -229,7 +231,7 @@ class FusedKernel:
             inflight[j] += nbytes
             over[j][link] = over[j].get(link, 0) + 1
         parts = costs.dispatch_parts(self.cfg, self.processors, self.dispatch)
-        per_byte, fence = costs.nvlink_store_rate(self.hw, parts)
+        per_byte, fence = costs.nvlink_store_rate(self.hw, parts, self.share_fences)
         row_bytes = self.cfg.hidden * self.cfg.dtype_bytes
         tokens = self.cfg.tokens * row_bytes  # this GPU's, which its shares gather
         moves = []

@@ -183,6 +183,24 @@ def test_each_run_is_predicted_dealing_as_its_kernel_dealt():
                    run.staged_blocks, run.deal).trace.meta["deal"] == "chunks"
 
 
+def test_each_run_is_predicted_fencing_as_its_kernel_fenced():
+    """A run that records how many fences its kernel took before a one-share chunk's signal is
+    predicted so; one that records none (every committed run so far) fenced twice, and its shares
+    into a peer take two round trips more than the current kernel's."""
+    for run in RUNS:
+        assert run.share_fences == run.trace.meta.get("share_fences", 2) and run.share_fences in costs.SHARE_FENCES
+    run = next(r for r in RUNS if r.name == "h200x4-trace-val-39-p4")
+    hw = compare.get_hardware(str(compare.calibrated_for(run)))
+    shares = {}
+    for fences in costs.SHARE_FENCES:
+        t = PREDICT(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan, fences).trace
+        assert t.meta["share_fences"] == fences
+        d = t.where(role="processor", kind="dispatch")
+        remote = d["peer"] != d["rank"]
+        shares[fences] = float(np.median(d["end"][remote] - d["start"][remote]))
+    assert shares[2] - shares[1] >= 2 * hw.for_config(run.config).nvlink_latency_ns * 0.9
+
+
 def test_each_run_is_predicted_with_its_own_routing():
     """The kernel draws its tokens on the GPU (another sample than the reference's seeded ones): a
     run is predicted on the rows its dispatch shares moved, every token's choices accounted for; a

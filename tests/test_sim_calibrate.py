@@ -286,14 +286,14 @@ def test_local_dispatch_shares_wait_for_the_nvlink_ones_beside_them():
 
 
 def test_a_share_stored_into_the_peer_ends_with_a_round_trip_a_fence():
-    """Its bytes at a put's rate (or the port's share), then its fences' waits for the peer's
-    acknowledgement, two NVLink latencies each: its own fence and, a chunk in one part, the chunk's
-    before its count; a part of a chunk cut in more fences once (the last part twice)."""
+    """Its bytes at a put's rate (or the port's share), then its fence's wait for the peer's
+    acknowledgement, two NVLink latencies; an earlier kernel fenced a chunk of one share twice."""
     hw = hardware.PRESETS["h200-sxm"].replace(put_nvlink_ns_per_byte=0.1, nvlink_gbps=370.0, nvlink_latency_ns=900.0)
     nbytes, over = 1 << 16, {LOCAL: 64, NVLINK: 64}
     got = costs.dispatch_ns(hw, nbytes, NVLINK, "store", 128 * nbytes, over)
-    assert got == pytest.approx(nbytes * max(0.1, 64 / 370.0) + 2 * 2 * 900.0 + hw.task_overhead_ns)
-    assert costs.nvlink_store_rate(hw, parts=1)[1] == pytest.approx(2 * costs.nvlink_store_rate(hw, parts=4)[1])
+    assert got == pytest.approx(nbytes * max(0.1, 64 / 370.0) + 2 * 900.0 + hw.task_overhead_ns)
+    assert costs.nvlink_store_rate(hw, parts=1)[1] == costs.nvlink_store_rate(hw, parts=4, share_fences=2)[1]
+    assert costs.nvlink_store_rate(hw, parts=1, share_fences=2)[1] == pytest.approx(2 * 2 * 900.0)
 
 
 @pytest.mark.parametrize("warpgroups", [1, 2])
