@@ -122,8 +122,9 @@ def test_own_chunks_on_the_staged_path_share_the_memory_with_the_blocks_moving_r
 
     hw = sim.hardware.get(str(CALIBRATED)).for_dtype("float32")
     share, n = float(np.random.randint(1, 4) << 20), hw.processors
-    flat = costs.dispatch_ns(hw, share, LOCAL, "store", n * share, {LOCAL: n})
-    staged = {k: costs.dispatch_ns(hw, share, LOCAL, "staged", 2 * k * share, {LOCAL: k, NVLINK: k})
+    tokens = n * share  # the GPU's tokens the shares gather: whether the L2 holds them is another test's
+    flat = costs.dispatch_ns(hw, share, LOCAL, "store", n * share, {LOCAL: n}, tokens)
+    staged = {k: costs.dispatch_ns(hw, share, LOCAL, "staged", 2 * k * share, {LOCAL: k, NVLINK: k}, tokens)
               for k in (4, 32, 64, -(-n // 2))}
     assert staged[-(-n // 2)] == pytest.approx(flat)  # all the processors: the fitted rate
     assert staged[4] <= staged[32] < staged[64] < staged[-(-n // 2)]
