@@ -36,8 +36,9 @@ the next task); a landed tile's or returned chunk's tasks can start `wake_ns` af
 subscriber's turn, a burst of tasks goes out one each `assign_ns`, and the final combine starts
 `stop_ns` after the last task.
 
-The scheduler is a FIFO ready queue served by identical processors, so each task goes to the
-processor that frees first. `Scheduler` computes that assignment when the tasks are enqueued,
+The scheduler is a FIFO ready queue served by identical processors, two mailbox slots each: a
+task goes to an idle processor, else into the lowest busy one's free second slot, else to the one
+that frees first. `Scheduler` computes that assignment when the tasks are enqueued,
 which gives the same schedule as processor processes polling the queue, with one simulation
 event per tile phase (and per chunk combine) instead of several per task (the trace still has
 one row per task, its "tile" column the plan's tile); a task storing into peers ends when its
@@ -69,8 +70,10 @@ Done = Callable[[int, float, float], None]  # a task's (lane, start, end), once 
 
 
 class Scheduler:
-    """Processor blocks as a heap of (time free, lane); queued tasks go to the earliest free one,
-    which is free again `handoff` after the task ends; the scheduler hands out one task each `assign`.
+    """Processor blocks as a heap of (time free, lane); a queued task goes to an idle one, else, as
+    the kernel's scheduler deals a second task into a busy processor's other mailbox slot, to the
+    lowest lane running its last task (os.cuh scheduler), else to the earliest free; a block is free
+    again `handoff` after its task ends; the scheduler hands out one task each `assign`.
 
     A task that stores into NVLink peers holds its block until its bytes have gone through this
     GPU's port (`port`, a link the flows in it share: links.SharedLink) and no sooner than its
@@ -80,6 +83,10 @@ class Scheduler:
     def __init__(self, free_at: list[float], handoff: float = 0.0, assign: float = 0.0,
                  env: simpy.Environment | None = None, port: SharedLink | None = None):
         self.free = [(t, lane) for lane, t in enumerate(free_at)]
+        self.free_at = list(free_at)  # each lane's end of its work (inf while held); heap entries off it are stale
+        self.last_start = list(free_at)  # the start of each lane's last task (until then it holds both slots)
+        self.running_last: list[int] = []  # lanes that may be running their last task, lowest first (lazy)
+        self.starting: list[tuple[float, int]] = []  # (start, lane) of tasks queued in a lane's second slot
         self.handoff, self.assign_ns = handoff, assign
         self.env, self.port = env, port
         self.turn = 0.0  # when the scheduler can hand out its next task
@@ -106,11 +113,19 @@ class Scheduler:
     def pump(self) -> None:
         """Hand out queued tasks in order while the earliest known free block is sure to be first."""
         queue, free, held, holding = self.queue, self.free, self.held, self.holding
+        free_at, last_start = self.free_at, self.last_start
         while queue:
             while held and holding.get(held[0][2]) != held[0][1]:
                 heapq.heappop(held)  # a block released since
+            while free and free_at[free[0][1]] != free[0][0]:
+                heapq.heappop(free)  # a lane given another task since
             t, lane = free[0] if free else (math.inf, -1)
-            if held and t > held[0][0] and t > self.env.now:
+            dealt, second = max(queue[0][0], self.turn), -1
+            if t > dealt:  # no idle lane: the lowest running its last task takes it next
+                second = self.lowest_running_last(dealt)
+                if second >= 0:
+                    t, lane = free_at[second], second
+            if second < 0 and held and t > held[0][0] and t > self.env.now:
                 # a held block may free first: wait for a flow to leave the port, or until t
                 if free and t < self.wake_at:
                     self.wake_at = t
@@ -120,8 +135,13 @@ class Scheduler:
             start = max(enqueued, t, self.turn)
             self.turn = max(enqueued, self.turn) + self.assign_ns
             work_end = start + own
+            last_start[lane] = start
+            if start > dealt:
+                heapq.heappush(self.starting, (start, lane))
+            else:
+                heapq.heappush(self.running_last, lane)
             if nbytes:
-                heapq.heappop(free)
+                free_at[lane] = math.inf
                 self.seq += 1
                 holding[lane] = self.seq
                 heapq.heappush(held, (work_end + store + self.handoff, self.seq, lane))
@@ -129,8 +149,21 @@ class Scheduler:
                                       lambda a=(lane, start, work_end + store, done): self._release(*a))
             else:
                 end = work_end + store
-                heapq.heapreplace(free, (end + self.handoff, lane))  # the block taken, free again at end
+                free_at[lane] = end + self.handoff  # the block taken, free again at end
+                heapq.heappush(free, (free_at[lane], lane))
                 done(lane, start, end)
+
+    def lowest_running_last(self, now: float) -> int:
+        """The lowest lane running its last task at `now` (its other mailbox slot free), or -1."""
+        running, starting, last_start, free_at = self.running_last, self.starting, self.last_start, self.free_at
+        while starting and starting[0][0] <= now:
+            heapq.heappush(running, heapq.heappop(starting)[1])
+        while running:
+            q = running[0]
+            if last_start[q] <= now < free_at[q] < math.inf:
+                return q
+            heapq.heappop(running)  # idle, held or holding a second task: pushed again when it runs its last
+        return -1
 
     def _wake(self, _) -> None:
         self.wake_at = math.inf
@@ -139,7 +172,8 @@ class Scheduler:
     def _release(self, lane: int, start: float, floor: float, done: Done) -> None:
         end = max(floor, self.env.now)
         del self.holding[lane]
-        heapq.heappush(self.free, (end + self.handoff, lane))
+        self.free_at[lane] = end + self.handoff
+        heapq.heappush(self.free, (self.free_at[lane], lane))
         done(lane, start, end)
         self.pump()
 

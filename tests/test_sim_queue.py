@@ -113,3 +113,21 @@ def test_cli_picks_the_queue(capsys):
     assert main(["sim", "--config", "tiny", "--set", "precision=bfloat16", "--queue", "tile", "--json", "--quiet"]) == 0
     assert '"queue": "tile"' in capsys.readouterr().out
     assert main(["sim", "--config", "tiny", "--queue", "fifo"]) == 2
+
+
+def test_a_task_with_no_idle_processor_goes_into_the_lowest_second_slot_not_the_first_to_free():
+    """The kernel's scheduler deals idle processors first, then a second task into each busy one's
+    other mailbox slot in lane order (os.cuh): a task waits behind lane 0's long task though lane 1
+    frees first, and the next, lane 0 holding two, goes to lane 1; with both holding two the next
+    goes to the processor that frees first."""
+    from sim.kernel import Scheduler
+
+    long, short = np.random.uniform(200.0, 400.0), np.random.uniform(10.0, 50.0)
+    sched = Scheduler([0.0, 0.0], handoff=0.0, assign=0.0)
+    assert [lane for lane, _, _ in sched.assign(0.0, [long, short])] == [0, 1]
+    (lane, start, _), = sched.assign(1.0, [5.0])
+    assert (lane, start) == (0, long)  # lane 1 frees at `short`, but lane 0 is the lowest with a free slot
+    (lane, start, _), = sched.assign(2.0, [5.0])
+    assert (lane, start) == (1, short)
+    (lane, start, _), = sched.assign(3.0, [5.0])
+    assert (lane, start) == (1, short + 5.0)  # both hold two: the first to free
