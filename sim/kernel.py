@@ -141,6 +141,8 @@ class Scheduler:
             else:
                 heapq.heappush(self.running_last, lane)
             if nbytes:
+                if second < 0:
+                    heapq.heappop(free)
                 free_at[lane] = math.inf
                 self.seq += 1
                 holding[lane] = self.seq
@@ -150,7 +152,10 @@ class Scheduler:
             else:
                 end = work_end + store
                 free_at[lane] = end + self.handoff  # the block taken, free again at end
-                heapq.heappush(free, (free_at[lane], lane))
+                if second < 0:  # the heap's top
+                    heapq.heapreplace(free, (free_at[lane], lane))
+                else:
+                    heapq.heappush(free, (free_at[lane], lane))
                 done(lane, start, end)
 
     def lowest_running_last(self, now: float) -> int:
