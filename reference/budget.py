@@ -23,19 +23,20 @@ from .weights import draw_bytes, ffn_in_width
 
 JOBS = ("route", "golden", "sim")
 LONG_S = 120.0  # past this, a job asks to be let go on (a few minutes with a factor-2 estimate)
-NORMALS_PER_S = 6e7  # seeded float32 draws (reference.weights)
+NORMALS_PER_S = 1e8  # seeded float32 draws (reference.weights): 1.1e8 on one core
 GATE_FLOPS_PER_S = 1.5e10  # the float64 gate projection (a skinny GEMM: E columns)
 SAMPLED_GATE_FLOPS_PER_S = 6e10  # across nodes: the float32 product of the sampled gate inputs
 GEMM_FLOPS_PER_S = 2e10  # an expert's float64/float32 GEMMs of a dense path
-ROUTE_NS_PER_SCORE = 35.0  # softmax, top-k (a partition) and slot assignment, per (token, expert) score
+ROUTE_NS_PER_SCORE = 10.0  # softmax, top-k (a partition) and slot assignment, per (token, expert) score: 6.5
 ROUTE_S_PER_RANK = 0.03  # each rank's gate call: 3 ms at 128 ranks alone, 33 ms on a busy 2-core VM (BLAS threads)
 # SimPy events of a fused run, per chunk moved: 9-18 on one node (the GEMM1 tasks' stores through
 # the NVLink port), 20-28 across nodes (proxies, fences), measured on tiny at 2, 16 and 64 GPUs,
-# flashmoe on 2 and 4 GPUs, and the node sweep at 4 and 16 nodes
+# flashmoe on 2 and 4 GPUs, and the node sweep at 4 and 16 nodes; across nodes the proxy and the
+# NIC are callbacks, not processes: 14.4 an actual chunk at 64 nodes (9.6 an estimated one)
 SIM_EVENTS_PER_CHUNK = 15.0
-SIM_EVENTS_PER_NETWORK_CHUNK = 30.0
-# CPU per event: 9-10 us on a quiet core at 8 and 64 nodes (perseus-comm, ibrc), more when other
-# processes share the cores
+SIM_EVENTS_PER_NETWORK_CHUNK = 15.0
+# CPU per event, the tasks' scheduling included: 14.5 us on a quiet core at 64 nodes (perseus-comm,
+# ibrc), more when other processes share the cores
 SIM_US_PER_EVENT = 14.0
 # SimPy's live events and processes, trace rows packed into columns: a bound, about twice the peak measured
 # on perseus-comm (394 MB at 8 nodes, 3.3 GB at 64 against 0.77 and 6.6 GB estimated)

@@ -97,7 +97,18 @@ def sampled_logits(cfg: Config, y: np.ndarray, r: np.ndarray, wg_bias: np.ndarra
     entries times R (gate_factor) are distributed as x Wg (the bf16 path's rounding of x aside): K
     products a logit, not H, in float32 (no other path's routing to agree with; selection at half
     the cost). Bias and skew as logits()."""
-    return _offset(cfg, y @ r.astype(np.float32), wg_bias)
+    return _offset(cfg, _times_upper(y, r.astype(np.float32)), wg_bias)
+
+
+def _times_upper(y: np.ndarray, r: np.ndarray, blocks: int = 8) -> np.ndarray:
+    """y @ r for r upper triangular (r[i, j] = 0 for i > j), column block by column block: block b
+    of the product reads only the rows of r above its last column (a little over half the flops in 8 blocks)."""
+    out = np.empty((y.shape[0], r.shape[1]), np.result_type(y, r))
+    edges = np.linspace(0, r.shape[1], blocks + 1).astype(int)
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        depth = min(hi, r.shape[0])
+        np.matmul(y[:, :depth], r[:depth, lo:hi], out=out[:, lo:hi])
+    return out
 
 
 def _path(cfg: Config) -> str:
@@ -117,18 +128,28 @@ def _offset(cfg: Config, z: np.ndarray, wg_bias: np.ndarray | None) -> np.ndarra
 
 def _top(score: np.ndarray, k: int) -> np.ndarray:
     """Indices of the k largest entries of each row, best first, ties to the lower index."""
-    # the first k of a stable sort of -score (equal scores keep ascending index order), found by
-    # partition: a row's k best, in index order, stably sorted. A row where the k-th best ties an
-    # entry left out (or is NaN) is not settled by the partition and takes the whole sort.
+    # the first k of a stable sort of -score (equal scores keep ascending index order), found from
+    # each row's k-th best value (a partition of the values, not of their indices): the entries at
+    # most it are the row's k best, in index order, then stably sorted. A row where the k-th best
+    # ties an entry left out (or is NaN) holds other than k such entries and takes the whole sort.
     neg = -score
     if neg.ndim != 2 or k >= neg.shape[-1]:
         return np.argsort(neg, axis=-1, kind="stable")[..., :k]
-    best = np.sort(np.argpartition(neg, k - 1, axis=-1)[:, :k], axis=-1)
-    vals = np.take_along_axis(neg, best, axis=-1)
-    top = np.take_along_axis(best, np.argsort(vals, axis=-1, kind="stable"), axis=-1)
-    unsettled = np.flatnonzero((neg <= vals.max(axis=-1, keepdims=True)).sum(axis=-1) != k)
-    top[unsettled] = np.argsort(neg[unsettled], axis=-1, kind="stable")[:, :k]
+    inside = neg <= np.partition(neg, k - 1, axis=-1)[:, k - 1:k]
+    settled = np.count_nonzero(inside, axis=-1) == k
+    if settled.all():
+        return _sorted_best(neg, inside, k)
+    top = np.empty((neg.shape[0], k), np.intp)
+    top[settled] = _sorted_best(neg[settled], inside[settled], k)
+    top[~settled] = np.argsort(neg[~settled], axis=-1, kind="stable")[:, :k]
     return top
+
+
+def _sorted_best(neg: np.ndarray, inside: np.ndarray, k: int) -> np.ndarray:
+    """Each row's k entries marked `inside`, best (least `neg`) first, ties in index order."""
+    best = (np.flatnonzero(inside) % neg.shape[-1]).reshape(-1, k)
+    vals = np.take_along_axis(neg, best, axis=-1)
+    return np.take_along_axis(best, np.argsort(vals, axis=-1, kind="stable"), axis=-1)
 
 
 def group_limit(cfg: Config, score: np.ndarray) -> np.ndarray:

@@ -141,7 +141,8 @@ def weight_bytes_alone(cfg: Config, plan, processors: int, queue: str) -> np.nda
     experts = cfg.experts + cfg.shared_experts
     src = 0 if queue in BY_EXPERT else plan.chunk_src[plan.chunk_lo[1:] - 1]  # each tile's last chunk
     key = (plan.tile_owner.astype(np.int64) * cfg.ranks + src) * experts + plan.tile_expert
-    tiles_of = np.bincount(key, minlength=int(key.max()) + 1)[key[tile]] if key.size else np.zeros(0)
+    _, group, size = np.unique(key, return_inverse=True, return_counts=True)  # tiles sharing each key
+    tiles_of = size[group][tile]
     tasks_per_tile = np.where(kind == GEMM0, column_blocks(cfg, GEMM0), column_blocks(cfg, GEMM1))
     by_column = (kind == GEMM0) if queue == "expert" else queue in BY_EXPERT  # "expert": GEMM1 tile by tile
     at_once = np.where(by_column, processors, np.maximum(processors // tasks_per_tile, 1))

@@ -54,20 +54,26 @@ def with_nodes(cfg: Config, nodes: int) -> Config:
 
 
 class _CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it processes (for the speed table) and
-    reports every `REPORT_EVERY` of them, so that a long run shows it is moving; `run` takes the
-    schedule to its end in one loop (SimPy's step, without its per-event calls)."""
+    """A SimPy environment that counts the events it processes (for the speed table), calls `tick()`
+    every `TICK` of them (the trace builder packs its rows there) and reports every `REPORT_EVERY`,
+    so that a long run shows it is moving; `run` takes the schedule to its end in one loop (SimPy's
+    step, without its per-event calls)."""
 
-    REPORT_EVERY = 200_000
+    TICK = 1 << 14
+    REPORT_EVERY = 1 << 18  # a multiple of TICK
 
-    def __init__(self, say: Callable[[str], None]):
+    def __init__(self, say: Callable[[str], None], tick: Callable[[], None] = lambda: None):
         super().__init__()
-        self.events, self.say = 0, say
+        self.events, self.say, self.tick = 0, say, tick
+        # SimPy binds its event constructors (timeout, event, ...) to an environment of its own class
+        # only: bound here too, `env.timeout` is not a new method object each call
+        for name in ("process", "timeout", "event", "all_of", "any_of"):
+            setattr(self, name, getattr(self, name))
 
     def run(self, until=None) -> None:
         if until is not None:
             raise ValueError("the layer's simulation runs to the end of its schedule: no `until`")
-        queue, pop, report = self._queue, heapq.heappop, self.REPORT_EVERY
+        queue, pop, tick, mask = self._queue, heapq.heappop, self.tick, self.TICK - 1
         while queue:
             self._now, _, _, event = pop(queue)
             callbacks, event.callbacks = event.callbacks, None
@@ -76,8 +82,10 @@ class _CountingEnvironment(simpy.Environment):
             if not event._ok and not hasattr(event, "_defused"):
                 raise event._value  # a failed event nobody handled (as SimPy's step raises it)
             self.events += 1
-            if not self.events % report:
-                self.say(f"{self.events:,} events, simulated time {self._now / 1e3:,.1f} µs")
+            if not self.events & mask:
+                tick()
+                if not self.events % self.REPORT_EVERY:
+                    self.say(f"{self.events:,} events, simulated time {self._now / 1e3:,.1f} µs")
 
 
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
@@ -143,8 +151,8 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
 def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bool, say, dispatch: str, queue: str,
          staged_blocks: int, deal: str, share_fences: int) -> tuple[_CountingEnvironment, TraceBuilder]:
     """Run the layer's simulation to its end: its environment and its rows."""
-    env = _CountingEnvironment(say)
     rec = TraceBuilder()
+    env = _CountingEnvironment(say, rec.pack_full)
     what = "bulk-synchronous baseline" if baseline else f"fused kernel, {transport}"
     say(f"simulating {plan.tile_expert.size} tiles ({plan.chunk_src.size} chunks), {plan.task_kind.size} tasks "
         f"({what}, {hw.name})")

@@ -67,6 +67,10 @@ from .trace import KIND, ROLE, TraceBuilder
 
 SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber warps
 Done = Callable[[int, float, float], None]  # a task's (lane, start, end), once its end is known
+# a free processor's heap key: its free time in 2^-62 ns steps (exact from 2^-10 ns on: a float that
+# large is a whole number of them), then its lane, as one int: an int compares in a fraction of a
+# (time, lane) tuple's time, and the scheduler compares millions
+KEY_STEPS, LANE_BITS = float(1 << 62), 12
 
 
 class Scheduler:
@@ -82,10 +86,14 @@ class Scheduler:
 
     def __init__(self, free_at: list[float], handoff: float = 0.0, assign: float = 0.0,
                  env: simpy.Environment | None = None, port: SharedLink | None = None):
-        self.free = [(t, lane) for lane, t in enumerate(free_at)]
-        self.free_at = list(free_at)  # each lane's end of its work (inf while held); heap entries off it are stale
+        if len(free_at) > 1 << LANE_BITS:
+            raise ValueError(f"{len(free_at)} processors: the scheduler's heap keys hold at most {1 << LANE_BITS}")
+        self.free = [(int(t * KEY_STEPS) << LANE_BITS) | lane for lane, t in enumerate(free_at)]
+        self.free_at = list(free_at)  # each lane's end of its work (inf while held)
+        self.key = list(self.free)  # each lane's live heap key (-1 while held); other entries are stale
         self.last_start = list(free_at)  # the start of each lane's last task (until then it holds both slots)
         self.running_last: list[int] = []  # lanes that may be running their last task, lowest first (lazy)
+        self.listed = [False] * len(free_at)  # whether a lane is in running_last (once is enough)
         self.starting: list[tuple[float, int]] = []  # (start, lane) of tasks queued in a lane's second slot
         self.handoff, self.assign_ns = handoff, assign
         self.env, self.port = env, port
@@ -107,20 +115,32 @@ class Scheduler:
     def submit(self, now: float, tasks: list[tuple[float, float, float, Done]]) -> None:
         """Queue tasks (own work, stores at the block's rate, bytes through the port, done(lane,
         start, end)) enqueued at `now`; `done` is called once each task's end is known."""
-        self.queue.extend((now, d, s, b, done) for d, s, b, done in tasks)
+        self.enqueue([(now, d, s, b, done) for d, s, b, done in tasks])
+
+    def enqueue(self, entries: list[tuple[float, float, float, float, Done]]) -> None:
+        """Queue tasks as `submit` does, each with its own enqueue time first."""
+        self.queue.extend(entries)
         self.pump()
 
     def pump(self) -> None:
         """Hand out queued tasks in order while the earliest known free block is sure to be first."""
+        # the loop runs once a task, millions of times a large run: the state it touches is in locals
+        # (`turn` written back on the way out: `done` only records, it never pumps again)
         queue, free, held, holding = self.queue, self.free, self.held, self.holding
-        free_at, last_start = self.free_at, self.last_start
+        free_at, last_start, starting, running = self.free_at, self.last_start, self.starting, self.running_last
+        turn, assign, handoff, inf = self.turn, self.assign_ns, self.handoff, math.inf
+        keys, bits, steps, lanes = self.key, LANE_BITS, KEY_STEPS, (1 << LANE_BITS) - 1
+        listed = self.listed
+        heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
         while queue:
             while held and holding.get(held[0][2]) != held[0][1]:
-                heapq.heappop(held)  # a block released since
-            while free and free_at[free[0][1]] != free[0][0]:
-                heapq.heappop(free)  # a lane given another task since
-            t, lane = free[0] if free else (math.inf, -1)
-            dealt, second = max(queue[0][0], self.turn), -1
+                heappop(held)  # a block released since
+            while free and keys[free[0] & lanes] != free[0]:
+                heappop(free)  # a lane given another task since
+            lane = free[0] & lanes if free else -1
+            t = free_at[lane] if free else inf
+            enqueued = queue[0][0]
+            dealt, second = enqueued if enqueued > turn else turn, -1
             if t > dealt:  # no idle lane: the lowest running its last task takes it next
                 second = self.lowest_running_last(dealt)
                 if second >= 0:
@@ -130,44 +150,52 @@ class Scheduler:
                 if free and t < self.wake_at:
                     self.wake_at = t
                     self.env.timeout(t - self.env.now).callbacks.append(self._wake)
-                return
-            enqueued, own, store, nbytes, done = queue.popleft()
-            start = max(enqueued, t, self.turn)
-            self.turn = max(enqueued, self.turn) + self.assign_ns
+                break
+            _, own, store, nbytes, done = queue.popleft()
+            start = dealt if dealt > t else t
+            turn = dealt + assign
             work_end = start + own
             last_start[lane] = start
             if start > dealt:
-                heapq.heappush(self.starting, (start, lane))
-            else:
-                heapq.heappush(self.running_last, lane)
+                heappush(starting, (start, lane))
+            elif not listed[lane]:
+                listed[lane] = True
+                heappush(running, lane)
             if nbytes:
                 if second < 0:
-                    heapq.heappop(free)
-                free_at[lane] = math.inf
+                    heappop(free)
+                free_at[lane], keys[lane] = inf, -1
                 self.seq += 1
                 holding[lane] = self.seq
-                heapq.heappush(held, (work_end + store + self.handoff, self.seq, lane))
+                heappush(held, (work_end + store + handoff, self.seq, lane))
                 self.port.transfer_at(work_end, nbytes,
                                       lambda a=(lane, start, work_end + store, done): self._release(*a))
             else:
                 end = work_end + store
-                free_at[lane] = end + self.handoff  # the block taken, free again at end
+                free_at[lane] = end + handoff  # the block taken, free again at end
+                keys[lane] = key = (int((end + handoff) * steps) << bits) | lane
                 if second < 0:  # the heap's top
-                    heapq.heapreplace(free, (free_at[lane], lane))
+                    heapreplace(free, key)
                 else:
-                    heapq.heappush(free, (free_at[lane], lane))
+                    heappush(free, key)
                 done(lane, start, end)
+        self.turn = turn
 
     def lowest_running_last(self, now: float) -> int:
         """The lowest lane running its last task at `now` (its other mailbox slot free), or -1."""
         running, starting, last_start, free_at = self.running_last, self.starting, self.last_start, self.free_at
+        listed = self.listed
         while starting and starting[0][0] <= now:
-            heapq.heappush(running, heapq.heappop(starting)[1])
+            q = heapq.heappop(starting)[1]
+            if not listed[q]:
+                listed[q] = True
+                heapq.heappush(running, q)
         while running:
             q = running[0]
             if last_start[q] <= now < free_at[q] < math.inf:
                 return q
             heapq.heappop(running)  # idle, held or holding a second task: pushed again when it runs its last
+            listed[q] = False
         return -1
 
     def _wake(self, _) -> None:
@@ -178,7 +206,8 @@ class Scheduler:
         end = max(floor, self.env.now)
         del self.holding[lane]
         self.free_at[lane] = end + self.handoff
-        heapq.heappush(self.free, (self.free_at[lane], lane))
+        self.key[lane] = key = (int(self.free_at[lane] * KEY_STEPS) << LANE_BITS) | lane
+        heapq.heappush(self.free, key)
         done(lane, start, end)
         self.pump()
 
@@ -187,8 +216,9 @@ class TilePhases:
     """The plan's work as the kernel meets it: tasks[tile][kind] -> the tile's GEMM0 or GEMM1 task
     ids in plan order, combine[chunk] -> the chunk's combine task, transfer[chunk, kind] -> its
     dispatch or return transfer (a tile's chunks: TilePlan.tile_chunks); `returns[tile]` its
-    chunks' return transfers, `task_tile` and `tile_expert` the plan's, as Python lists (the
-    kernels' event handlers index them per task, where a NumPy scalar costs more than the rest)."""
+    chunks' return transfers, `task_tile`, `tile_expert` and the transfer columns a subscriber reads
+    the plan's, as Python lists (the kernels' event handlers index them per task, where a NumPy
+    scalar costs more than the rest)."""
 
     def __init__(self, plan: TilePlan):
         gemm = np.flatnonzero(plan.task_chunk < 0)
@@ -208,6 +238,8 @@ class TilePhases:
         ret = self.transfer[:, RETURN]
         self.returns = [ret[plan.tile_chunks(t)].tolist() for t in range(n_tiles)]
         self.task_tile, self.tile_expert = plan.task_tile.tolist(), plan.tile_expert.tolist()
+        self.transfer_chunk, self.transfer_tile, self.transfer_src, self.transfer_kind = (
+            a.tolist() for a in (plan.transfer_chunk, plan.transfer_tile, plan.transfer_src, plan.transfer_kind))
 
 
 class FusedKernel:
@@ -409,16 +441,16 @@ class FusedKernel:
         """Transfer `x`'s signal has landed here: a subscriber warp takes its chunk once its pass
         sees it (`seen_ns`). A dispatched tile lands with its last chunk and its tasks are queued; a
         returned chunk is combined."""
-        p = self.plan
-        c, t = int(p.transfer_chunk[x]), int(p.transfer_tile[x])
-        free, warp = heapq.heappop(self.subscribers)
+        ph = self.phases
+        c, t = ph.transfer_chunk[x], ph.transfer_tile[x]
+        free, warp = self.subscribers[0]
         start = max(self.env.now + self.seen_ns, free)
         end = start + self.hw.subscriber_ns
-        heapq.heappush(self.subscribers, (end, warp))
-        self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end,
-                     int(p.tile_expert[t]), t, int(p.transfer_src[x]))
+        heapq.heapreplace(self.subscribers, (end, warp))
+        self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end, ph.tile_expert[t], t,
+                     ph.transfer_src[x])
         wake = end + self.hw.wake_ns - self.env.now
-        if int(p.transfer_kind[x]) == RETURN:
+        if ph.transfer_kind[x] == RETURN:
             self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_combine(c))
             return
         self.chunks_left[t] -= 1
@@ -469,7 +501,8 @@ class FusedKernel:
         left: dict[int, list[float]] = {}  # unit -> [its tasks not ended, its last end]
         for u, _ in order:
             left.setdefault(u, [0, 0.0])[0] += 1
-        add, rank, node, env = self.rec.add_row, self.rank, self.node, self.env
+        add, rank, node, env = self.rec.append, self.rank, self.node, self.env  # the engine packs the rows
+        now = env.now
         role, name = ROLE["processor"], KIND[TASK_KINDS[kind]]
         task_tile, tile_expert = self.phases.task_tile, self.phases.tile_expert
 
@@ -478,7 +511,8 @@ class FusedKernel:
             add((rank, node, lane, role, name, start, end, tile_expert[t], t, -1, 0))
             unit = left[u]
             unit[0] -= 1
-            unit[1] = max(unit[1], end)
+            if end > unit[1]:
+                unit[1] = end
             if not unit[0]:
                 # an end a rounding error before now is now
                 env.timeout(max(unit[1] - env.now, 0.0)).callbacks.append(lambda _: self.phase_done(u, kind))
@@ -486,10 +520,10 @@ class FusedKernel:
         if kind == GEMM1:
             peer = {u: self.peer_bytes(u) for u in left}
             store = {u: costs.store_ns(self.hw, NVLINK, b) for u, b in peer.items()}
-            tasks = [(own[task], store[u], peer[u], partial(done, u, task)) for u, task in order]
+            tasks = [(now, own[task], store[u], peer[u], partial(done, u, task)) for u, task in order]
         else:
-            tasks = [(own[task], 0.0, 0.0, partial(done, u, task)) for u, task in order]
-        self.scheduler.submit(env.now, tasks)
+            tasks = [(now, own[task], 0.0, 0.0, partial(done, u, task)) for u, task in order]
+        self.scheduler.enqueue(tasks)
 
     def peer_bytes(self, t: int) -> float:
         """The bytes a GEMM1 task of tile `t` stores into NVLink peers: its column block of each

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import simpy
@@ -38,7 +39,7 @@ from reference.plan import LOCAL, NETWORK, NVLINK
 
 from .hardware import Hardware
 from .links import SharedLink
-from .trace import TraceBuilder
+from .trace import KIND, ROLE, TraceBuilder
 
 TRANSPORTS = ("ibgda", "ibrc", "decoupled", "nic_order", "perseus")
 PROXY_TRANSPORTS = ("ibrc", "decoupled", "nic_order", "perseus")
@@ -46,6 +47,9 @@ BATCHED = ("decoupled", "perseus")  # one signal per destination batch
 NIC_ORDERED = ("ibgda", "nic_order", "perseus")  # signals carry a fence flag
 
 Deliver = Callable[[int, list[int]], None]  # (destination rank, transfer ids) when a signal lands
+# the trace codes of the rows written per transfer (appended as whole rows: the engine packs them)
+NIC, PROXY, LINK = ROLE["nic"], ROLE["proxy"], ROLE["link"]
+PUT, FENCE, SIGNAL = KIND["put"], KIND["fence"], KIND["signal"]
 
 
 class Nic:
@@ -63,70 +67,104 @@ class Nic:
     def write(self, peer: int, tile: int, nbytes: int, expert: int) -> simpy.Event:
         """Post an RDMA write; the event is its completion (the sender's view)."""
         done = self.env.event()
+        done.callbacks.append(lambda _: self._completed(peer, done))  # first: gone from pending() as it fires
         self.inflight.setdefault(peer, {})[done] = None
         self.posted[done] = None
-        self.env.process(self._write(peer, tile, nbytes, expert, done))
+        self.link.transfer_at(self.env.now, nbytes, partial(self._sent, peer, tile, nbytes, expert, self.env.now, done))
         return done
 
-    def _write(self, peer, tile, nbytes, expert, done):
-        posted = self.env.now
-        yield self.link.transfer(nbytes)
-        yield self.env.timeout(self.hw.nic_latency_ns)
-        self.rec.add(self.rank, self.node, 0, "nic", "put", posted, self.env.now, expert, tile, peer, nbytes)
-        yield self.env.timeout(self.hw.nic_latency_ns)
+    def _sent(self, peer, tile, nbytes, expert, posted, done) -> None:
+        """The write's last byte has left the NIC: it lands a latency later, its completion comes back
+        one more after that (one scheduled event, no process of its own)."""
+        lands = self.env.now + self.hw.nic_latency_ns
+        self.rec.append((self.rank, self.node, 0, NIC, PUT, posted, lands, expert, tile, peer, nbytes))
+        done._ok, done._value = True, None  # succeed `done` at a delay, as simpy.Timeout does
+        self.env.schedule(done, delay=2 * self.hw.nic_latency_ns)
+
+    def _completed(self, peer: int, done: simpy.Event) -> None:
         del self.inflight[peer][done]
         del self.posted[done]
-        done.succeed()
 
     def pending(self, peer: int | None = None) -> list[simpy.Event]:
         """Writes (to `peer`, or to anyone) posted so far that have not completed."""
         return list(self.inflight.get(peer, ()) if peer is not None else self.posted)
 
-    def signal(self, peer: int, tile: int, flagged: bool):
+    def drained(self, peer: int | None = None) -> simpy.Event:
+        """An event that fires once the writes pending now (to `peer`, or to anyone) have completed."""
+        pending = self.pending(peer)
+        return pending[0] if len(pending) == 1 else self.env.all_of(pending)
+
+    def signal(self, peer: int, tile: int, flagged: bool, then: Callable[[], None]) -> None:
         """Send a signal (a small RDMA atomic); with a fence flag the NIC first waits until the
-        earlier writes to `peer` have completed. Returns when the signal has landed."""
+        earlier writes to `peer` have completed. `then()` is called when the signal has landed."""
         if flagged:
             start = self.env.now
-            yield self.env.all_of(self.pending(peer))
-            self.rec.add(self.rank, self.node, 0, "nic", "fence", start, self.env.now, tile=tile, peer=peer)
-        sent = self.env.now
-        yield self.env.timeout(self.hw.nic_latency_ns)
-        self.rec.add(self.rank, self.node, 0, "nic", "signal", sent, self.env.now, tile=tile, peer=peer)
+            self.drained(peer).callbacks.append(lambda _: self._send_signal(peer, tile, start, then))
+        else:
+            self._send_signal(peer, tile, None, then)
+
+    def _send_signal(self, peer: int, tile: int, fenced_from: float | None, then: Callable[[], None]) -> None:
+        sent, lands = self.env.now, self.env.now + self.hw.nic_latency_ns
+        if fenced_from is not None:
+            self.rec.append((self.rank, self.node, 0, NIC, FENCE, fenced_from, sent, -1, tile, peer, 0))
+        self.rec.append((self.rank, self.node, 0, NIC, SIGNAL, sent, lands, -1, tile, peer, 0))
+        self.env.timeout(self.hw.nic_latency_ns).callbacks.append(lambda _: then())
 
 
 class Proxy:
-    """The CPU proxy thread of one GPU: takes requests from its ring and drives the NIC."""
+    """The CPU proxy thread of one GPU: takes requests from its ring and drives the NIC, one request
+    at a time (each step a callback: the thread's story without a SimPy process to resume)."""
 
     def __init__(self, env, hw: Hardware, transport: str, nic: Nic, fabric: Fabric, batch_size: Counter):
         """`batch_size`: the chunks of each of this GPU's destination batches, by (peer, phase)."""
         self.env, self.hw, self.transport, self.nic, self.fabric = env, hw, transport, nic, fabric
-        self.ring: deque[int] = deque()
-        self.wake: simpy.Event | None = None
+        self.ring: deque[tuple[float, int]] = deque()  # (when it lands, transfer): landing in order
+        self.busy = False  # posting, fencing, or waiting for the ring's first request to land
         self.batch_size = batch_size
         self.batches: dict[tuple[int, int], list[int]] = {}
-        env.process(self.run())
 
     def request(self, x: int) -> None:
-        """The GPU writes a request into the ring; it lands after a PCIe latency."""
-        self.env.timeout(self.hw.pcie_latency_ns).callbacks.append(lambda _: self._enqueue(x))
+        """The GPU writes a request into the ring; it lands after a PCIe latency (the thread finds it
+        there when it next looks: an event only where it waits for it)."""
+        self.ring.append((self.env.now + self.hw.pcie_latency_ns, x))
+        if not self.busy:
+            self._next()
 
-    def _enqueue(self, x: int) -> None:
-        self.ring.append(x)
-        if self.wake is not None and not self.wake.triggered:
-            self.wake.succeed()
+    def _next(self) -> None:
+        """Take the ring's next request: post its write (one proxy op), wait for it to land, or idle."""
+        self.busy = bool(self.ring)
+        if not self.busy:
+            return
+        lands, x = self.ring[0]
+        if lands > self.env.now:
+            self.env.timeout(lands - self.env.now).callbacks.append(lambda _: self._next())
+            return
+        self.ring.popleft()
+        self._op(PUT, x, self.fabric.dst[x], self.fabric.nbytes[x], self._posted)
 
-    def run(self):
-        while True:
-            if not self.ring:
-                self.wake = self.env.event()
-                yield self.wake
-            x = self.ring.popleft()
-            peer = self.fabric.dst[x]
-            yield from self._op("put", x, peer, self.fabric.nbytes[x])
-            self.fabric.write(self.nic, x)
-            batch = self.complete_batch(x, peer)
-            if batch:
-                yield from self.signal(peer, batch)
+    def _posted(self, x: int, peer: int) -> None:
+        """`x`'s write is posted: the NIC has it; its signal is due now, with its batch's last, or not yet."""
+        self.fabric.write(self.nic, x)
+        batch = self.complete_batch(x, peer)
+        if not batch:
+            self._next()
+        elif self.transport in NIC_ORDERED:  # a fence flag on the signal: the NIC orders it
+            self._op(SIGNAL, batch[-1], peer, 0, lambda *_: self._signalled(peer, batch, True))
+        else:  # a proxy fence: the thread blocks until every write it posted has completed
+            start = self.env.now
+            self.nic.drained().callbacks.append(lambda _: self._fence(start, peer, batch))
+
+    def _fence(self, start: float, peer: int, batch: list[int]) -> None:
+        """The writes have completed: the fence's own cost, then the signal's post."""
+        fenced = self.env.now + self.hw.fence_ns
+        self._row(FENCE, start, fenced, batch[-1], peer, 0)
+        self._row(SIGNAL, fenced, fenced + self.hw.proxy_op_ns, batch[-1], peer, 0)
+        self.env.timeout(self.hw.fence_ns + self.hw.proxy_op_ns).callbacks.append(
+            lambda _: self._signalled(peer, batch, False))
+
+    def _signalled(self, peer: int, batch: list[int], flagged: bool) -> None:
+        self.fabric.signal(self.nic, peer, batch, flagged)
+        self._next()
 
     def complete_batch(self, x: int, peer: int) -> list[int]:
         """The transfers whose signal is due once `x` is written: `x` alone, or with batching
@@ -138,29 +176,16 @@ class Proxy:
         batch.append(x)
         return self.batches.pop(key) if len(batch) == self.batch_size[key] else []
 
-    def signal(self, peer: int, batch: list[int]):
-        """Make the signal safe (a proxy fence, or a fence flag left to the NIC) and post it."""
-        f = self.fabric
-        if self.transport in NIC_ORDERED:
-            yield from self._op("signal", batch[-1], peer, 0)
-            self.env.process(f.signal(self.nic, peer, batch, flagged=True))
-            return
-        start = self.env.now
-        yield self.env.all_of(self.nic.pending())
-        yield self.env.timeout(self.hw.fence_ns)
-        self._row("fence", start, batch[-1], peer, 0)
-        yield from self._op("signal", batch[-1], peer, 0)
-        self.env.process(f.signal(self.nic, peer, batch, flagged=False))
+    def _op(self, kind: int, x: int, peer: int, nbytes: int, then: Callable[[int, int], None]) -> None:
+        """One proxy operation (`kind`: its trace code) on transfer `x` (`proxy_op_ns`), then `then(x, peer)`."""
+        now = self.env.now
+        self._row(kind, now, now + self.hw.proxy_op_ns, x, peer, nbytes)
+        self.env.timeout(self.hw.proxy_op_ns).callbacks.append(lambda _: then(x, peer))
 
-    def _op(self, kind: str, x: int, peer: int, nbytes: int):
-        start = self.env.now
-        yield self.env.timeout(self.hw.proxy_op_ns)
-        self._row(kind, start, x, peer, nbytes)
-
-    def _row(self, kind, start, x, peer, nbytes):
+    def _row(self, kind, start, end, x, peer, nbytes):
         f = self.fabric
         t = f.tile[x]
-        f.rec.add(self.nic.rank, self.nic.node, 0, "proxy", kind, start, self.env.now, f.expert[t], t, peer, nbytes)
+        f.rec.append((self.nic.rank, self.nic.node, 0, PROXY, kind, start, end, f.expert[t], t, peer, nbytes))
 
 
 class Fabric:
@@ -215,8 +240,8 @@ class Fabric:
         """A put and its signal on the source's link lane to the destination (lane = peer rank)."""
         src, dst, t = self.src[x], self.dst[x], self.tile[x]
         e, node, now = self.expert[t], self.cfg.node_of(src), self.env.now
-        self.rec.add(src, node, dst, "link", "put", start, now, e, t, dst, self.nbytes[x])
-        self.rec.add(src, node, dst, "link", "signal", now, now, e, t, dst, 0)
+        self.rec.append((src, node, dst, LINK, PUT, start, now, e, t, dst, self.nbytes[x]))
+        self.rec.append((src, node, dst, LINK, SIGNAL, now, now, e, t, dst, 0))
 
     def _ibgda_put(self, x: int):
         """A GPU thread takes the queue pair to the peer (its blocks share it under a lock), writes the
@@ -229,13 +254,12 @@ class Fabric:
         nic = self.nics[src]
         self.write(nic, x)
         yield self.env.timeout(self.hw.gpu_post_ns)
-        yield from self.signal(nic, dst, [x], flagged=True)
+        self.signal(nic, dst, [x], flagged=True)
 
     def write(self, nic: Nic, x: int) -> simpy.Event:
         t = self.tile[x]
         return nic.write(self.dst[x], t, self.nbytes[x], self.expert[t])
 
-    def signal(self, nic: Nic, peer: int, xs: list[int], flagged: bool):
+    def signal(self, nic: Nic, peer: int, xs: list[int], flagged: bool) -> None:
         """Send the signal covering transfers `xs`; deliver them when it lands."""
-        yield from nic.signal(peer, self.tile[xs[-1]], flagged)
-        self.deliver(peer, xs)
+        nic.signal(peer, self.tile[xs[-1]], flagged, lambda: self.deliver(peer, xs))

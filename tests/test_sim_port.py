@@ -121,8 +121,8 @@ def test_one_pass_where_stores_meet_at_a_port(monkeypatch):
     made = []
 
     class Counted(engine._CountingEnvironment):
-        def __init__(self, say):
-            super().__init__(say)
+        def __init__(self, say, tick):
+            super().__init__(say, tick)
             made.append(self)
 
     monkeypatch.setattr(engine, "_CountingEnvironment", Counted)

@@ -131,3 +131,16 @@ def test_a_task_with_no_idle_processor_goes_into_the_lowest_second_slot_not_the_
     assert (lane, start) == (1, short)
     (lane, start, _), = sched.assign(3.0, [5.0])
     assert (lane, start) == (1, short + 5.0)  # both hold two: the first to free
+
+
+def test_an_idle_processor_is_the_first_to_free_to_the_last_bit_then_the_lowest():
+    """Free times a rounding error apart are not a tie: the earlier takes the task, whatever its lane
+    (the scheduler's heap keys hold a time exactly); equal times go to the lower lane."""
+    from sim.kernel import Scheduler
+
+    t = float(np.random.uniform(1e3, 1e7))
+    later = np.nextafter(t, np.inf)
+    (lane, start, _), = Scheduler([later, t, t], handoff=0.0, assign=0.0).assign(2 * t, [1.0])
+    assert (lane, start) == (1, 2 * t)
+    lanes = [lane for lane, _, _ in Scheduler([later, t, t], handoff=0.0, assign=0.0).assign(0.0, [1e9] * 3)]
+    assert lanes == [1, 2, 0]

@@ -1,6 +1,7 @@
 """What keeps the simulator fast and small at cluster scale changes no result: the trace builder's
-packed columns, the routing drawn rank by rank, its top-k by partition, the metrics' per-GPU sums
-from one sort, and sweeps run in worker processes."""
+packed columns (rows appended whole, packed by the engine), the routing drawn rank by rank, its
+top-k by partition, its sampled logits' triangular product, the metrics' per-GPU sums from one
+sort, and sweeps run in worker processes."""
 
 import numpy as np
 
@@ -66,3 +67,38 @@ def test_parallel_points_come_back_in_the_jobs_order():
     exps = np.random.default_rng().permutation(12).tolist()
     assert sweeps.in_parallel(pow, [(3, e) for e in exps], workers=2) == [3 ** e for e in exps]
     assert sweeps.in_parallel(pow, [(3, e) for e in exps], workers=1) == [3 ** e for e in exps]
+
+
+def test_rows_appended_whole_and_packed_by_the_engine_are_the_rows(monkeypatch):
+    """The hot handlers append whole rows (codes, every column) and the engine packs them now and
+    then: the trace holds them in order, mixed with rows added the checked way."""
+    rng = np.random.default_rng()
+    monkeypatch.setattr(TraceBuilder, "CHUNK", 5)
+    rec = TraceBuilder()
+    want = []
+    for i in range(int(rng.integers(20, 40))):
+        row = (int(rng.integers(0, 8)), 0, i, int(rng.integers(len(ROLES))), int(rng.integers(len(KINDS))),
+               float(rng.random()), float(rng.random() + 1), -1, i, -1, int(rng.integers(0, 1 << 40)))
+        if rng.random() < 0.5:
+            rec.append(row)
+        else:
+            rec.add(row[0], row[1], row[2], ROLES[row[3]], KINDS[row[4]], *row[5:])
+        if rng.random() < 0.3:
+            rec.pack_full()
+        want.append(row)
+    trace = rec.build()
+    for i, c in enumerate(COLUMNS):
+        assert np.array_equal(trace[c], np.asarray([r[i] for r in want], COLUMNS[c])), c
+    assert len(rec.build()) == 0  # the rows moved into the trace
+
+
+def test_sampled_logits_times_the_triangular_factor_blockwise_are_the_product():
+    rng = np.random.default_rng()
+    for _ in range(5):
+        t, e = int(rng.integers(1, 300)), int(rng.integers(1, 200))
+        k = min(e, int(rng.integers(1, 200)))  # R of Wg = QR is min(H, E) x E, upper trapezoidal
+        y = rng.standard_normal((t, k)).astype(np.float32)
+        r = np.triu(rng.standard_normal((k, e))).astype(np.float32)
+        got = routing._times_upper(y, r)
+        want = y.astype(np.float64) @ r.astype(np.float64)
+        assert got.dtype == np.float32 and np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
