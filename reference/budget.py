@@ -38,9 +38,9 @@ SIM_EVENTS_PER_NETWORK_CHUNK = 15.0
 # CPU per event, the tasks' scheduling included: 14.5 us on a quiet core at 64 nodes (perseus-comm,
 # ibrc), more when other processes share the cores
 SIM_US_PER_EVENT = 14.0
-# SimPy's live events and processes, trace rows packed into columns: a bound, about twice the peak measured
-# on perseus-comm (394 MB at 8 nodes, 3.3 GB at 64 against 0.77 and 6.6 GB estimated)
-SIM_BYTES_PER_EVENT = 350
+# SimPy's live events and processes, trace rows packed into columns, per event: a bound, about twice
+# the peak measured on perseus-comm (353 MB at 8 nodes, 2.2 GB at 64 against 0.68 and 6.5 GB estimated)
+SIM_BYTES_PER_EVENT = 700
 SIM_BYTES_PER_TASK = 200  # the kernel model's tables
 
 

@@ -216,9 +216,9 @@ class TilePhases:
     """The plan's work as the kernel meets it: tasks[tile][kind] -> the tile's GEMM0 or GEMM1 task
     ids in plan order, combine[chunk] -> the chunk's combine task, transfer[chunk, kind] -> its
     dispatch or return transfer (a tile's chunks: TilePlan.tile_chunks); `returns[tile]` its
-    chunks' return transfers, `task_tile`, `tile_expert` and the transfer columns a subscriber reads
-    the plan's, as Python lists (the kernels' event handlers index them per task, where a NumPy
-    scalar costs more than the rest)."""
+    chunks' return transfers, `dispatched[tile]` how many of its chunks are dispatched, `task_tile`,
+    `tile_expert` and the transfer columns the plan's, as Python lists (the kernels' event handlers
+    index them per task, where a NumPy scalar costs more than the rest)."""
 
     def __init__(self, plan: TilePlan):
         gemm = np.flatnonzero(plan.task_chunk < 0)
@@ -227,19 +227,23 @@ class TilePhases:
         cut = np.flatnonzero((np.diff(tile) != 0) | (np.diff(kind) != 0)) + 1
         n_tiles, n_chunks = plan.tile_expert.size, plan.chunk_tile.size
         self.tasks: list[dict[int, list[int]]] = [{} for _ in range(n_tiles)]
-        for group in np.split(order, cut):
-            if group.size:
-                self.tasks[int(plan.task_tile[group[0]])][int(plan.task_kind[group[0]])] = group.tolist()
+        ids, firsts = order.tolist(), np.r_[0, cut].tolist() if order.size else []
+        for a, b, t, k in zip(firsts, firsts[1:] + [len(ids)], tile[firsts].tolist(), kind[firsts].tolist()):
+            self.tasks[t][k] = ids[a:b]
         combine = np.flatnonzero(plan.task_chunk >= 0)
         self.combine = np.full(n_chunks, -1, np.int64)
         self.combine[plan.task_chunk[combine]] = combine
         self.transfer = np.full((n_chunks, 2), -1, np.int64)
         self.transfer[plan.transfer_chunk, plan.transfer_kind] = np.arange(plan.transfer_chunk.size)
-        ret = self.transfer[:, RETURN]
-        self.returns = [ret[plan.tile_chunks(t)].tolist() for t in range(n_tiles)]
+        ret, lo = self.transfer[:, RETURN].tolist(), plan.chunk_lo.tolist()
+        self.returns = [ret[lo[t]:lo[t + 1]] for t in range(n_tiles)]
+        sent = np.r_[0, np.cumsum(self.transfer[:, DISPATCH] >= 0)]
+        self.dispatched = (sent[plan.chunk_lo[1:]] - sent[plan.chunk_lo[:-1]]).tolist()
         self.task_tile, self.tile_expert = plan.task_tile.tolist(), plan.tile_expert.tolist()
-        self.transfer_chunk, self.transfer_tile, self.transfer_src, self.transfer_kind = (
-            a.tolist() for a in (plan.transfer_chunk, plan.transfer_tile, plan.transfer_src, plan.transfer_kind))
+        (self.transfer_chunk, self.transfer_tile, self.transfer_src, self.transfer_dst, self.transfer_kind,
+         self.transfer_link, self.transfer_bytes) = (
+            a.tolist() for a in (plan.transfer_chunk, plan.transfer_tile, plan.transfer_src, plan.transfer_dst,
+                                 plan.transfer_kind, plan.transfer_link, plan.transfer_bytes))
 
 
 class FusedKernel:
@@ -269,8 +273,7 @@ class FusedKernel:
         self.phases_left = sum(len(phases.tasks[t]) for t in mine) + int(np.count_nonzero(plan.chunk_src == rank))
         # dispatched chunks of each tile here not landed yet: the tile lands with its last (a shared
         # expert's tile has none: it reads its tokens in place and is ready after the gate)
-        self.chunks_left = {int(t): sum(int(phases.transfer[c, DISPATCH]) >= 0 for c in plan.tile_chunks(t))
-                            for t in mine}
+        self.chunks_left = {t: phases.dispatched[t] for t in mine.tolist()}
         # each local expert's landed tiles: its GEMM0 tasks wait for all
         self.expert_waiting: dict[int, list[int]] = {}
         # each local expert's tiles whose GEMM0 tasks are done: with "expert-both", their GEMM1 tasks wait for all
@@ -298,7 +301,7 @@ class FusedKernel:
         inflight = [0.0] * (max(rounds, default=-1) + 1)
         over: list[dict[int, int]] = [{} for _ in inflight]
         for j, (_, x, nbytes) in zip(rounds, shares):
-            link = int(self.plan.transfer_link[x])
+            link = self.phases.transfer_link[x]
             inflight[j] += nbytes
             over[j][link] = over[j].get(link, 0) + 1
         parts = costs.dispatch_parts(self.cfg, self.processors, self.dispatch)
@@ -307,7 +310,7 @@ class FusedKernel:
         tokens = self.cfg.tokens * row_bytes  # this GPU's, which its shares gather
         moves = []
         for j, (_, x, nbytes), lead in zip(rounds, shares, leads):
-            link, dst = int(self.plan.transfer_link[x]), int(self.plan.transfer_dst[x])
+            link, dst = self.phases.transfer_link[x], self.phases.transfer_dst[x]
             if link == NVLINK and costs.stores_dispatch(self.dispatch, link):
                 # the block's own rate on the bytes its copy loop pays for
                 paid = costs.copied_bytes(self.hw, nbytes, row_bytes) / nbytes if nbytes else 1.0
@@ -355,17 +358,17 @@ class FusedKernel:
             self.rec.add(self.rank, self.node, lane, "processor", "gate", 0.0, gate)
         self.rec.add(self.rank, self.node, 0, "scheduler", "gate", 0.0, gate)
         free_at = [gate] * self.processors
-        p = self.plan
+        ph = self.phases
         ready: dict[int, float] = {}
         for (lane, x, nbytes), (start, end) in zip(shares, times):
-            t = int(p.transfer_tile[x])
+            t = ph.transfer_tile[x]
             self.rec.add(self.rank, self.node, lane, "processor", "dispatch", start, end,
-                         int(p.tile_expert[t]), t, int(p.transfer_dst[x]), nbytes)
+                         ph.tile_expert[t], t, ph.transfer_dst[x], nbytes)
             free_at[lane] = max(free_at[lane], end)
             ready[x] = max(ready.get(x, 0.0), end)
         free_at = [t + tail for t, tail in zip(free_at, tails)]
         for x, end in ready.items():
-            stored = costs.stores_dispatch(self.dispatch, int(p.transfer_link[x]))
+            stored = costs.stores_dispatch(self.dispatch, ph.transfer_link[x])
             self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
         self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns, self.env, self.port)
         for t in [t for t, n in self.chunks_left.items() if not n]:
@@ -479,7 +482,7 @@ class FusedKernel:
     def expert_complete(self, gathered: dict[int, list[int]], t: int) -> list[int] | None:
         """Tile `t` counted in with its expert's in `gathered`: all of the expert's tiles here, in
         order, once `t` is the last of them; else None."""
-        e = int(self.plan.tile_expert[t])
+        e = self.phases.tile_expert[t]
         tiles = gathered.setdefault(e, [])
         tiles.append(t)
         return sorted(tiles) if len(tiles) == self.expert_tiles[e] else None
@@ -528,9 +531,9 @@ class FusedKernel:
     def peer_bytes(self, t: int) -> float:
         """The bytes a GEMM1 task of tile `t` stores into NVLink peers: its column block of each
         chunk whose source is one."""
-        p, share = self.plan, len(self.phases.tasks[t][GEMM1])
-        xs = self.phases.returns[t]
-        return sum(int(p.transfer_bytes[x]) / share for x in xs if int(p.transfer_link[x]) == NVLINK)
+        ph = self.phases
+        share, link, nbytes = len(ph.tasks[t][GEMM1]), ph.transfer_link, ph.transfer_bytes
+        return sum(nbytes[x] / share for x in ph.returns[t] if link[x] == NVLINK)
 
     def phase_done(self, u: int, kind: int) -> None:
         """Unit `u` (a tile, or a chunk for the combine) finished its phase `kind`."""
@@ -544,7 +547,7 @@ class FusedKernel:
             self.enqueue(u, GEMM1)
         elif kind == GEMM1:  # every chunk goes home: stored by the tasks, or put through the NIC
             for x in self.phases.returns[u]:
-                self.send(x, stored=int(self.plan.transfer_link[x]) != NETWORK)
+                self.send(x, stored=self.phases.transfer_link[x] != NETWORK)
         else:
             self.on_chunk_done(u)
         if not self.phases_left:
