@@ -19,9 +19,13 @@ from .config import Config
 _X, _WG, _GATE_BIAS, _W1, _B1, _W2, _B2, _WG_BIAS, _X_GATE = range(9)
 
 
+def _stream(cfg: Config, stream: int, index: int) -> np.random.Generator:
+    """The random stream of one array: keyed by (seed, array, index)."""
+    return np.random.default_rng([cfg.seed, stream, index])
+
+
 def _normal(cfg: Config, stream: int, index: int, shape, scale: float) -> np.ndarray:
-    rng = np.random.default_rng([cfg.seed, stream, index])
-    return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+    return _stream(cfg, stream, index).standard_normal(shape, dtype=np.float32) * np.float32(scale)
 
 
 def ffn_in_width(cfg: Config) -> int:
@@ -55,7 +59,7 @@ def gate_inputs(cfg: Config, rank: int) -> np.ndarray:
     (x Q for tokens x of N(0, 1) entries and Wg = Q R, which are N(0, 1) again: routing.sampled_logits),
     drawn as Box-Muller pairs of float32 uniforms: half the time of the ziggurat's normals, where a
     512-GPU run draws a billion (the tails stop at 5.8 sigma, float32's least uniform past 0)."""
-    rng = np.random.default_rng([cfg.seed, _X_GATE, rank])
+    rng = _stream(cfg, _X_GATE, rank)
     shape = (cfg.tokens, min(cfg.hidden, cfg.experts))
     n = shape[0] * shape[1]
     u = rng.random((2, (n + 1) // 2), dtype=np.float32)

@@ -182,7 +182,7 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
         left[0] -= 1
 
     kernels: list[FusedKernel] = []
-    fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs])
+    fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs], phases)
     kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, dispatch,
                                queue, fabric.nvlink[r], staged_blocks, deal, share_fences) for r in range(cfg.ranks))
     # every GPU's blocks dispatch at once: the stores into NVLink peers share the ports on their way

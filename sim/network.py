@@ -38,6 +38,7 @@ from reference import Config, TilePlan
 from reference.plan import LOCAL, NETWORK, NVLINK
 
 from .hardware import Hardware
+from .kernel import TilePhases
 from .links import SharedLink
 from .trace import KIND, ROLE, TraceBuilder
 
@@ -192,14 +193,13 @@ class Fabric:
     """Every GPU's NVLink port, NIC and (for proxy transports) proxy; `send` moves one transfer."""
 
     def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, transport: str,
-                 rec: TraceBuilder, deliver: Deliver):
+                 rec: TraceBuilder, deliver: Deliver, phases: TilePhases):
+        """`phases`: the plan's columns as Python lists, the kernels' own (read once per event)."""
         self.env, self.cfg, self.plan, self.hw, self.transport, self.rec = env, cfg, plan, hw, transport, rec
         self.deliver = deliver
-        # the plan's per-transfer and per-tile columns as Python lists: read once per event
-        self.link, self.src, self.dst, self.kind, self.nbytes, self.tile = (
-            a.tolist() for a in (plan.transfer_link, plan.transfer_src, plan.transfer_dst, plan.transfer_kind,
-                                 plan.transfer_bytes, plan.transfer_tile))
-        self.expert = plan.tile_expert.tolist()
+        self.link, self.src, self.dst, self.kind, self.nbytes, self.tile, self.expert = (
+            phases.transfer_link, phases.transfer_src, phases.transfer_dst, phases.transfer_kind,
+            phases.transfer_bytes, phases.transfer_tile, phases.tile_expert)
         ranks = range(cfg.ranks)
         self.nvlink = [SharedLink(env, hw.nvlink_gbps) for _ in ranks]
         self.nics = [Nic(env, hw, r, cfg.node_of(r), rec) for r in ranks] if cfg.nodes > 1 else []

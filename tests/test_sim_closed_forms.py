@@ -13,6 +13,7 @@ import sim
 from reference import Config, presets
 from reference.plan import DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK
 from sim import hardware
+from sim.kernel import TilePhases
 from sim.links import SharedLink
 from sim.network import Fabric, Nic
 from sim.trace import TraceBuilder
@@ -99,7 +100,7 @@ def _fabric(cfg, transport="ibgda"):
     arrivals = {}
     rec = TraceBuilder()
     fabric = Fabric(env, cfg, plan, HW, transport, rec,
-                    lambda dst, xs: arrivals.update({x: env.now for x in xs}))
+                    lambda dst, xs: arrivals.update({x: env.now for x in xs}), TilePhases(plan))
     return env, plan, fabric, arrivals, rec
 
 
