@@ -18,6 +18,7 @@ from reference.plan import NETWORK, NVLINK, link_class
 from reference.weights import ffn_in_width
 
 from . import costs
+from .clock import Clock
 from .hardware import Hardware
 from .links import SharedLink
 from .trace import TraceBuilder
@@ -29,7 +30,7 @@ def padded_rows(cfg: Config, plan: TilePlan) -> int:
 
 
 class Baseline:
-    def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rec: TraceBuilder):
+    def __init__(self, env: Clock, cfg: Config, plan: TilePlan, hw: Hardware, rec: TraceBuilder):
         self.env, self.cfg, self.plan, self.hw, self.rec = env, cfg, plan, hw, rec
         self.pad = padded_rows(cfg, plan)
         self.nvlink = [SharedLink(env, min(hw.alltoall_gbps, hw.nvlink_gbps)) for _ in range(cfg.ranks)]

@@ -8,13 +8,11 @@ The tile plan comes from `reference.plan_of`: the simulator never routes tokens 
 from __future__ import annotations
 
 import gc
-import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import simpy
 
 import reference
 from reference import Config, ConfigError, TilePlan, budget
@@ -22,6 +20,7 @@ from reference.config import is_positive_int
 
 from . import costs, metrics
 from .baseline import Baseline
+from .clock import Clock
 from .hardware import Hardware
 from .hardware import get as get_hardware
 from .kernel import FusedKernel, TilePhases
@@ -51,41 +50,6 @@ def with_nodes(cfg: Config, nodes: int) -> Config:
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1 or cfg.ranks % nodes:
         raise ConfigError("nodes", nodes, f"a positive divisor of the number of GPUs ({cfg.ranks})")
     return cfg.replace(gpus_per_node=cfg.ranks // nodes)
-
-
-class _CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it processes (for the speed table), calls `tick()`
-    every `TICK` of them (the trace builder packs its rows there) and reports every `REPORT_EVERY`,
-    so that a long run shows it is moving; `run` takes the schedule to its end in one loop (SimPy's
-    step, without its per-event calls)."""
-
-    TICK = 1 << 14
-    REPORT_EVERY = 1 << 18  # a multiple of TICK
-
-    def __init__(self, say: Callable[[str], None], tick: Callable[[], None] = lambda: None):
-        super().__init__()
-        self.events, self.say, self.tick = 0, say, tick
-        # SimPy binds its event constructors (timeout, event, ...) to an environment of its own class
-        # only: bound here too, `env.timeout` is not a new method object each call
-        for name in ("process", "timeout", "event", "all_of", "any_of"):
-            setattr(self, name, getattr(self, name))
-
-    def run(self, until=None) -> None:
-        if until is not None:
-            raise ValueError("the layer's simulation runs to the end of its schedule: no `until`")
-        queue, pop, tick, mask = self._queue, heapq.heappop, self.tick, self.TICK - 1
-        while queue:
-            self._now, _, _, event = pop(queue)
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                raise event._value  # a failed event nobody handled (as SimPy's step raises it)
-            self.events += 1
-            if not self.events & mask:
-                tick()
-                if not self.events % self.REPORT_EVERY:
-                    self.say(f"{self.events:,} events, simulated time {self._now / 1e3:,.1f} µs")
 
 
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
@@ -149,10 +113,10 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
 
 
 def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bool, say, dispatch: str, queue: str,
-         staged_blocks: int, deal: str, share_fences: int) -> tuple[_CountingEnvironment, TraceBuilder]:
+         staged_blocks: int, deal: str, share_fences: int) -> tuple[Clock, TraceBuilder]:
     """Run the layer's simulation to its end: its environment and its rows."""
     rec = TraceBuilder()
-    env = _CountingEnvironment(say, rec.pack_full)
+    env = Clock(say, rec.pack_full)
     what = "bulk-synchronous baseline" if baseline else f"fused kernel, {transport}"
     say(f"simulating {plan.tile_expert.size} tiles ({plan.chunk_src.size} chunks), {plan.task_kind.size} tasks "
         f"({what}, {hw.name})")

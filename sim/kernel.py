@@ -54,12 +54,12 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
-import simpy
 
 from reference import Config, TilePlan
 from reference.plan import COMBINE, DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK, RETURN, TASK_KINDS, chunk_slots
 
 from . import costs
+from .clock import Clock
 from .hardware import Hardware
 from .links import SharedLink
 from .ports import Move
@@ -85,7 +85,7 @@ class Scheduler:
     waits while a held block may free before the earliest known one (the FIFO rule needs it)."""
 
     def __init__(self, free_at: list[float], handoff: float = 0.0, assign: float = 0.0,
-                 env: simpy.Environment | None = None, port: SharedLink | None = None):
+                 env: Clock | None = None, port: SharedLink | None = None):
         if len(free_at) > 1 << LANE_BITS:
             raise ValueError(f"{len(free_at)} processors: the scheduler's heap keys hold at most {1 << LANE_BITS}")
         self.free = [(int(t * KEY_STEPS) << LANE_BITS) | lane for lane, t in enumerate(free_at)]
@@ -149,7 +149,7 @@ class Scheduler:
                 # a held block may free first: wait for a flow to leave the port, or until t
                 if free and t < self.wake_at:
                     self.wake_at = t
-                    self.env.timeout(t - self.env.now).callbacks.append(self._wake)
+                    self.env.call_in(t - self.env.now, self._wake)
                 break
             _, own, store, nbytes, done = queue.popleft()
             start = dealt if dealt > t else t
@@ -198,7 +198,7 @@ class Scheduler:
             listed[q] = False
         return -1
 
-    def _wake(self, _) -> None:
+    def _wake(self) -> None:
         self.wake_at = math.inf
         self.pump()
 
@@ -249,7 +249,7 @@ class TilePhases:
 class FusedKernel:
     """One GPU running the layer as one persistent kernel."""
 
-    def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
+    def __init__(self, env: Clock, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: list[float], rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
                  port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks",
@@ -369,7 +369,7 @@ class FusedKernel:
         free_at = [t + tail for t, tail in zip(free_at, tails)]
         for x, end in ready.items():
             stored = costs.stores_dispatch(self.dispatch, ph.transfer_link[x])
-            self.env.timeout(end).callbacks.append(lambda _, x=x, stored=stored: self.send(x, stored=stored))
+            self.env.call_in(end, self.send, x, stored)
         self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns, self.env, self.port)
         for t in [t for t, n in self.chunks_left.items() if not n]:
             self.land(t, gate + self.hw.wake_ns)
@@ -454,7 +454,7 @@ class FusedKernel:
                      ph.transfer_src[x])
         wake = end + self.hw.wake_ns - self.env.now
         if ph.transfer_kind[x] == RETURN:
-            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_combine(c))
+            self.env.call_in(wake, self.enqueue_combine, c)
             return
         self.chunks_left[t] -= 1
         if not self.chunks_left[t]:
@@ -467,9 +467,9 @@ class FusedKernel:
             # the expert's tiles wait for its last, then go into the queue together
             tiles = self.expert_complete(self.expert_waiting, t)
             if tiles:
-                self.env.timeout(wake).callbacks.append(lambda _: self.enqueue_expert(tiles, GEMM0))
+                self.env.call_in(wake, self.enqueue_expert, tiles, GEMM0)
         else:
-            self.env.timeout(wake).callbacks.append(lambda _: self.enqueue(t, GEMM0))
+            self.env.call_in(wake, self.enqueue, t, GEMM0)
 
     def enqueue(self, t: int, kind: int) -> None:
         """Hand tile `t`'s tasks of one GEMM phase to the scheduler."""
@@ -518,7 +518,7 @@ class FusedKernel:
                 unit[1] = end
             if not unit[0]:
                 # an end a rounding error before now is now
-                env.timeout(max(unit[1] - env.now, 0.0)).callbacks.append(lambda _: self.phase_done(u, kind))
+                env.call_in(max(unit[1] - env.now, 0.0), self.phase_done, u, kind)
 
         if kind == GEMM1:
             peer = {u: self.peer_bytes(u) for u in left}

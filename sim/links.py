@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 import simpy
 
+from .clock import Clock
+
 # departures within this many virtual bytes of each other leave together (float round-off)
 _EPS_BYTES = 1e-6
 
 
 class SharedLink:
-    def __init__(self, env: simpy.Environment, gbps: float):
+    def __init__(self, env: Clock, gbps: float):
         self.env, self.rate = env, gbps  # bytes per ns
         self.served = 0.0
         self.updated = 0.0
@@ -73,8 +75,7 @@ class SharedLink:
             return  # the pending timer serves it (or nothing is left)
         self.armed += 1
         self.armed_at = at
-        generation = self.armed
-        self.env.timeout(at - self.env.now).callbacks.append(lambda _: self._depart(generation))
+        self.env.call_in(at - self.env.now, self._depart, self.armed)
 
     def _depart(self, generation: int) -> None:
         if generation != self.armed:

@@ -37,6 +37,7 @@ import simpy
 from reference import Config, TilePlan
 from reference.plan import LOCAL, NETWORK, NVLINK
 
+from .clock import Clock
 from .hardware import Hardware
 from .kernel import TilePhases
 from .links import SharedLink
@@ -56,7 +57,7 @@ PUT, FENCE, SIGNAL = KIND["put"], KIND["fence"], KIND["signal"]
 class Nic:
     """One GPU's NIC: writes share its bandwidth; it tracks which writes have not completed."""
 
-    def __init__(self, env: simpy.Environment, hw: Hardware, rank: int, node: int, rec: TraceBuilder):
+    def __init__(self, env: Clock, hw: Hardware, rank: int, node: int, rec: TraceBuilder):
         self.env, self.hw, self.rank, self.node, self.rec = env, hw, rank, node, rec
         # the NIC reads GPU memory over PCIe (GPUDirect RDMA): the slower of the two bounds it
         self.link = SharedLink(env, min(hw.nic_gbps, hw.pcie_gbps))
@@ -109,7 +110,7 @@ class Nic:
         if fenced_from is not None:
             self.rec.append((self.rank, self.node, 0, NIC, FENCE, fenced_from, sent, -1, tile, peer, 0))
         self.rec.append((self.rank, self.node, 0, NIC, SIGNAL, sent, lands, -1, tile, peer, 0))
-        self.env.timeout(self.hw.nic_latency_ns).callbacks.append(lambda _: then())
+        self.env.call_in(self.hw.nic_latency_ns, then)
 
 
 class Proxy:
@@ -138,7 +139,7 @@ class Proxy:
             return
         lands, x = self.ring[0]
         if lands > self.env.now:
-            self.env.timeout(lands - self.env.now).callbacks.append(lambda _: self._next())
+            self.env.call_in(lands - self.env.now, self._next)
             return
         self.ring.popleft()
         self._op(PUT, x, self.fabric.dst[x], self.fabric.nbytes[x], self._posted)
@@ -160,8 +161,7 @@ class Proxy:
         fenced = self.env.now + self.hw.fence_ns
         self._row(FENCE, start, fenced, batch[-1], peer, 0)
         self._row(SIGNAL, fenced, fenced + self.hw.proxy_op_ns, batch[-1], peer, 0)
-        self.env.timeout(self.hw.fence_ns + self.hw.proxy_op_ns).callbacks.append(
-            lambda _: self._signalled(peer, batch, False))
+        self.env.call_in(self.hw.fence_ns + self.hw.proxy_op_ns, self._signalled, peer, batch, False)
 
     def _signalled(self, peer: int, batch: list[int], flagged: bool) -> None:
         self.fabric.signal(self.nic, peer, batch, flagged)
@@ -181,7 +181,7 @@ class Proxy:
         """One proxy operation (`kind`: its trace code) on transfer `x` (`proxy_op_ns`), then `then(x, peer)`."""
         now = self.env.now
         self._row(kind, now, now + self.hw.proxy_op_ns, x, peer, nbytes)
-        self.env.timeout(self.hw.proxy_op_ns).callbacks.append(lambda _: then(x, peer))
+        self.env.call_in(self.hw.proxy_op_ns, then, x, peer)
 
     def _row(self, kind, start, end, x, peer, nbytes):
         f = self.fabric
@@ -192,7 +192,7 @@ class Proxy:
 class Fabric:
     """Every GPU's NVLink port, NIC and (for proxy transports) proxy; `send` moves one transfer."""
 
-    def __init__(self, env: simpy.Environment, cfg: Config, plan: TilePlan, hw: Hardware, transport: str,
+    def __init__(self, env: Clock, cfg: Config, plan: TilePlan, hw: Hardware, transport: str,
                  rec: TraceBuilder, deliver: Deliver, phases: TilePhases):
         """`phases`: the plan's columns as Python lists, the kernels' own (read once per event)."""
         self.env, self.cfg, self.plan, self.hw, self.transport, self.rec = env, cfg, plan, hw, transport, rec
@@ -222,17 +222,25 @@ class Fabric:
             self._link_rows(x, self.env.now)
             self.deliver(dst, [x])
         elif link == NVLINK:
-            self.env.process(self._nvlink_put(x, stored))
+            self._nvlink_put(x, stored)
         elif self.proxies:
             self.proxies[src].request(x)
         else:
-            self.env.process(self._ibgda_put(x))
+            self._ibgda_put(x)
 
-    def _nvlink_put(self, x: int, stored: bool):
-        start = self.env.now
-        if not stored:  # the port moves the bytes; stored ones moved during the tasks
-            yield self.nvlink[self.src[x]].transfer(self.nbytes[x])
-        yield self.env.timeout(self.hw.nvlink_latency_ns)
+    def _nvlink_put(self, x: int, stored: bool) -> None:
+        """The source's port moves the put's bytes (stored ones moved during the tasks), then its
+        flag lands an NVLink latency later."""
+        now = self.env.now
+        if stored:
+            self._nvlink_sent(x, now)
+        else:
+            self.nvlink[self.src[x]].transfer_at(now, self.nbytes[x], partial(self._nvlink_sent, x, now))
+
+    def _nvlink_sent(self, x: int, start: float) -> None:
+        self.env.call_in(self.hw.nvlink_latency_ns, self._nvlink_landed, x, start)
+
+    def _nvlink_landed(self, x: int, start: float) -> None:
         self._link_rows(x, start)
         self.deliver(self.dst[x], [x])
 
@@ -243,18 +251,20 @@ class Fabric:
         self.rec.append((src, node, dst, LINK, PUT, start, now, e, t, dst, self.nbytes[x]))
         self.rec.append((src, node, dst, LINK, SIGNAL, now, now, e, t, dst, 0))
 
-    def _ibgda_put(self, x: int):
+    def _ibgda_put(self, x: int) -> None:
         """A GPU thread takes the queue pair to the peer (its blocks share it under a lock), writes the
         put's and the signal's work requests and rings the doorbell for each: one peer's put-with-
         signals are posted one after another."""
         src, dst = self.src[x], self.dst[x]
         start = max(self.env.now, self.qp_free.get((src, dst), 0.0))
         self.qp_free[src, dst] = start + 2 * self.hw.gpu_post_ns
-        yield self.env.timeout(start - self.env.now + self.hw.gpu_post_ns)
-        nic = self.nics[src]
+        self.env.call_in(start - self.env.now + self.hw.gpu_post_ns, self._ibgda_posted, x)
+
+    def _ibgda_posted(self, x: int) -> None:
+        """The put is posted: the NIC has it; the signal's post follows."""
+        nic = self.nics[self.src[x]]
         self.write(nic, x)
-        yield self.env.timeout(self.hw.gpu_post_ns)
-        self.signal(nic, dst, [x], flagged=True)
+        self.env.call_in(self.hw.gpu_post_ns, self.signal, nic, self.dst[x], [x], True)
 
     def write(self, nic: Nic, x: int) -> simpy.Event:
         t = self.tile[x]

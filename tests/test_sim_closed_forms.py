@@ -6,13 +6,13 @@ import math
 
 import numpy as np
 import pytest
-import simpy
 
 import reference
 import sim
 from reference import Config, presets
 from reference.plan import DISPATCH, GEMM0, GEMM1, NETWORK, NVLINK
 from sim import hardware
+from sim.clock import Clock
 from sim.kernel import TilePhases
 from sim.links import SharedLink
 from sim.network import Fabric, Nic
@@ -95,7 +95,7 @@ def test_scheduler_bag_of_equal_tasks_is_ceil_tasks_over_processors():
 
 
 def _fabric(cfg, transport="ibgda"):
-    env = simpy.Environment()
+    env = Clock()
     plan = reference.plan_of(cfg)
     arrivals = {}
     rec = TraceBuilder()
@@ -126,7 +126,7 @@ def test_n_concurrent_transfers_share_a_link():
 
 
 def test_processor_sharing_of_unequal_transfers():
-    env = simpy.Environment()
+    env = Clock()
     link = SharedLink(env, 2.0)
     sizes = [100.0, 300.0, 700.0]
     done = {}
@@ -145,7 +145,7 @@ def _network_cfg():
 
 
 def test_ibrc_fence_drains_m_outstanding_writes():
-    env = simpy.Environment()
+    env = Clock()
     nic = Nic(env, HW, 0, 0, TraceBuilder())
     m, b = 7, 65536
     for i in range(m):

@@ -5,13 +5,13 @@ one hot GPU sharing its way in; and one simulation pass."""
 
 import numpy as np
 import pytest
-import simpy
 
 import reference
 import sim
 from reference import presets
 from reference.plan import DISPATCH, NVLINK
 from sim import costs, engine, hardware
+from sim.clock import Clock
 from sim.kernel import Scheduler
 from sim.links import SharedLink
 from sim.ports import Move, move_times
@@ -23,7 +23,7 @@ H200 = hardware.PRESETS["h200-sxm"]
 def scheduled(processors: int, tasks: list[tuple[float, float, float]], gbps: float, handoff: float = 0.0):
     """(lane, start, end) of `tasks` (own work, stores at the block's rate, bytes through the port)
     queued at time 0 on `processors` blocks of one GPU whose port has `gbps`, in queue order."""
-    env = simpy.Environment()
+    env = Clock()
     sched = Scheduler([0.0] * processors, handoff=handoff, env=env, port=SharedLink(env, gbps))
     out: dict[int, tuple[int, float, float]] = {}
     sched.submit(0.0, [(own, store, nbytes, lambda lane, s, e, i=i: out.__setitem__(i, (lane, s, e)))
@@ -120,12 +120,12 @@ def test_one_pass_where_stores_meet_at_a_port(monkeypatch):
     simulation (the events grow with the work, not twice it)."""
     made = []
 
-    class Counted(engine._CountingEnvironment):
+    class Counted(engine.Clock):
         def __init__(self, say, tick):
             super().__init__(say, tick)
             made.append(self)
 
-    monkeypatch.setattr(engine, "_CountingEnvironment", Counted)
+    monkeypatch.setattr(engine, "Clock", Counted)
     cfg = presets.get("flashmoe").replace(ranks=4, tokens=1024, precision="bfloat16", tile_n=256, tile_k=64)
     said: list[str] = []
     r = sim.simulate(cfg, hardware=H200, progress=said.append)
