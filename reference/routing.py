@@ -44,7 +44,7 @@ from functools import cached_property
 import numpy as np
 
 from .config import Config
-from .numerics import sigmoid, softmax, to_path
+from .numerics import sigmoid, softmax, softmax_at, to_path
 
 
 @dataclass(frozen=True)
@@ -177,9 +177,9 @@ def select(cfg: Config, z: np.ndarray, gate_bias: np.ndarray) -> tuple[np.ndarra
     score = s + gate_bias.astype(z.dtype) if cfg.gate == "sigmoid_bias" else z
     top = _top(group_limit(cfg, score), cfg.top_k).astype(np.int32)
     if cfg.gate == "softmax_topk":
-        w = np.take_along_axis(softmax(z), top, axis=-1)
+        w = softmax_at(z, top)
     elif cfg.gate == "softmax_topk_renorm":
-        w = np.take_along_axis(softmax(z), top, axis=-1)
+        w = softmax_at(z, top)
         w = w / w.sum(-1, keepdims=True)
     elif cfg.gate == "topk_softmax":
         w = softmax(np.take_along_axis(z, top, axis=-1))

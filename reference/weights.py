@@ -62,10 +62,14 @@ def gate_inputs(cfg: Config, rank: int) -> np.ndarray:
     rng = _stream(cfg, _X_GATE, rank)
     shape = (cfg.tokens, min(cfg.hidden, cfg.experts))
     n = shape[0] * shape[1]
-    u = rng.random((2, (n + 1) // 2), dtype=np.float32)
+    half = (n + 1) // 2
+    u = rng.random((2, half), dtype=np.float32)
     radius = np.sqrt(np.float32(-2) * np.log1p(-u[0]))
     angle = np.float32(2 * np.pi) * u[1]
-    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:n].reshape(shape)
+    out = np.empty(2 * half, np.float32)  # the cosines, then the sines
+    np.multiply(radius, np.cos(angle), out=out[:half])
+    np.multiply(radius, np.sin(angle), out=out[half:])
+    return out[:n].reshape(shape)
 
 
 def gate(cfg: Config) -> tuple[np.ndarray, np.ndarray]:

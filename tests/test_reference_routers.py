@@ -30,6 +30,16 @@ def test_softmax_topk_not_renormalized_ties_to_the_lower_expert():
     assert np.allclose(w, [math.e ** 3 / total] * 2, rtol=1e-15)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_at_is_softmax_taken_bit_for_bit(dtype):
+    rng = np.random.default_rng()
+    z = (rng.standard_normal((64, 40)) * rng.uniform(0.1, 30)).astype(dtype)
+    index = np.argsort(rng.random(z.shape), axis=-1)[:, :5]
+    got = numerics.softmax_at(z, index)
+    assert got.dtype == dtype
+    assert np.array_equal(got, np.take_along_axis(numerics.softmax(z), index, axis=-1))
+
+
 def test_softmax_topk_renorm_sums_to_one_and_scales():
     top, w = pick("softmax_topk_renorm", [0.0, math.log(3.0), -4.0], 2)
     assert top == [1, 0] and np.allclose(w, [0.75, 0.25], rtol=1e-15)
