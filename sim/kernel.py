@@ -52,6 +52,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -63,10 +64,10 @@ from .clock import Clock
 from .hardware import Hardware
 from .links import SharedLink
 from .ports import Move
-from .trace import KIND, ROLE, TraceBuilder
+from .trace import KIND, TraceBuilder
 
 SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber warps
-Done = Callable[[int, float, float], None]  # a task's (lane, start, end), once its end is known
+Done = Callable[[Any, int, float, float], None]  # a task's (tag, lane, start, end), once its end is known
 # a free processor's heap key: its free time in 2^-62 ns steps (exact from 2^-10 ns on: a float that
 # large is a whole number of them), then its lane, as one int: an int compares in a fraction of a
 # (time, lane) tuple's time, and the scheduler compares millions
@@ -99,8 +100,8 @@ class Scheduler:
         self.env, self.port = env, port
         self.turn = 0.0  # when the scheduler can hand out its next task
         heapq.heapify(self.free)
-        # queued tasks: (enqueued at, own work, its stores at the block's rate, bytes for the port, done)
-        self.queue: deque[tuple[float, float, float, float, Done]] = deque()
+        # queued tasks: (enqueued at, own work, its stores at the block's rate, bytes for the port, done, tag)
+        self.queue: deque[tuple[float, float, float, float, Done, Any]] = deque()
         self.held: list[tuple[float, int, int]] = []  # (earliest free, seq, lane) of blocks held by stores
         self.holding: dict[int, int] = {}  # lane -> seq of its live `held` entry
         self.seq = 0
@@ -109,15 +110,20 @@ class Scheduler:
     def assign(self, now: float, durations) -> list[tuple[int, float, float]]:
         """(lane, start, end) of tasks without stores for the port enqueued at `now`, in queue order."""
         out: list[tuple[int, float, float]] = []
-        self.submit(now, [(d, 0.0, 0.0, lambda lane, start, end: out.append((lane, start, end))) for d in durations])
+
+        def done(_, lane: int, start: float, end: float) -> None:
+            out.append((lane, start, end))
+
+        self.submit(now, [(d, 0.0, 0.0, done, None) for d in durations])
         return out
 
-    def submit(self, now: float, tasks: list[tuple[float, float, float, Done]]) -> None:
-        """Queue tasks (own work, stores at the block's rate, bytes through the port, done(lane,
-        start, end)) enqueued at `now`; `done` is called once each task's end is known."""
-        self.enqueue([(now, d, s, b, done) for d, s, b, done in tasks])
+    def submit(self, now: float, tasks: list[tuple[float, float, float, Done, Any]]) -> None:
+        """Queue tasks (own work, stores at the block's rate, bytes through the port, done, tag)
+        enqueued at `now`; done(tag, lane, start, end) is called once each task's end is known (a
+        task without bytes for the port as it is handed out, in queue order)."""
+        self.enqueue([(now, d, s, b, done, tag) for d, s, b, done, tag in tasks])
 
-    def enqueue(self, entries: list[tuple[float, float, float, float, Done]]) -> None:
+    def enqueue(self, entries: list[tuple[float, float, float, float, Done, Any]]) -> None:
         """Queue tasks as `submit` does, each with its own enqueue time first."""
         self.queue.extend(entries)
         self.pump()
@@ -151,7 +157,7 @@ class Scheduler:
                     self.wake_at = t
                     self.env.call_in(t - self.env.now, self._wake)
                 break
-            _, own, store, nbytes, done = queue.popleft()
+            _, own, store, nbytes, done, tag = queue.popleft()
             start = dealt if dealt > t else t
             turn = dealt + assign
             work_end = start + own
@@ -169,7 +175,7 @@ class Scheduler:
                 holding[lane] = self.seq
                 heappush(held, (work_end + store + handoff, self.seq, lane))
                 self.port.transfer_at(work_end, nbytes,
-                                      lambda a=(lane, start, work_end + store, done): self._release(*a))
+                                      partial(self._release, lane, start, work_end + store, done, tag))
             else:
                 end = work_end + store
                 free_at[lane] = end + handoff  # the block taken, free again at end
@@ -178,7 +184,7 @@ class Scheduler:
                     heapreplace(free, key)
                 else:
                     heappush(free, key)
-                done(lane, start, end)
+                done(tag, lane, start, end)
         self.turn = turn
 
     def lowest_running_last(self, now: float) -> int:
@@ -202,13 +208,13 @@ class Scheduler:
         self.wake_at = math.inf
         self.pump()
 
-    def _release(self, lane: int, start: float, floor: float, done: Done) -> None:
+    def _release(self, lane: int, start: float, floor: float, done: Done, tag) -> None:
         end = max(floor, self.env.now)
         del self.holding[lane]
         self.free_at[lane] = end + self.handoff
         self.key[lane] = key = (int(self.free_at[lane] * KEY_STEPS) << LANE_BITS) | lane
         heapq.heappush(self.free, key)
-        done(lane, start, end)
+        done(tag, lane, start, end)
         self.pump()
 
 
@@ -216,9 +222,10 @@ class TilePhases:
     """The plan's work as the kernel meets it: tasks[tile][kind] -> the tile's GEMM0 or GEMM1 task
     ids in plan order, combine[chunk] -> the chunk's combine task, transfer[chunk, kind] -> its
     dispatch or return transfer (a tile's chunks: TilePlan.tile_chunks); `returns[tile]` its
-    chunks' return transfers, `dispatched[tile]` how many of its chunks are dispatched, `task_tile`,
+    chunks' return transfers, `dispatched[tile]` how many of its chunks are dispatched,
     `tile_expert` and the transfer columns the plan's, as Python lists (the kernels' event handlers
-    index them per task, where a NumPy scalar costs more than the rest)."""
+    index them per task, where a NumPy scalar costs more than the rest); `task_kind_code` each
+    task's trace code (trace.KIND), for its rows."""
 
     def __init__(self, plan: TilePlan):
         gemm = np.flatnonzero(plan.task_chunk < 0)
@@ -239,7 +246,8 @@ class TilePhases:
         self.returns = [ret[lo[t]:lo[t + 1]] for t in range(n_tiles)]
         sent = np.r_[0, np.cumsum(self.transfer[:, DISPATCH] >= 0)]
         self.dispatched = (sent[plan.chunk_lo[1:]] - sent[plan.chunk_lo[:-1]]).tolist()
-        self.task_tile, self.tile_expert = plan.task_tile.tolist(), plan.tile_expert.tolist()
+        self.tile_expert = plan.tile_expert.tolist()
+        self.task_kind_code = np.array([KIND[k] for k in TASK_KINDS], np.int8)[plan.task_kind]
         (self.transfer_chunk, self.transfer_tile, self.transfer_src, self.transfer_dst, self.transfer_kind,
          self.transfer_link, self.transfer_bytes) = (
             a.tolist() for a in (plan.transfer_chunk, plan.transfer_tile, plan.transfer_src, plan.transfer_dst,
@@ -280,6 +288,9 @@ class FusedKernel:
         self.expert_gemm0_done: dict[int, list[int]] = {}
         self.expert_tiles = {int(e): int(n) for e, n in zip(*np.unique(plan.tile_expert[mine], return_counts=True))}
         self.seen_ns = costs.signal_seen_ns(hw, cfg, plan, rank)
+        # the processors' task rows, keyed by task
+        self.task_rows = rec.keyed(rank, self.node, "processor", phases.task_kind_code, plan.task_tile,
+                                   plan.tile_expert)
 
     def dispatch_moves(self) -> tuple[list[tuple[int, int, int]], list[Move], list[float]]:
         """This GPU's dispatch shares in the kernel's order, (processor, transfer, bytes) each, their
@@ -504,14 +515,12 @@ class FusedKernel:
         left: dict[int, list[float]] = {}  # unit -> [its tasks not ended, its last end]
         for u, _ in order:
             left.setdefault(u, [0, 0.0])[0] += 1
-        add, rank, node, env = self.rec.append, self.rank, self.node, self.env  # the engine packs the rows
+        add, env = self.task_rows.add, self.env
         now = env.now
-        role, name = ROLE["processor"], KIND[TASK_KINDS[kind]]
-        task_tile, tile_expert = self.phases.task_tile, self.phases.tile_expert
 
-        def done(u: int, task: int, lane: int, start: float, end: float) -> None:
-            t = task_tile[task]
-            add((rank, node, lane, role, name, start, end, tile_expert[t], t, -1, 0))
+        def done(unit_task: tuple[int, int], lane: int, start: float, end: float) -> None:
+            u, task = unit_task
+            add((lane, start, end, task))
             unit = left[u]
             unit[0] -= 1
             if end > unit[1]:
@@ -523,9 +532,9 @@ class FusedKernel:
         if kind == GEMM1:
             peer = {u: self.peer_bytes(u) for u in left}
             store = {u: costs.store_ns(self.hw, NVLINK, b) for u, b in peer.items()}
-            tasks = [(now, own[task], store[u], peer[u], partial(done, u, task)) for u, task in order]
+            tasks = [(now, own[ut[1]], store[ut[0]], peer[ut[0]], done, ut) for ut in order]
         else:
-            tasks = [(now, own[task], 0.0, 0.0, partial(done, u, task)) for u, task in order]
+            tasks = [(now, own[ut[1]], 0.0, 0.0, done, ut) for ut in order]
         self.scheduler.enqueue(tasks)
 
     def peer_bytes(self, t: int) -> float:

@@ -12,6 +12,7 @@ Chrome/Perfetto JSON (`ph: "X"`, microseconds) for ui.perfetto.dev.
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,9 +196,34 @@ class Trace:
         return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": self.meta}
 
 
+class KeyedRows:
+    """Rows on one GPU's lanes of one role whose kind, expert and tile follow from an id (a task's,
+    through the arrays given): each appended as (lane, start, end, id) to one array of floats, no
+    Python object a row (a simulation appends millions); the other columns are made at build, with
+    peer -1 and no bytes."""
+
+    def __init__(self, rank: int, node: int, role: str, kind_of: np.ndarray, tile_of: np.ndarray,
+                 expert_of_tile: np.ndarray):
+        self.rank, self.node, self.role = rank, node, ROLE[role]
+        self.kind_of, self.tile_of, self.expert_of_tile = kind_of, tile_of, expert_of_tile
+        self._values = array("d")  # lane, start, end, id of each row (ints exact in a double below 2^53)
+        self.add = self._values.extend  # add((lane, start, end, id))
+
+    def columns(self) -> dict[str, np.ndarray]:
+        v = np.frombuffer(self._values, np.float64).reshape(-1, 4)
+        ids = v[:, 3].astype(np.int64)
+        tile = self.tile_of[ids]
+        n = len(ids)
+        return {"rank": np.full(n, self.rank), "node": np.full(n, self.node), "lane": v[:, 0],
+                "role": np.full(n, self.role), "kind": self.kind_of[ids], "start": v[:, 1].copy(),
+                "end": v[:, 2].copy(), "expert": self.expert_of_tile[tile], "tile": tile,
+                "peer": np.full(n, -1), "bytes": np.zeros(n)}
+
+
 class TraceBuilder:
     """Appends rows one at a time (as a simulation or a log decoder produces them), packed into
-    columns every `CHUNK` rows: a row held as a Python tuple costs about four times its columns."""
+    columns every `CHUNK` rows: a row held as a Python tuple costs about four times its columns;
+    a simulation's task rows go to `KeyedRows` (keyed), the trace's rows after the others."""
 
     CHUNK = 1 << 16
     _DTYPE = np.dtype(list(COLUMNS.items()))
@@ -205,9 +231,17 @@ class TraceBuilder:
     def __init__(self):
         self._rows: list[tuple] = []
         self._packed: list[np.ndarray] = []
+        self._keyed: list[KeyedRows] = []
         # add_row without its check, for a simulation's hottest handlers: whoever appends so calls
         # pack_full() now and then (the engine does, every few thousand events)
         self.append = self._rows.append
+
+    def keyed(self, rank: int, node: int, role: str, kind_of: np.ndarray, tile_of: np.ndarray,
+              expert_of_tile: np.ndarray) -> KeyedRows:
+        """A new log of keyed rows (KeyedRows), part of this trace."""
+        log = KeyedRows(rank, node, role, kind_of, tile_of, expert_of_tile)
+        self._keyed.append(log)
+        return log
 
     def add(self, rank: int, node: int, lane: int, role: str, kind: str, start: float, end: float,
             expert: int = -1, tile: int = -1, peer: int = -1, nbytes: int = 0) -> None:
@@ -234,8 +268,9 @@ class TraceBuilder:
         column contiguous (a field of the packed rows is a strided view: slow to sort and gather)."""
         self._pack()
         packed, self._packed = self._packed, []
-        return Trace({c: np.concatenate([p[c] for p in packed]) if packed else np.empty(0, dt)
-                      for c, dt in COLUMNS.items()}, meta or {})
+        keyed, self._keyed = [log.columns() for log in self._keyed], []
+        return Trace({c: np.concatenate([p[c] for p in packed] + [k[c].astype(dt, copy=False) for k in keyed])
+                      if packed or keyed else np.empty(0, dt) for c, dt in COLUMNS.items()}, meta or {})
 
 
 def concat(traces: list[Trace], meta: dict | None = None) -> Trace:

@@ -26,7 +26,7 @@ def scheduled(processors: int, tasks: list[tuple[float, float, float]], gbps: fl
     env = Clock()
     sched = Scheduler([0.0] * processors, handoff=handoff, env=env, port=SharedLink(env, gbps))
     out: dict[int, tuple[int, float, float]] = {}
-    sched.submit(0.0, [(own, store, nbytes, lambda lane, s, e, i=i: out.__setitem__(i, (lane, s, e)))
+    sched.submit(0.0, [(own, store, nbytes, lambda i, lane, s, e: out.__setitem__(i, (lane, s, e)), i)
                        for i, (own, store, nbytes) in enumerate(tasks)])
     env.run()
     return [out[i] for i in range(len(tasks))]
