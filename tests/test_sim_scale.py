@@ -1,7 +1,7 @@
 """What keeps the simulator fast and small at cluster scale changes no result: the trace builder's
-packed columns (rows appended whole, packed by the engine), the routing drawn rank by rank, its
-top-k by partition, its sampled logits' triangular product, the metrics' per-GPU sums from one
-sort, and sweeps run in worker processes."""
+packed columns (rows appended whole, packed by the engine; task rows keyed by their task), the
+routing drawn rank by rank, its top-k by partition, its sampled logits' triangular product, the
+metrics' per-GPU sums from one sort, and sweeps run in worker processes."""
 
 import numpy as np
 
@@ -27,6 +27,34 @@ def test_packed_rows_are_the_rows_added(monkeypatch):
     for i, c in enumerate(COLUMNS):
         want = [{"role": ROLES.index, "kind": KINDS.index}.get(c, lambda v: v)(r[i]) for r in rows]
         assert np.array_equal(trace[c], np.asarray(want, COLUMNS[c])), c
+
+
+def test_keyed_rows_are_the_rows_their_ids_name_after_the_others():
+    """Task rows appended as (lane, start, end, task) to each GPU's keyed log: the trace holds each
+    as the whole row its task's kind, tile and expert make, after the rows appended whole."""
+    rng = np.random.default_rng()
+    tasks, tiles = int(rng.integers(50, 80)), int(rng.integers(5, 12))
+    kind_of = rng.integers(0, len(KINDS), tasks).astype(np.int8)
+    tile_of = rng.integers(0, tiles, tasks)
+    expert_of_tile = rng.integers(0, 64, tiles)
+    rec = TraceBuilder()
+    whole = (3, 1, 0, ROLES.index("nic"), KINDS.index("put"), 0.5, 2.5, 7, 1, 2, 4096)
+    rec.append(whole)
+    logs = [rec.keyed(rank, rank // 2, "processor", kind_of, tile_of, expert_of_tile) for rank in range(3)]
+    want = {rank: [] for rank in range(3)}
+    for _ in range(int(rng.integers(20, 40))):
+        rank, lane, task = int(rng.integers(3)), int(rng.integers(0, 132)), int(rng.integers(tasks))
+        start = float(rng.random() * 1e7)
+        end = start + float(rng.random())
+        logs[rank].add((lane, start, end, task))
+        t = int(tile_of[task])
+        want[rank].append((rank, rank // 2, lane, ROLES.index("processor"), int(kind_of[task]), start, end,
+                           int(expert_of_tile[t]), t, -1, 0))
+    rows = [whole] + [row for rank in range(3) for row in want[rank]]
+    trace = rec.build()
+    for i, c in enumerate(COLUMNS):
+        assert np.array_equal(trace[c], np.asarray([r[i] for r in rows], COLUMNS[c])), c
+    assert len(rec.build()) == 0  # the rows moved into the trace
 
 
 def test_routing_rank_by_rank_is_the_routing_of_all_ranks_at_once():
