@@ -64,9 +64,10 @@ from .clock import Clock
 from .hardware import Hardware
 from .links import SharedLink
 from .ports import Move
-from .trace import KIND, TraceBuilder
+from .trace import KIND, ROLE, TraceBuilder
 
 SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber warps
+SUBSCRIBER, SIGNAL = ROLE["subscriber"], KIND["signal"]  # a subscriber's row, appended whole
 Done = Callable[[Any, int, float, float], None]  # a task's (tag, lane, start, end), once its end is known
 # a free processor's heap key: its free time in 2^-62 ns steps (exact from 2^-10 ns on: a float that
 # large is a whole number of them), then its lane, as one int: an int compares in a fraction of a
@@ -461,8 +462,8 @@ class FusedKernel:
         start = max(self.env.now + self.seen_ns, free)
         end = start + self.hw.subscriber_ns
         heapq.heapreplace(self.subscribers, (end, warp))
-        self.rec.add(self.rank, self.node, warp, "subscriber", "signal", start, end, ph.tile_expert[t], t,
-                     ph.transfer_src[x])
+        self.rec.append((self.rank, self.node, warp, SUBSCRIBER, SIGNAL, start, end, ph.tile_expert[t], t,
+                         ph.transfer_src[x], 0))  # the engine packs the rows
         wake = end + self.hw.wake_ns - self.env.now
         if ph.transfer_kind[x] == RETURN:
             self.env.call_in(wake, self.enqueue_combine, c)
