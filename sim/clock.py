@@ -4,7 +4,7 @@ Every part of the simulated kernel and fabric schedules its next step with `call
 *args)`: a call at a time, in SimPy's own queue and order (the place a `Timeout` made at that
 moment would take), without a `Timeout` object, its callbacks list and a closure each; a large run
 schedules millions. SimPy's events and processes (the baseline's, a NIC's completions) run in the
-same queue as before.
+same queue.
 """
 
 from __future__ import annotations

@@ -210,14 +210,15 @@ class KeyedRows:
         self.add = self._values.extend  # add((lane, start, end, id))
 
     def columns(self) -> dict[str, np.ndarray]:
+        """The rows as the trace's columns (COLUMNS' types)."""
         v = np.frombuffer(self._values, np.float64).reshape(-1, 4)
         ids = v[:, 3].astype(np.int64)
         tile = self.tile_of[ids]
         n = len(ids)
-        return {"rank": np.full(n, self.rank), "node": np.full(n, self.node), "lane": v[:, 0],
-                "role": np.full(n, self.role), "kind": self.kind_of[ids], "start": v[:, 1].copy(),
-                "end": v[:, 2].copy(), "expert": self.expert_of_tile[tile], "tile": tile,
-                "peer": np.full(n, -1), "bytes": np.zeros(n)}
+        made = {"rank": np.full(n, self.rank), "node": np.full(n, self.node), "lane": v[:, 0],
+                "role": np.full(n, self.role), "kind": self.kind_of[ids], "start": v[:, 1], "end": v[:, 2],
+                "expert": self.expert_of_tile[tile], "tile": tile, "peer": np.full(n, -1), "bytes": np.zeros(n)}
+        return {c: made[c].astype(dt) for c, dt in COLUMNS.items()}
 
 
 class TraceBuilder:
@@ -269,7 +270,7 @@ class TraceBuilder:
         self._pack()
         packed, self._packed = self._packed, []
         keyed, self._keyed = [log.columns() for log in self._keyed], []
-        return Trace({c: np.concatenate([p[c] for p in packed] + [k[c].astype(dt, copy=False) for k in keyed])
+        return Trace({c: np.concatenate([p[c] for p in packed] + [k[c] for k in keyed])
                       if packed or keyed else np.empty(0, dt) for c, dt in COLUMNS.items()}, meta or {})
 
 
