@@ -1,10 +1,10 @@
 """The simulator's results on small multi-node layers, bit for bit, against a committed snapshot.
 
-Each point (a layer spread one GPU a node, so no NVLink port enters; every transport and dispatch
-path) is simulated and its sorted trace reduced to a SHA-256 of its columns; the snapshot
-(tests/golden/sim_multinode.json) also keeps the latency and fence counts, so a failure says what
-moved. A change to the simulator that is meant to keep its results rewrites nothing here; one that
-is meant to change them rewrites the snapshot, as its commit says:
+Each point (a layer spread one GPU a node, so no NVLink port enters, or two GPUs a node; every
+transport and dispatch path) is simulated and its sorted trace reduced to a SHA-256 of its
+columns; the snapshot (tests/golden/sim_multinode.json) also keeps the latency and fence counts,
+so a failure says what moved. A change to the simulator that is meant to keep its results
+rewrites nothing here; one that is meant to change them rewrites the snapshot, as its commit says:
 
     python -m tests.test_sim_regression --write
 """
@@ -24,9 +24,11 @@ from sim.network import TRANSPORTS
 from sim.trace import COLUMNS, DISPATCH_PATHS
 
 SNAPSHOT = Path(__file__).parent / "golden" / "sim_multinode.json"
-# one GPU a node: every transfer between GPUs crosses the network
+# one GPU a node (4x1: every transfer between GPUs crosses the network), or two (2x2: each GPU's
+# NVLink port beside its NIC)
 LAYERS = {
     "tiny-nodrop-4x1": presets.get("tiny-nodrop").replace(gpus_per_node=1),
+    "tiny-nodrop-2x2": presets.get("tiny-nodrop").replace(gpus_per_node=2),
     "perseus-small-4x1": presets.get("perseus-comm").replace(name="perseus-small", tokens=64, hidden=256,
                                                              experts=16, ranks=4, gpus_per_node=1, tile_m=32,
                                                              precision="bfloat16"),
