@@ -75,6 +75,11 @@ Done = Callable[[Any, int, float, float], None]  # a task's (tag, lane, start, e
 KEY_STEPS, LANE_BITS = float(1 << 62), 12
 
 
+def heap_key(t: float, lane: int) -> int:
+    """A processor free at `t` as its free heap's key (the scheduler's loop writes it out inline)."""
+    return (int(t * KEY_STEPS) << LANE_BITS) | lane
+
+
 class Scheduler:
     """Processor blocks as a heap of (time free, lane); a queued task goes to an idle one, else, as
     the kernel's scheduler deals a second task into a busy processor's other mailbox slot, to the
@@ -90,7 +95,7 @@ class Scheduler:
                  env: Clock | None = None, port: SharedLink | None = None):
         if len(free_at) > 1 << LANE_BITS:
             raise ValueError(f"{len(free_at)} processors: the scheduler's heap keys hold at most {1 << LANE_BITS}")
-        self.free = [(int(t * KEY_STEPS) << LANE_BITS) | lane for lane, t in enumerate(free_at)]
+        self.free = [heap_key(t, lane) for lane, t in enumerate(free_at)]
         self.free_at = list(free_at)  # each lane's end of its work (inf while held)
         self.key = list(self.free)  # each lane's live heap key (-1 while held); other entries are stale
         self.last_start = list(free_at)  # the start of each lane's last task (until then it holds both slots)
@@ -180,7 +185,7 @@ class Scheduler:
             else:
                 end = work_end + store
                 free_at[lane] = end + handoff  # the block taken, free again at end
-                keys[lane] = key = (int((end + handoff) * steps) << bits) | lane
+                keys[lane] = key = (int((end + handoff) * steps) << bits) | lane  # heap_key, inline
                 if second < 0:  # the heap's top
                     heapreplace(free, key)
                 else:
@@ -213,7 +218,7 @@ class Scheduler:
         end = max(floor, self.env.now)
         del self.holding[lane]
         self.free_at[lane] = end + self.handoff
-        self.key[lane] = key = (int(self.free_at[lane] * KEY_STEPS) << LANE_BITS) | lane
+        self.key[lane] = key = heap_key(self.free_at[lane], lane)
         heapq.heappush(self.free, key)
         done(tag, lane, start, end)
         self.pump()

@@ -251,8 +251,7 @@ class TraceBuilder:
     def add_row(self, row: tuple) -> None:
         """A row as `add` makes it: role and kind by their codes (ROLE, KIND), every column given."""
         self._rows.append(row)
-        if len(self._rows) >= self.CHUNK:
-            self._pack()
+        self.pack_full()
 
     def pack_full(self) -> None:
         """Pack the rows appended since the last pack if they are `CHUNK` or more."""
