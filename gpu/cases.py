@@ -246,6 +246,7 @@ ROUTERS = {
     "llama4": dict(experts=16, top_k=1, gate="sigmoid_topk"),
     "sigmoid_topk_k4": dict(experts=32, top_k=4, gate="sigmoid_topk", routed_scaling=1.5),
     "gpt_oss": dict(experts=32, top_k=4, gate="topk_softmax", router_bias=True),
+    "top_k_12": dict(experts=64, top_k=12, gate="softmax_topk_renorm"),  # the selection's two rounds of 8
 }
 
 

@@ -32,7 +32,10 @@ OS_WARPS = 4  # the OS block's logs: scheduler warp, then 3 subscriber warps
 MAX_PROCESSORS = 32 * 12  # the scheduler warp keeps 12 processors per lane in registers (os.cuh SCHED_GROUPS)
 MAILBOX_SLOTS = 2  # tasks a processor may hold, the running one and the next (os.cuh MAILBOX_SLOTS)
 GATE_TOKENS, GATE_MAX_SPLITS = costs.GATE_TOKENS, costs.GATE_MAX_SPLITS  # tokens per gate item, most blocks on its H
-MAX_TOP_K = 16
+MAX_TOP_K = 16  # top_k, at most (gate.cuh gate_select takes 8 choices a round)
+# how the gate selects top-k (gate.cuh gate_select), as the simulator names it (sim.costs.GATE_SELECTS):
+# recorded with every measured run and gate microbenchmark
+GATE_SELECT = "lists"
 MAX_GROUPS = 32  # n_group of group-limited top-k (gate.cuh GATE_MAX_GROUPS: a bit each in a mask)
 MAX_TILE_SOURCES = 8  # sources one tile window may span: its GEMM1 tasks' destination table (processor.cuh)
 STAGED_BLOCKS = costs.STAGED_BLOCKS  # processors that send the peers' chunks on the staged dispatch
@@ -405,7 +408,8 @@ def kernel_constants() -> dict[str, int]:
     the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
     in reference.config's lists), the gate's work item and selection, and the most blocks a stored
     chunk is shared by, the final combine's loads in flight and the copy loop's rows and vectors at
-    once (sim.costs, which models them), the most sources a tile window spans."""
+    once (sim.costs, which models them), the most sources a tile window spans, and the largest top_k
+    and n_group the gate takes."""
     return {**{f"MOELAB_EV_{k.upper()}": i for i, k in enumerate(KINDS)},
             **{f"MOELAB_GATE_{g.upper()}": i for i, g in enumerate(ALL_GATES)},
             **{f"MOELAB_ACT_{a.upper()}": i for i, a in enumerate(ALL_ACTIVATIONS)},
@@ -414,7 +418,8 @@ def kernel_constants() -> dict[str, int]:
             "MOELAB_GATE_SMEM_LOGITS": costs.GATE_SMEM_LOGITS, "MOELAB_SELECT_LANES": costs.SELECT_LANES,
             "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS, "MOELAB_MAX_TILE_SOURCES": MAX_TILE_SOURCES,
             "MOELAB_REDUCE_BATCH": costs.REDUCE_BATCH, "MOELAB_COPY_ROW_GROUP": costs.COPY_ROW_GROUP,
-            "MOELAB_COPY_ROW_BATCH": costs.COPY_ROW_BATCH}
+            "MOELAB_COPY_ROW_BATCH": costs.COPY_ROW_BATCH, "MOELAB_MAX_TOP_K": MAX_TOP_K,
+            "MOELAB_MAX_GROUPS": MAX_GROUPS}
 
 
 def kernel_name(cfg: Config) -> str:

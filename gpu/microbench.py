@@ -393,7 +393,7 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
             results.setdefault("occupancy", {}).update(megakernel_grid=layer.grid, n_proc=layer.n_proc, sms=s.sms)
             ns, grid = gate_time(b, layer)
             results["gate"].append({"tokens": tokens, "experts": experts, "hidden": H, "top_k": cfg.top_k,
-                                    "grid": grid, "ns": ns})
+                                    "grid": grid, "ns": ns, "select": layout.GATE_SELECT})
             if pieces:
                 layer.run()  # routing, counts and rows in place for dispatch and combine
                 for _ in range(2):

@@ -36,7 +36,7 @@ from sim.costs import dispatch_path
 
 from . import baseline, errors, telemetry
 from .cases import baseline_precision, tie_experts
-from .layout import STAGED_BLOCKS, WGMMA_PRECISIONS, Sizes, gemm0_cols
+from .layout import GATE_SELECT, STAGED_BLOCKS, WGMMA_PRECISIONS, Sizes, gemm0_cols
 from .runtime import Inputs, Layer, Session
 
 # of the GPUs' free memory a zoo check may plan to take (zoo_check_bytes counts live tensors; torch's
@@ -190,6 +190,7 @@ def last_trace(session: Session, layer: Layer, cfg: Config, send_counts: np.ndar
         "queue": queue_policy(cfg),  # os.cuh QUEUE_BY_EXPERT, as the simulator names it
         "deal": "chunks",  # processor.cuh deal_chunks, as the simulator names it (sim.costs.DISPATCH_DEALS)
         "share_fences": 1,  # processor.cuh dispatch_chunk, a chunk of one share (sim.costs.SHARE_FENCES)
+        "select": GATE_SELECT,
         "time_origin": "earliest kernel start over ranks (globaltimer ns, rank 0's clock)",
         "clock_offsets_ns": offsets, "clock_offset_samples_ns": samples})
     check_meta(trace.meta)

@@ -2,8 +2,9 @@
 
 For 1, 2 and 4 GPUs (as many as the machine has), every router of gpu.cases.ROUTERS (Mixtral's,
 Qwen3's, DeepSeek-V2's and V3's group-limited top-k with routed scaling, Llama 4's sigmoid top-1,
-gpt-oss' router bias; E up to 256, k up to 8), on fresh random inputs and on inputs whose experts
-and groups are tied (cases.tie_experts): the kernel's experts, slots and counts equal the golden's,
+gpt-oss' router bias; E up to 256, k up to 12, past the 8 choices of the selection's first round),
+on fresh random inputs and on inputs whose experts and groups are tied (cases.tie_experts): the
+kernel's experts, slots and counts equal the golden's,
 its weights within float64 rounding of them, its output the golden's within float32's tolerance
 (bf16's for the bf16 cases).
 """

@@ -3,8 +3,9 @@
 //   the summation order can differ from NumPy's, far below any gap between two experts' logits),
 //   plus the gate's bias (router_bias), minus the skew offset;
 //   the bf16 kernel reads bf16 tokens and bf16-rounded gate weights, as the reference's bf16 path;
-// - top-k best first, a tie to the lower expert index (4 lanes per token each scan their experts
-//   upwards with strict >, then keep the lower index of equal scores when they combine); group-limited
+// - top-k best first, a tie to the lower expert index (4 lanes per token each keep their best
+//   experts in order as they read them once, then merge their lists by shuffles; 8 choices a
+//   round); group-limited
 //   (n_group > 1): only inside the topk_group best groups, a group scored by its best expert's score
 //   (the sum of its best two for sigmoid_bias, where groups have two), a tie to the lower group;
 // - weights by the config's gate variant, in float64, times routed_scaling;
@@ -20,7 +21,9 @@ constexpr int GATE_DEPTH = MOELAB_GATE_DEPTH;      // slice of H per pipeline st
 constexpr int GATE_STAGES = 3;        // slices in shared memory: two in flight while one is multiplied
 constexpr int GATE_SMEM_LOGITS = MOELAB_GATE_SMEM_LOGITS;  // experts whose logits selection reads from smem
 constexpr int GATE_MAX_SPLITS = MOELAB_GATE_MAX_SPLITS;  // blocks that may share one item's H (few tokens)
-constexpr int GATE_MAX_GROUPS = 32;   // n_group of group-limited top-k, at most (a bit each in a mask)
+constexpr int GATE_MAX_GROUPS = MOELAB_MAX_GROUPS;  // n_group of group-limited top-k, at most (a bit each in a mask)
+constexpr int MAX_TOP_K = MOELAB_MAX_TOP_K;  // top_k, at most (gpu/layout.py checks both)
+static_assert(GATE_MAX_GROUPS <= 32, "a group is a bit of a 32-bit mask");
 // Stages hold the operands as stored (elem_t tokens, float gate weights; converted to double as
 // the mma fragments are read). Row strides, in elements, make a fragment read (8 rows x 4 columns
 // of A, 4 rows x 8 columns of B) hit 32 different banks, and keep rows 16-byte aligned for cp.async.
@@ -241,62 +244,116 @@ __device__ unsigned gate_groups(const Params& p, const double* z, int part) {
   return mask;
 }
 
-// Top-k and weights of one token from its float64 logits z (shared memory when E is small),
-// by SELECT_LANES neighbouring lanes: lane `part` scans experts part, part + 4, ..., then the
-// lanes combine by shuffles. All lanes of the warp take part (`valid` false: nothing written).
-__device__ void gate_select(const Params& p, int t, const double* z, int part, bool valid, int* choices) {
+// A lane's best L candidates, best first (the higher score, a tie to the lower expert; -1: none),
+// in registers: an offered candidate sinks past the better ones and pushes the rest down one place.
+template <int L>
+struct TopList {
+  int expert[L];
+  double score[L];
+  __device__ TopList() {
+#pragma unroll
+    for (int i = 0; i < L; ++i) expert[i] = -1, score[i] = 0.0;
+  }
+  __device__ void offer(int e, double s) {
+#pragma unroll
+    for (int i = 0; i < L; ++i) {
+      const int b = expert[i];
+      const double bs = score[i];
+      if (e >= 0 && (b < 0 || s > bs || (s == bs && e < b))) {
+        expert[i] = e, score[i] = s;
+        e = b, s = bs;
+      }
+    }
+  }
+  // the head has been chosen: the rest move up
+  __device__ void pop() {
+#pragma unroll
+    for (int i = 0; i + 1 < L; ++i) expert[i] = expert[i + 1], score[i] = score[i + 1];
+    expert[L - 1] = -1;
+  }
+};
+
+// A chosen expert's weight before the variant's normalization: its softmax over all E logits
+// (max m, sum s), its exp against the best chosen logit (top) for topk_softmax, its sigmoid else
+__device__ __forceinline__ double gate_raw_weight(const Params& p, double z, double m, double s, double top) {
+  if (p.gate_kind == GATE_SOFTMAX_TOPK || p.gate_kind == GATE_SOFTMAX_TOPK_RENORM) return exp(z - m) / s;
+  if (p.gate_kind == GATE_TOPK_SOFTMAX) return exp(z - top);
+  return sigmoid64(z);
+}
+
+// Top-k and weights of one token from its float64 logits z (shared memory when E is small), by
+// SELECT_LANES neighbouring lanes, in rounds of up to L choices: lane `part` reads its experts part,
+// part + 4, ... once a round, keeping its best L of those ranked after the last choice, then the
+// round takes the best head of the lanes' lists by shuffles, one choice after another (the order
+// is total, so the lists' merge is the top of all) into choices (-1 past T); the first lane then
+// weighs them. All lanes of the warp take part (`valid` false: nothing else written).
+template <int L>
+__device__ void gate_select_top(const Params& p, int t, const double* z, int part, bool valid, int* choices) {
   const int E = (int)p.E, K = (int)p.K, per = (int)(p.E / p.n_group);
   const unsigned groups = p.n_group > 1 ? gate_groups(p, z, part) : 1u;
-  int chosen[16];  // K <= 16, checked on the host
-  for (int j = 0; j < K; ++j) {
-    int best = -1;
-    double best_score = 0.0;
-    for (int e = part; e < E; e += SELECT_LANES) {
-      bool taken = !(groups >> (e / per) & 1u);
-      for (int q = 0; q < j; ++q) taken |= chosen[q] == e;
-      if (!taken) keep_better(best, best_score, e, gate_score(p, z, e));
-    }
-    combine_best(best, best_score);
-    chosen[j] = best;  // the same on every lane of the token
+  int last = -1;  // the last choice, and its score: a later round's candidates rank after it
+  double last_score = 0.0;
+  for (int done = 0; done < K; done += L) {
+    TopList<L> mine;
+#pragma unroll 4
+    for (int e = part; e < E; e += SELECT_LANES)
+      if (groups >> (e / per) & 1u) {
+        const double sc = gate_score(p, z, e);
+        if (last < 0 || sc < last_score || (sc == last_score && e > last)) mine.offer(e, sc);
+      }
+#pragma unroll
+    for (int j = 0; j < L; ++j)
+      if (done + j < K) {  // K is the warp's: the shuffles stay converged
+        int best = mine.expert[0];
+        double best_score = mine.score[0];
+        combine_best(best, best_score);
+        if (part == 0) choices[done + j] = best;  // the same on every lane of the token
+        if (best >= 0 && mine.expert[0] == best) mine.pop();
+        last = best, last_score = best_score;
+      }
   }
-  double w[16], total = 0.0;
+  double m = -INFINITY, s = 0.0;
   if (p.gate_kind == GATE_SOFTMAX_TOPK || p.gate_kind == GATE_SOFTMAX_TOPK_RENORM) {
-    double m = -INFINITY, s = 0.0;
     for (int e = part; e < E; e += SELECT_LANES) m = fmax(m, z[e]);
 #pragma unroll
     for (int d = 1; d < SELECT_LANES; d *= 2) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, d));
     for (int e = part; e < E; e += SELECT_LANES) s += exp(z[e] - m);
 #pragma unroll
     for (int d = 1; d < SELECT_LANES; d *= 2) s += __shfl_xor_sync(0xffffffffu, s, d);
-    for (int j = 0; j < K; ++j) w[j] = exp(z[chosen[j]] - m) / s;
-    if (p.gate_kind == GATE_SOFTMAX_TOPK_RENORM) {
-      for (int j = 0; j < K; ++j) total += w[j];
-      for (int j = 0; j < K; ++j) w[j] /= total;
-    }
-  } else if (p.gate_kind == GATE_TOPK_SOFTMAX) {
-    double m = z[chosen[0]];
-    for (int j = 1; j < K; ++j) m = fmax(m, z[chosen[j]]);
-    for (int j = 0; j < K; ++j) total += (w[j] = exp(z[chosen[j]] - m));
-    for (int j = 0; j < K; ++j) w[j] /= total;
-  } else if (p.gate_kind == GATE_SIGMOID_BIAS) {
-    for (int j = 0; j < K; ++j) total += (w[j] = sigmoid64(z[chosen[j]]));
-    for (int j = 0; j < K; ++j) w[j] /= total + 1e-20;  // as Hugging Face's DeepSeek-V3
-  } else {  // GATE_SIGMOID_TOPK (Llama 4): each chosen expert's sigmoid, not normalized
-    for (int j = 0; j < K; ++j) w[j] = sigmoid64(z[chosen[j]]);
   }
-  for (int j = 0; j < K; ++j) w[j] *= p.routed_scaling;
-  if (part == 0)
-    for (int j = 0; j < K; ++j) choices[j] = valid ? chosen[j] : -1;
-  if (valid && part == 0)
-    for (int j = 0; j < K; ++j) {
-      p.expert[(long long)t * K + j] = chosen[j];
-      p.weight[(long long)t * K + j] = w[j];
-    }
+  if (part != 0) return;
+  if (!valid) {
+    for (int j = 0; j < K; ++j) choices[j] = -1;
+    return;
+  }
+  double top = z[choices[0]], total = 0.0;
+  for (int j = 1; j < K; ++j) top = fmax(top, z[choices[j]]);
+  for (int j = 0; j < K; ++j) total += gate_raw_weight(p, z[choices[j]], m, s, top);
+  for (int j = 0; j < K; ++j) {
+    double w = gate_raw_weight(p, z[choices[j]], m, s, top);
+    if (p.gate_kind == GATE_SOFTMAX_TOPK_RENORM || p.gate_kind == GATE_TOPK_SOFTMAX)
+      w /= total;
+    else if (p.gate_kind == GATE_SIGMOID_BIAS)
+      w /= total + 1e-20;  // as Hugging Face's DeepSeek-V3
+    p.expert[(long long)t * K + j] = choices[j];
+    p.weight[(long long)t * K + j] = w * p.routed_scaling;
+  }
+}
+
+// The selection with the shortest list that holds k, or rounds of 8 (each expert read is compared
+// at every place of the list, and a longer list costs the whole kernel registers)
+__device__ void gate_select(const Params& p, int t, const double* z, int part, bool valid, int* choices) {
+  if (p.K <= 2)
+    gate_select_top<2>(p, t, z, part, valid, choices);
+  else if (p.K <= 4)
+    gate_select_top<4>(p, t, z, part, valid, choices);
+  else
+    gate_select_top<8>(p, t, z, part, valid, choices);
 }
 
 // The item's choices, token-major (K per token, -1 past T), in shared memory past the logits
 constexpr int GATE_CHOICE_OFFSET = GATE_LOGIT_BYTES;
-static_assert(GATE_CHOICE_OFFSET + GATE_TOKENS * 16 * 4 <= GATE_SMEM_BYTES, "the choices of K <= 16 fit");
+static_assert(GATE_CHOICE_OFFSET + GATE_TOKENS * MAX_TOP_K * 4 <= GATE_SMEM_BYTES, "the choices of K <= MAX_TOP_K fit");
 
 // A gate work item's selections (SELECT_LANES threads per token) from its logits (in shared memory
 // for E <= GATE_SMEM_LOGITS, else in p.logits), then its row counts: p.slot_base[(e K + j) items
