@@ -135,6 +135,12 @@ class MeasuredRun:
         return int(self.trace.meta.get("share_fences", 2))
 
     @property
+    def select(self) -> str:
+        """How the measured kernel's gate selected top-k (costs.GATE_SELECTS): a run that recorded
+        none was measured on a kernel that made one pass per choice."""
+        return str(self.trace.meta.get("select", "passes"))
+
+    @property
     def name(self) -> str:
         return self.path.stem
 
@@ -282,19 +288,19 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str, str | None, int, str, int, str | None], object] = {}
+        self.cache: dict[tuple[str, str, str, str | None, int, str, int, str, str | None], object] = {}
 
     def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None,
                  staged_blocks: int = STAGED_BLOCKS, deal: str = "chunks", plan: TilePlan | None = None,
-                 share_fences: int = 1):
+                 share_fences: int = 1, select: str = "lists"):
         """`plan`: the call's own (a measured run's); default the reference's seeded routing."""
         figures = hw.for_config(cfg).to_dict()  # what simulate runs with
         routing = None if plan is None else plan.send_counts.tobytes().hex()
         key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue,
-               staged_blocks, deal, share_fences, routing)
+               staged_blocks, deal, share_fences, select, routing)
         if key not in self.cache:
             self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue, staged_blocks=staged_blocks,
-                                       deal=deal, plan=plan, share_fences=share_fences)
+                                       deal=deal, plan=plan, share_fences=share_fences, select=select)
         return self.cache[key]
 
 
@@ -308,7 +314,7 @@ def partner(run: MeasuredRun, runs: list[MeasuredRun]) -> MeasuredRun | None:
         d.pop("name")
         if (d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit and r.dispatch == run.dispatch
                 and r.staged_blocks == run.staged_blocks and r.deal == run.deal
-                and r.share_fences == run.share_fences):
+                and r.share_fences == run.share_fences and r.select == run.select):
             return r
     return None
 
@@ -326,7 +332,8 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_config(run.config)
-    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan, run.share_fences)
+    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan, run.share_fences,
+                     run.select)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta["processors"])
     ranks = run.config.ranks
@@ -340,7 +347,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
         pred_two = predict(two.config, hw, two.dispatch, two.queue, two.staged_blocks,
-                           two.deal, two.plan, two.share_fences).metrics["latency_ns"] / 1e6
+                           two.deal, two.plan, two.share_fences, two.select).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])

@@ -53,9 +53,15 @@ from .hardware import Hardware
 
 GATE_TOKENS, GATE_EXPERTS = 32, 64  # the gate's work item (the kernel's too: gpu/layout.py kernel_constants)
 GATE_DEPTH, GATE_MAX_SPLITS = 64, 8  # its slice of H, and the most blocks one item's H is split over
-# the top-k selection (gate.cuh gate_select): lanes that share one token's passes over its experts, and
-# the most experts whose logits it reads from shared memory (more: from global memory)
+# the top-k selection (gate.cuh gate_select): lanes that share one token's experts, and the most
+# experts whose logits it reads from shared memory (more: from global memory)
 SELECT_LANES, GATE_SMEM_LOGITS = 4, 64
+# how the gate selects top-k (gate.cuh gate_select): "lists", each lane keeping its best experts in
+# a sorted list of 2, 4 or 8 places as it reads them once, 8 choices a round (the kernel's); "passes",
+# one pass over a lane's experts per choice, as an earlier kernel did (committed runs and gate
+# microbenchmarks that record no "select" measured it)
+GATE_SELECTS = ("lists", "passes")
+SELECT_ROUND = 8  # choices a round of the lists selection (its longest list)
 # "staged" (sim.trace.DISPATCH_PATHS): the peers' chunks sent by STAGED_BLOCKS processors one after
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (the host hands the kernel this count: gpu/layout.py)
@@ -293,25 +299,43 @@ def slot_scan(tokens: int, top_k: int, experts: int, grid: int) -> int:
 
 
 def gate_select_reads(tokens: int, top_k: int, experts: int, grid: int) -> tuple[int, int]:
-    """The logits one lane of the busiest of `grid` units considers in the top-k selection (gate.cuh
-    gate_select): for each gate item it selects, top_k passes over its every SELECT_LANES-th expert,
+    """The logits one lane of the busiest of `grid` units considers in the passes selection (one pass
+    per choice): for each gate item it selects, top_k passes over its every SELECT_LANES-th expert,
     one after another (each pass needs the last one's choice); (from shared memory, from global
     memory): the logits of more than GATE_SMEM_LOGITS experts are read from global memory on every pass."""
     reads = math.ceil(math.ceil(tokens / GATE_TOKENS) / grid) * top_k * math.ceil(experts / SELECT_LANES)
     return (reads, 0) if experts <= GATE_SMEM_LOGITS else (0, reads)
 
 
-def gate_ns(hw: Hardware, cfg: Config) -> float:
-    """The megakernel's gate phase: the roofline or the kernel's work items, top-k selections and slot
-    scans, whichever is longer, and the phase's fixed cost."""
+def select_list(top_k: int) -> int:
+    """The places of a lane's list in the lists selection: the shortest of 2, 4 and 8 that holds
+    top_k, 8 past it (a round each 8 choices)."""
+    return next(n for n in (2, 4, SELECT_ROUND) if top_k <= n or n == SELECT_ROUND)
+
+
+def gate_list_steps(tokens: int, top_k: int, experts: int, grid: int) -> int:
+    """The lists selection's work on one lane of the busiest of `grid` units: for each gate item it
+    selects, each round reads the lane's every SELECT_LANES-th expert once and compares it at each
+    place of its list."""
+    rounds = math.ceil(top_k / SELECT_ROUND)
+    return (math.ceil(math.ceil(tokens / GATE_TOKENS) / grid) * rounds * math.ceil(experts / SELECT_LANES)
+            * select_list(top_k))
+
+
+def gate_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:
+    """The megakernel's gate phase: the roofline or the kernel's work items, top-k selections (by
+    `select`, GATE_SELECTS) and slot scans, whichever is longer, and the phase's fixed cost."""
     roofline = gate_roofline_ns(hw, cfg)
     units = gate_units(hw)
     slots = slot_scan(cfg.tokens, cfg.top_k, cfg.experts, units)
-    smem, glob = gate_select_reads(cfg.tokens, cfg.top_k, cfg.experts, units)
-    kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
-              + smem * hw.gate_select_smem_ns + glob * hw.gate_select_global_ns)
+    if select == "lists":
+        choose = gate_list_steps(cfg.tokens, cfg.top_k, cfg.experts, units) * hw.gate_list_ns
+    else:
+        smem, glob = gate_select_reads(cfg.tokens, cfg.top_k, cfg.experts, units)
+        choose = smem * hw.gate_select_smem_ns + glob * hw.gate_select_global_ns
+    kernel = gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
     split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, units) > 1 else 0.0
-    return max(roofline, kernel) + hw.gate_fixed_ns + split
+    return max(roofline, kernel + choose) + hw.gate_fixed_ns + split
 
 
 def contended_ns_per_byte(alone: float, extra: float, half: float, inflight: float, knee: float = 0.0) -> float:

@@ -55,7 +55,8 @@ def with_nodes(cfg: Config, nodes: int) -> Config:
 def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str = "ibgda",
              baseline: bool = False, progress: Callable[[str], None] | None = None,
              plan: TilePlan | None = None, dispatch: str | None = None, queue: str | None = None,
-             staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks", share_fences: int = 1) -> Result:
+             staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks", share_fences: int = 1,
+             select: str = "lists") -> Result:
     """Simulate one layer call of `cfg`; `plan` may pass `reference.plan_of(cfg)` when known;
     `dispatch` is how the fused kernel moves dispatched rows (trace.DISPATCH_PATHS: "staged" or
     "store", both into the owner's memory where a block can reach it, or "put" every chunk; by
@@ -65,7 +66,8 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     with the rest of its expert's tiles; "expert", GEMM0's so; "tile", as it lands and as its
     GEMM0 tasks end), by default as cfg's kernel build does (costs.queue_policy); `deal` how it deals
     the dispatch's shares to blocks (costs.DISPATCH_DEALS); `share_fences` how many fences a chunk
-    stored into a peer as one share takes before its signal (costs.SHARE_FENCES)."""
+    stored into a peer as one share takes before its signal (costs.SHARE_FENCES); `select` how the
+    gate selects top-k (costs.GATE_SELECTS)."""
     queue = costs.queue_policy(cfg) if queue is None else queue
     dispatch = costs.dispatch_path(cfg) if dispatch is None else dispatch
     if transport not in TRANSPORTS:
@@ -80,6 +82,8 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
         raise SimError("deal", deal, "one of " + ", ".join(costs.DISPATCH_DEALS))
     if share_fences not in costs.SHARE_FENCES:
         raise SimError("share_fences", share_fences, "one of " + ", ".join(map(str, costs.SHARE_FENCES)))
+    if select not in costs.GATE_SELECTS:
+        raise SimError("select", select, "one of " + ", ".join(costs.GATE_SELECTS))
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
     hw = get_hardware(hardware).for_config(cfg)  # the figures of the cfg's kernel build
@@ -97,14 +101,15 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     collecting = gc.isenabled()
     gc.disable()
     try:
-        env, rec = _run(cfg, plan, hw, transport, baseline, say, dispatch, queue, staged_blocks, deal, share_fences)
+        env, rec = _run(cfg, plan, hw, transport, baseline, say, dispatch, queue, staged_blocks, deal, share_fences,
+                        select)
     finally:
         if collecting:
             gc.enable()
     meta = {"meta_version": META_VERSION, "source": "sim", "config": cfg.to_dict(), "hardware": hw.name,
             "hardware_figures": hw.to_dict(),
             "transport": transport, "dispatch": dispatch, "staged_blocks": staged_blocks, "queue": queue, "deal": deal,
-            "share_fences": share_fences,
+            "share_fences": share_fences, "select": select,
             "baseline": baseline,
             "processors": hw.sms if baseline else hw.processors}
     trace = rec.build(meta).sorted()
@@ -113,7 +118,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
 
 
 def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bool, say, dispatch: str, queue: str,
-         staged_blocks: int, deal: str, share_fences: int) -> tuple[Clock, TraceBuilder]:
+         staged_blocks: int, deal: str, share_fences: int, select: str) -> tuple[Clock, TraceBuilder]:
     """Run the layer's simulation to its end: its environment and its rows."""
     rec = TraceBuilder()
     env = Clock(say, rec.pack_full)
@@ -124,7 +129,8 @@ def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bo
         Baseline(env, cfg, plan, hw, rec).start()
         left = [0]
     else:
-        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, deal, share_fences)
+        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, deal, share_fences,
+                          select)
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
@@ -133,7 +139,7 @@ def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bo
 
 
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
-               dispatch: str, queue: str, staged_blocks: int, deal: str, share_fences: int) -> list[int]:
+               dispatch: str, queue: str, staged_blocks: int, deal: str, share_fences: int, select: str) -> list[int]:
     """Set up every GPU's kernel on the fabric; returns [chunks not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, costs.multiply_flops(cfg, plan),
@@ -148,7 +154,8 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs], phases)
     kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, dispatch,
-                               queue, fabric.nvlink[r], staged_blocks, deal, share_fences) for r in range(cfg.ranks))
+                               queue, fabric.nvlink[r], staged_blocks, deal, share_fences, select)
+                   for r in range(cfg.ranks))
     # every GPU's blocks dispatch at once: the stores into NVLink peers share the ports on their way
     planned = [k.dispatch_moves() for k in kernels]
     lanes: list[list] = [[] for _ in range(cfg.ranks * hw.processors)]

@@ -73,10 +73,12 @@ class Hardware:
     gate_slot_ns: float  # one unit: scan one (choice, gate item) row count of an expert for its slots
     gate_fixed_ns: float  # the gate phase's fixed cost (its grid barriers, launch skew)
     gate_split_ns: float  # with an item's H split over units: the third barrier and the partials' sum
-    # the top-k selection: one of a token's lanes considering one logit in one of its k passes
-    # (costs.gate_select_reads), the logits in shared memory (E <= 64) or read from global memory
+    # the passes top-k selection (costs.GATE_SELECTS): one of a token's lanes considering one logit in
+    # one of its k passes (costs.gate_select_reads), the logits in shared memory (E <= 64) or in global memory
     gate_select_smem_ns: float
     gate_select_global_ns: float
+    # the lists selection: a lane comparing a logit it read at one place of its list (costs.gate_list_steps)
+    gate_list_ns: float
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
     # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row),
     # a tile of one group or less in its warps' quarters of it (costs.grouped_rows): the float32
@@ -310,7 +312,7 @@ _H100 = {
     "task_overhead_ns": (500.0, "estimate: scheduler hand-off, pipeline fill and completion flag; " + _ESTIMATE),
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
-                                         "gate_select_smem_ns", "gate_select_global_ns",
+                                         "gate_select_smem_ns", "gate_select_global_ns", "gate_list_ns",
                                          "gemm_fixed_ns", "gemm_row_group",
                                          "weight_load_ns_per_byte", "weight_stream_ns_per_byte", "gemm_overlap_power",
                                          "l2_knee_bytes", "copy_ns_per_byte",

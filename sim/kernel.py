@@ -267,7 +267,7 @@ class FusedKernel:
                  phases: TilePhases, durations: list[float], rec: TraceBuilder,
                  send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
                  port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks",
-                 share_fences: int = 1):
+                 share_fences: int = 1, select: str = "lists"):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
         self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
         self.deal = deal  # costs.DISPATCH_DEALS
@@ -280,7 +280,8 @@ class FusedKernel:
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
         self.scheduler: Scheduler | None = None
         self.port = port  # this GPU's NVLink port, out: the GEMM1 tasks' stores share it with its puts
-        self.gate_ns = costs.gate_ns(hw, cfg) + hw.task_overhead_ns  # when every block is done with the gate
+        # when every block is done with the gate (its top-k selected as `select`, costs.GATE_SELECTS)
+        self.gate_ns = costs.gate_ns(hw, cfg, select) + hw.task_overhead_ns
         mine = np.flatnonzero(plan.tile_owner == rank)
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
         # of each chunk of its tokens; at zero the final combine starts

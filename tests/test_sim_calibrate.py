@@ -22,7 +22,7 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             put_nvlink_ns_per_byte=0.1, copy_nvlink_ns_per_byte=0.06, nvlink_gbps=380.0, reduce_ns_per_byte=0.25,
             gate_item_ns_per_h=350.0,
             gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, gate_select_smem_ns=40.0,
-            gate_select_global_ns=300.0, handoff_ns=5000.0,
+            gate_select_global_ns=300.0, gate_list_ns=6.0, handoff_ns=5000.0,
             nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
             weight_load_ns_per_byte=0.03, wake_ns=4000.0, assign_ns=60.0, stop_ns=7000.0,
             gemm_row_group=0.0)
@@ -87,12 +87,13 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
     dispatch.append({"peer": "self", "tiles": 64, "concurrent_blocks": 128, "rows": _stat(128), "bytes_per_row": 8192,
                      "ns_per_tile": _stat(1.0), "ns_per_row": _stat(1.0)})
     per_block = math.ceil(8192 / (263 * 4)) * 4 * (2 * nb + 4) * 2048  # 2 rows of nb-byte values read, y written
-    gate = []
-    for tokens, experts, top_k in ((8192, 64, 2), (1024, 64, 2), (16384, 64, 2), (8192, 128, 2), (8192, 8, 2),
-                                   (8192, 64, 8), (6144, 128, 8), (12288, 128, 4)):
-        cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, top_k=top_k, precision=dtype)
-        gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": top_k, "grid": blocks,
-                     "ns": costs.gate_ns(hw, cfg)})
+    gate = []  # the passes selection's points (recording none, as an earlier kernel's), then the lists'
+    for select in costs.GATE_SELECTS[::-1]:
+        for tokens, experts, top_k in ((8192, 64, 2), (1024, 64, 2), (16384, 64, 2), (8192, 128, 2), (8192, 8, 2),
+                                       (8192, 64, 8), (6144, 128, 8), (12288, 128, 4)):
+            cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, top_k=top_k, precision=dtype)
+            gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": top_k, "grid": blocks,
+                         "ns": costs.gate_ns(hw, cfg, select), **({"select": select} if select == "lists" else {})})
     tile_k = {"TILE_K": 32, "MOE_BF16": 1} if nb == 2 else {"TILE_K": 8}
     return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "world": 2,
             "tile": {"TILE_M": 128, "TILE_N": 64, **tile_k},
@@ -414,11 +415,11 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
     for g in raw["gate"]:
         cfg = presets.get("flashmoe").replace(tokens=g["tokens"], experts=g["experts"], top_k=g["top_k"],
                                               precision="bfloat16")
-        g["ns"] = costs.gate_ns(two, cfg)
+        g["ns"] = costs.gate_ns(two, cfg, g.get("select", "passes"))
     fit = calibrate.fit(raw, "h200-sxm", "synthetic", dtype="bfloat16")
     assert fit.values["warpgroups_per_block"] == 2
     for name in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
-                 "gate_select_global_ns"):
+                 "gate_select_global_ns", "gate_list_ns"):
         assert fit.values[name] == pytest.approx(TRUE_BF16[name], rel=1e-6), name
     # 8192 tokens are 256 items: one a unit on 132 blocks of two units, two a unit on 132 of one
     one_per_sm = two.replace(blocks_per_sm=1)
@@ -432,7 +433,7 @@ def test_the_selection_is_fitted_only_where_the_gate_points_vary_top_k(tmp_path)
     """Points of one top_k cannot tell the selection's passes from the other costs that grow with E:
     its figures stay 0 and say why, the rest are fitted as before."""
     raw = synthetic()
-    one_k = [g for g in raw["gate"] if g["top_k"] == 2]
+    one_k = [g for g in raw["gate"] if g["top_k"] == 2 or g.get("select") == "lists"]
     assert len(one_k) < len(raw["gate"])
     fitted = calibrate.fit({**raw, "gate": one_k}, "h200-sxm", "synthetic")
     for name in ("gate_select_smem_ns", "gate_select_global_ns"):
@@ -449,7 +450,21 @@ def test_a_top_8_gate_reads_its_logits_eight_times_from_global_memory_past_64_ex
     assert costs.gate_select_reads(8192, 2, 64, units) == (2 * 16, 0)
     assert costs.gate_select_reads(16384, 2, 64, units) == (2 * 2 * 16, 0)  # 512 items on 264 units
     cfg = presets.get("flashmoe").replace(tokens=4096, experts=128, precision="bfloat16")
-    assert costs.gate_ns(hw, cfg.replace(top_k=8)) - costs.gate_ns(hw, cfg) == pytest.approx(6 * 32 * 300.0)
+    assert costs.gate_ns(hw, cfg.replace(top_k=8), "passes") - costs.gate_ns(hw, cfg, "passes") == pytest.approx(
+        6 * 32 * 300.0)
+
+
+def test_the_lists_selection_reads_each_logit_once_a_round_and_compares_it_at_each_place():
+    hw = hardware.PRESETS["h100-sxm"].replace(blocks_per_sm=1, warpgroups_per_block=2, gate_select_smem_ns=10.0,
+                                              gate_select_global_ns=300.0, gate_list_ns=500.0)
+    units = costs.gate_units(hw)
+    assert [costs.select_list(k) for k in (1, 2, 3, 4, 5, 8, 9, 16)] == [2, 2, 4, 4, 8, 8, 8, 8]
+    assert costs.gate_list_steps(4096, 8, 128, units) == 32 * 8  # one item a unit, one round over 32 experts
+    assert costs.gate_list_steps(4096, 12, 128, units) == 2 * 32 * 8  # two rounds of 8 places
+    assert costs.gate_list_steps(16384, 2, 64, units) == 2 * 16 * 2  # 512 items on 264 units, lists of 2
+    cfg = presets.get("flashmoe").replace(tokens=4096, experts=128, precision="bfloat16")
+    # the passes selection's figures do not enter it: top-8 costs its list's longer compares alone
+    assert costs.gate_ns(hw, cfg.replace(top_k=8)) - costs.gate_ns(hw, cfg) == pytest.approx(32 * (8 - 2) * 500.0)
 
 
 def test_a_sender_stores_into_the_peer_at_its_measured_rate_or_its_port_share(tmp_path):
