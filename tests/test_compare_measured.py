@@ -28,10 +28,12 @@ def _group(run) -> tuple:
 
 def _sampled(runs) -> set[str]:
     """The fast suite's runs: the first calibrated run (by name) of each (machine, GEMM precision,
-    GPUs); `--slow` (CI) predicts every run."""
+    GPUs) that is no validation layer (test_validation_set.py holds those); `--slow` (CI) predicts
+    every run."""
     first: dict[tuple, str] = {}
     for run in runs:
-        first.setdefault(_group(run), run.name)
+        if not heldout.is_validation(run):
+            first.setdefault(_group(run), run.name)
     return set(first.values())
 
 
