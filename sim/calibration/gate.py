@@ -5,8 +5,7 @@ point measured on the passes selection, the logits a selecting lane reads from s
 global memory; of one measured on the lists selection, the places a lane compares its logits at
 (costs.GATE_SELECTS: a point records its selection, none the passes). Points of both selections fit
 together: the rest of the phase is the same code, and the two kernels' points tell its figures
-apart better than either alone (fitted apart, the lists points' residuals reached 18%, together
-9%). Residual bound: BOUND."""
+apart better than either alone (docs/notes/gate.md). Residual bound: BOUND."""
 
 from __future__ import annotations
 
