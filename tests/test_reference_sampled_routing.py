@@ -33,11 +33,12 @@ def test_sampled_logits_route_as_the_tokens_do(gate, changes):
     ca, cw = a.counts(across.experts), w.counts(within.experts)
     # 16384 choices over 32 experts on 8 GPUs: the per-expert load (its prior under skew) and the
     # spread of the (source, expert) counts, which sets the drops, agree within sampling noise (over
-    # 30 seeds: loads within 0.009, spreads within 9%, weights within 1% and 3.4%); the routing itself
-    # is another sample
+    # 30 seeds: loads within 0.009, weights within 1% and 3.4%; the spreads' ratio, over 400 seeds of
+    # softmax_topk_renorm, has sd 5.4%, and one seed in about a thousand passes 20%: 30% is 5.5 sd);
+    # the routing itself is another sample
     load_a, load_w = ca.sum(0) / ca.sum(), cw.sum(0) / cw.sum()
     assert np.abs(load_a - load_w).max() < 0.02
-    assert abs(ca.std() / cw.std() - 1) < 0.2
+    assert abs(ca.std() / cw.std() - 1) < 0.3
     assert abs(a.weight.mean() - w.weight.mean()) < 0.02 * w.weight.mean()
     assert abs(a.weight.std() - w.weight.std()) < 0.08 * w.weight.std()
     assert not np.array_equal(a.expert, w.expert)
