@@ -406,7 +406,7 @@ def compile_options(cfg: Config) -> dict[str, int]:
 def kernel_constants() -> dict[str, int]:
     """The numbers Python owns and every kernel unit reads, passed to nvcc as -D flags (gpu/build.py):
     the telemetry event kinds (positions of sim.trace.KINDS), the gate and activation codes (positions
-    in reference.config's lists), the gate's work item and selection, and the most blocks a stored
+    in reference.config's lists), the gate's work item and selection (its lists' places), and the most blocks a stored
     chunk is shared by, the final combine's loads in flight and the copy loop's rows and vectors at
     once (sim.costs, which models them), the most sources a tile window spans, and the largest top_k
     and n_group the gate takes."""
@@ -419,7 +419,8 @@ def kernel_constants() -> dict[str, int]:
             "MOELAB_DISPATCH_MAX_PARTS": costs.DISPATCH_MAX_PARTS, "MOELAB_MAX_TILE_SOURCES": MAX_TILE_SOURCES,
             "MOELAB_REDUCE_BATCH": costs.REDUCE_BATCH, "MOELAB_COPY_ROW_GROUP": costs.COPY_ROW_GROUP,
             "MOELAB_COPY_ROW_BATCH": costs.COPY_ROW_BATCH, "MOELAB_MAX_TOP_K": MAX_TOP_K,
-            "MOELAB_MAX_GROUPS": MAX_GROUPS}
+            "MOELAB_MAX_GROUPS": MAX_GROUPS,
+            **{f"MOELAB_SELECT_LIST_{i}": n for i, n in enumerate(costs.SELECT_LISTS)}}
 
 
 def kernel_name(cfg: Config) -> str:

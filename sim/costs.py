@@ -61,7 +61,10 @@ SELECT_LANES, GATE_SMEM_LOGITS = 4, 64
 # one pass over a lane's experts per choice, as an earlier kernel did (committed runs and gate
 # microbenchmarks that record no "select" measured it)
 GATE_SELECTS = ("lists", "passes")
-SELECT_ROUND = 8  # choices a round of the lists selection (its longest list)
+# the places a lane's list may have, the shortest that holds k taken; the longest is a round's choices
+# (the kernel's too: gpu/layout.py kernel_constants)
+SELECT_LISTS = (2, 4, 8)
+SELECT_ROUND = SELECT_LISTS[-1]
 # "staged" (sim.trace.DISPATCH_PATHS): the peers' chunks sent by STAGED_BLOCKS processors one after
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (the host hands the kernel this count: gpu/layout.py)
@@ -308,9 +311,9 @@ def gate_select_reads(tokens: int, top_k: int, experts: int, grid: int) -> tuple
 
 
 def select_list(top_k: int) -> int:
-    """The places of a lane's list in the lists selection: the shortest of 2, 4 and 8 that holds
-    top_k, 8 past it (a round each 8 choices)."""
-    return next(n for n in (2, 4, SELECT_ROUND) if top_k <= n or n == SELECT_ROUND)
+    """The places of a lane's list in the lists selection: the shortest of SELECT_LISTS that holds
+    top_k, the longest past it (a round each SELECT_ROUND choices)."""
+    return next(n for n in SELECT_LISTS if top_k <= n or n == SELECT_ROUND)
 
 
 def gate_list_steps(tokens: int, top_k: int, experts: int, grid: int) -> int:

@@ -340,15 +340,18 @@ __device__ void gate_select_top(const Params& p, int t, const double* z, int par
   }
 }
 
-// The selection with the shortest list that holds k, or rounds of 8 (each expert read is compared
-// at every place of the list, and a longer list costs the whole kernel registers)
+// The selection with the shortest list that holds k, or rounds of the longest (each expert read is
+// compared at every place of the list, and a longer list costs the whole kernel registers)
+constexpr int SELECT_LIST_0 = MOELAB_SELECT_LIST_0, SELECT_LIST_1 = MOELAB_SELECT_LIST_1;
+constexpr int SELECT_ROUND = MOELAB_SELECT_LIST_2;  // sim.costs.SELECT_LISTS
+static_assert(SELECT_LIST_0 < SELECT_LIST_1 && SELECT_LIST_1 < SELECT_ROUND, "lists of growing places");
 __device__ void gate_select(const Params& p, int t, const double* z, int part, bool valid, int* choices) {
-  if (p.K <= 2)
-    gate_select_top<2>(p, t, z, part, valid, choices);
-  else if (p.K <= 4)
-    gate_select_top<4>(p, t, z, part, valid, choices);
+  if (p.K <= SELECT_LIST_0)
+    gate_select_top<SELECT_LIST_0>(p, t, z, part, valid, choices);
+  else if (p.K <= SELECT_LIST_1)
+    gate_select_top<SELECT_LIST_1>(p, t, z, part, valid, choices);
   else
-    gate_select_top<8>(p, t, z, part, valid, choices);
+    gate_select_top<SELECT_ROUND>(p, t, z, part, valid, choices);
 }
 
 // The item's choices, token-major (K per token, -1 past T), in shared memory past the logits
