@@ -68,8 +68,10 @@ H = I = 2048  # noqa: E741  (the FlashMoE default's widths: the GEMM microbenchm
 SHARING = (1, 2, 8)  # tiles per expert that share each weight slice, in the GEMM microbenchmark
 GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192, 128))
 # (tokens, experts, top_k): the gate alone at other top_k, logits in shared memory (64 experts) and in
-# global memory (128), one or two items a unit: the selection's time per logit (costs.gate_select_reads)
-GATE_TOPK_POINTS = ((8192, 64, 8), (4096, 64, 6), (6144, 128, 8), (12288, 128, 4))
+# global memory (128), one or two items a unit: the selection's time per logit (costs.gate_select_reads);
+# and at fewer items than units (1-2K tokens, each item's H split), k 2 to 8: the cost of each choice
+GATE_TOPK_POINTS = ((8192, 64, 8), (4096, 64, 6), (6144, 128, 8), (12288, 128, 4),
+                    (1152, 32, 2), (1152, 32, 8), (1664, 64, 6), (2176, 48, 4))
 PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
 # blocks copying rows into the peer at once: one alone (a sender's own rate) to twice the staged senders
 COPY_NVLINK_BLOCKS = tuple(sorted({1, 2, 4, 8, layout.STAGED_BLOCKS, 2 * layout.STAGED_BLOCKS}))
