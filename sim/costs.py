@@ -325,9 +325,16 @@ def gate_list_steps(tokens: int, top_k: int, experts: int, grid: int) -> int:
             * select_list(top_k))
 
 
+def gate_weighs(tokens: int, top_k: int, grid: int) -> int:
+    """The choices the first lane of a token weighs, one after another, on the busiest of `grid`
+    units (gate.cuh gate_select_top): top_k for each gate item it selects."""
+    return math.ceil(math.ceil(tokens / GATE_TOKENS) / grid) * top_k
+
+
 def gate_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:
     """The megakernel's gate phase: the roofline or the kernel's work items, top-k selections (by
-    `select`, GATE_SELECTS) and slot scans, whichever is longer, and the phase's fixed cost."""
+    `select`, GATE_SELECTS), the choices' weights and slot scans, whichever is longer, and the
+    phase's fixed cost."""
     roofline = gate_roofline_ns(hw, cfg)
     units = gate_units(hw)
     slots = slot_scan(cfg.tokens, cfg.top_k, cfg.experts, units)
@@ -336,7 +343,8 @@ def gate_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:
     else:
         smem, glob = gate_select_reads(cfg.tokens, cfg.top_k, cfg.experts, units)
         choose = smem * hw.gate_select_smem_ns + glob * hw.gate_select_global_ns
-    kernel = gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
+    kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
+              + gate_weighs(cfg.tokens, cfg.top_k, units) * hw.gate_weigh_ns)
     split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, units) > 1 else 0.0
     return max(roofline, kernel + choose) + hw.gate_fixed_ns + split
 

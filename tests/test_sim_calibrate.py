@@ -22,7 +22,7 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             put_nvlink_ns_per_byte=0.1, copy_nvlink_ns_per_byte=0.06, nvlink_gbps=380.0, reduce_ns_per_byte=0.25,
             gate_item_ns_per_h=350.0,
             gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, gate_select_smem_ns=40.0,
-            gate_select_global_ns=300.0, gate_list_ns=6.0, handoff_ns=5000.0,
+            gate_select_global_ns=300.0, gate_list_ns=6.0, gate_weigh_ns=700.0, handoff_ns=5000.0,
             nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
             weight_load_ns_per_byte=0.03, wake_ns=4000.0, assign_ns=60.0, stop_ns=7000.0,
             gemm_row_group=0.0)
@@ -419,7 +419,7 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
     fit = calibrate.fit(raw, "h200-sxm", "synthetic", dtype="bfloat16")
     assert fit.values["warpgroups_per_block"] == 2
     for name in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
-                 "gate_select_global_ns", "gate_list_ns"):
+                 "gate_select_global_ns", "gate_list_ns", "gate_weigh_ns"):
         assert fit.values[name] == pytest.approx(TRUE_BF16[name], rel=1e-6), name
     # 8192 tokens are 256 items: one a unit on 132 blocks of two units, two a unit on 132 of one
     one_per_sm = two.replace(blocks_per_sm=1)

@@ -190,23 +190,6 @@ VALIDATION_CAUSES = {
         "median 57 KB, seven a GPU) took 5.7 us, where a round of 32 rows at copy_nvlink's rate and two fences "
         "give 8.6; the copy loop's pass is timed on one block alone, not with the sender's rows in the L2"
     ),
-    "GATE_HIGH_K": (
-        "the gate of the passes selection modelled 23% short at k 7 with E 48 (H 2240, four GPUs; the one-GPU "
-        "run of E 64, k 7 was 22% short too), both sigmoid_bias: that router takes a float64 sigmoid of every "
-        "logit a lane considers, in each of the k passes of the kernel measured, where the gate's fit points "
-        "route by softmax alone"
-    ),
-    "GATE_LISTS_SHORT": (
-        "the lists selection's gate modelled short on the one-GPU layers (a mean of -8.5% over the 16; 12-23% "
-        "short at eight of the eleven with k 4-8, 1K-1.8K tokens), where its fit points have 4K tokens or more "
-        "at k above 2: with fewer items than units only a few units select, and the fit prices the list's "
-        "places, not the merge or the weights (k dependent loads on one lane)"
-    ),
-    "SMALL_LAYER_LONG": (
-        "a 1K-token layer on one GPU (H 4096, E 16, k 2) modelled 10.7% long (12% on the kernel before the "
-        "gate's lists): its local dispatch (+21%, DISPATCH_ONE_GPU) lies on the path of a layer whose "
-        "processors idle a quarter of it"
-    ),
     "LAYER_SHORT": (
         "the layer modelled 10-20% short on four GPUs (k 1, 2 and 7) while most phases' busy times hold: its "
         "processors wait longer between phases than modelled; in val-37's trace the first GEMM0 tasks start "
@@ -232,18 +215,15 @@ VALIDATION_CAUSES = {
 VALIDATION_MISSES: dict[tuple[str, str], str] = {
     ("h200x1-trace-val-02-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x1-trace-val-02-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU_DROPS"],
-    ("h200x1-trace-val-05-p1", "gate"): VALIDATION_CAUSES["GATE_LISTS_SHORT"],
     ("h200x1-trace-val-10-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x1-trace-val-12-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x1-trace-val-14-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
-    ("h200x1-trace-val-14-p1", "layer"): VALIDATION_CAUSES["SMALL_LAYER_LONG"],
     ("h200x4-trace-val-21-p2", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x4-trace-val-32-p4", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x4-trace-val-36-p4", "combine"): VALIDATION_CAUSES["COMBINE_SHORT"],
     ("h200x4-trace-val-36-p4", "dispatch"): VALIDATION_CAUSES["DISPATCH_HOT_PEER"],
     ("h200x4-trace-val-36-p4", "gemm1"): VALIDATION_CAUSES["GEMM_SKEW"],
     ("h200x4-trace-val-36-p4", "layer"): VALIDATION_CAUSES["GEMM_SKEW"],
-    ("h200x4-trace-val-37-p4", "gate"): VALIDATION_CAUSES["GATE_HIGH_K"],
     ("h200x4-trace-val-37-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],
     ("h200x4-trace-val-40-p4", "gemm0"): VALIDATION_CAUSES["GEMM_SKEW"],
     ("h200x4-trace-val-41-p4", "layer"): VALIDATION_CAUSES["LAYER_SHORT"],

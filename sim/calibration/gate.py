@@ -1,11 +1,12 @@
 """The gate phase on `units` workers (blocks x their warpgroups, costs.gate_units): least squares of
 its time over tokens, experts and top_k against the kernel's work items (H spanned per unit), slot
-scans, a fixed time, the H split over units, and its top-k selection (sim.costs.gate_ns): of a
-point measured on the passes selection, the logits a selecting lane reads from shared and from
-global memory; of one measured on the lists selection, the places a lane compares its logits at
-(costs.GATE_SELECTS: a point records its selection, none the passes). Points of both selections fit
-together: the rest of the phase is the same code, and the two kernels' points tell its figures
-apart better than either alone (docs/notes/gate.md). Residual bound: BOUND."""
+scans, a fixed time, the H split over units, the choices a token's first lane weighs, and its top-k
+selection (sim.costs.gate_ns): of a point measured on the passes selection, the logits a selecting
+lane reads from shared and from global memory; of one measured on the lists selection, the places
+a lane compares its logits at (costs.GATE_SELECTS: a point records its selection, none the
+passes). Points of both selections fit together: the rest of the phase is the same code, and the
+two kernels' points tell its figures apart better than either alone (docs/notes/gate.md). Residual
+bound: BOUND."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from .common import CalibrationError, Fit, need
 
 BOUND = (0.08, 0.15)  # (mean, largest) |model - measured| / measured over the fitted gate points
 NAMES = ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
-         "gate_select_global_ns", "gate_list_ns")
+         "gate_select_global_ns", "gate_list_ns", "gate_weigh_ns")
 HOW = ("time = H spanned per unit x a + slot scan x b + c + (H split over units) x d + logits considered by a "
        "selecting lane from shared memory x e and from global memory x f (passes selection) + list places a lane "
-       "compares its logits at x g (lists selection) (costs.gate_work, costs.slot_scan, costs.gate_select_reads, "
-       "costs.gate_list_steps)")
+       "compares its logits at x g (lists selection) + choices a token's first lane weighs x h (costs.gate_work, "
+       "costs.slot_scan, costs.gate_select_reads, costs.gate_list_steps, costs.gate_weighs)")
 SELECTIONS = ((4, "shared"), (5, "global"))  # the passes selection's columns and the memory each reads from
 LISTS = 6  # the lists selection's column
 
@@ -35,7 +36,8 @@ def gate_rows(pts: list[dict], units: int, wgs: int) -> np.ndarray:
         passes = (0, 0) if lists else costs.gate_select_reads(g["tokens"], g["top_k"], g["experts"], grid)
         rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid),
                      costs.slot_scan(g["tokens"], g["top_k"], g["experts"], grid), 1.0, split, *passes,
-                     costs.gate_list_steps(g["tokens"], g["top_k"], g["experts"], grid) if lists else 0))
+                     costs.gate_list_steps(g["tokens"], g["top_k"], g["experts"], grid) if lists else 0,
+                     costs.gate_weighs(g["tokens"], g["top_k"], grid)))
     return np.array(rows, np.float64)
 
 
