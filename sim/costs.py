@@ -301,12 +301,18 @@ def slot_scan(tokens: int, top_k: int, experts: int, grid: int) -> int:
     return math.ceil(experts / grid) * top_k * math.ceil(tokens / GATE_TOKENS)
 
 
+def gate_items_per_unit(tokens: int, grid: int) -> int:
+    """The gate items the busiest of `grid` units selects (an item's H may be split over several,
+    its selection is one unit's)."""
+    return math.ceil(math.ceil(tokens / GATE_TOKENS) / grid)
+
+
 def gate_select_reads(tokens: int, top_k: int, experts: int, grid: int) -> tuple[int, int]:
     """The logits one lane of the busiest of `grid` units considers in the passes selection (one pass
     per choice): for each gate item it selects, top_k passes over its every SELECT_LANES-th expert,
     one after another (each pass needs the last one's choice); (from shared memory, from global
     memory): the logits of more than GATE_SMEM_LOGITS experts are read from global memory on every pass."""
-    reads = math.ceil(math.ceil(tokens / GATE_TOKENS) / grid) * top_k * math.ceil(experts / SELECT_LANES)
+    reads = gate_items_per_unit(tokens, grid) * top_k * math.ceil(experts / SELECT_LANES)
     return (reads, 0) if experts <= GATE_SMEM_LOGITS else (0, reads)
 
 
@@ -321,14 +327,13 @@ def gate_list_steps(tokens: int, top_k: int, experts: int, grid: int) -> int:
     selects, each round reads the lane's every SELECT_LANES-th expert once and compares it at each
     place of its list."""
     rounds = math.ceil(top_k / SELECT_ROUND)
-    return (math.ceil(math.ceil(tokens / GATE_TOKENS) / grid) * rounds * math.ceil(experts / SELECT_LANES)
-            * select_list(top_k))
+    return gate_items_per_unit(tokens, grid) * rounds * math.ceil(experts / SELECT_LANES) * select_list(top_k)
 
 
 def gate_weighs(tokens: int, top_k: int, grid: int) -> int:
     """The choices the first lane of a token weighs, one after another, on the busiest of `grid`
     units (gate.cuh gate_select_top): top_k for each gate item it selects."""
-    return math.ceil(math.ceil(tokens / GATE_TOKENS) / grid) * top_k
+    return gate_items_per_unit(tokens, grid) * top_k
 
 
 def gate_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:

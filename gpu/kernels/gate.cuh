@@ -182,9 +182,15 @@ constexpr int SELECT_LANES = MOELAB_SELECT_LANES;  // lanes that share one token
 static_assert(SELECT_LANES * GATE_TOKENS == UNIT_THREADS, "a gate unit's threads: SELECT_LANES per token");
 static_assert((SELECT_LANES & (SELECT_LANES - 1)) == 0, "the selection's shuffles halve the lanes");
 
-// The better of two candidates: the higher score, a tie to the lower expert index (-1: none).
+// Whether candidate a (score sa) ranks before b (score sb): the higher score, a tie to the lower
+// index; -1 is no candidate, ranked after every one. The one order of the selection and the groups.
+__device__ __forceinline__ bool ranks_before(int a, double sa, int b, double sb) {
+  return a >= 0 && (b < 0 || sa > sb || (sa == sb && a < b));
+}
+
+// The better of two candidates into (best, score)
 __device__ __forceinline__ void keep_better(int& best, double& score, int other, double other_score) {
-  if (other >= 0 && (best < 0 || other_score > score || (other_score == score && other < best))) {
+  if (ranks_before(other, other_score, best, score)) {
     best = other;
     score = other_score;
   }
@@ -259,7 +265,7 @@ struct TopList {
     for (int i = 0; i < L; ++i) {
       const int b = expert[i];
       const double bs = score[i];
-      if (e >= 0 && (b < 0 || s > bs || (s == bs && e < b))) {
+      if (ranks_before(e, s, b, bs)) {
         expert[i] = e, score[i] = s;
         e = b, s = bs;
       }
@@ -299,7 +305,7 @@ __device__ void gate_select_top(const Params& p, int t, const double* z, int par
     for (int e = part; e < E; e += SELECT_LANES)
       if (groups >> (e / per) & 1u) {
         const double sc = gate_score(p, z, e);
-        if (last < 0 || sc < last_score || (sc == last_score && e > last)) mine.offer(e, sc);
+        if (last < 0 || ranks_before(last, last_score, e, sc)) mine.offer(e, sc);
       }
 #pragma unroll
     for (int j = 0; j < L; ++j)
