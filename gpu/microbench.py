@@ -94,9 +94,12 @@ IN_LAYER_TOKENS = (768, 1280, 1536, 2560, 3072, 6144, 12288, 24576)
 # and one layer of 8 experts at 7168 tokens, 14 tiles per expert: where sharing a weight slice stops
 # paying (the 8-expert run has 16, and its tasks ran above a fit on 1 to 6 tiles by 10%)
 IN_LAYER_SHARING = dict(tokens=7168, experts=8)
-# and two of other widths: GEMMs 1024 to 7168 deep (a task streams its whole weight slice, so its
-# time grows with the depth, which layers of one width cannot tell from its fixed time)
-IN_LAYER_DEPTHS = (dict(tokens=5120, hidden=4096, ffn=1024), dict(tokens=6656, hidden=1536, ffn=7168))
+# and layers of other widths: GEMMs 512 to 7168 deep (a task streams its whole weight slice, so its
+# time grows with the depth, which layers of one width cannot tell from its fixed time; the shallow
+# ones, 512 to 1408 deep, are where the fixed time is most of a task)
+IN_LAYER_DEPTHS = (dict(tokens=5120, hidden=4096, ffn=1024), dict(tokens=6656, hidden=1536, ffn=7168),
+                   dict(tokens=7936, hidden=1024, ffn=768), dict(tokens=9728, hidden=1280, ffn=512),
+                   dict(tokens=4608, hidden=768, ffn=1408))
 IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING, *IN_LAYER_DEPTHS)
 # on two GPUs, a layer whose GEMM1 tasks store half their tiles' rows into the peer (the tiles it
 # sent) and half into their own GPU: 6144 tokens a GPU, a size no measured run uses
