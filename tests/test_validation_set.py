@@ -211,7 +211,8 @@ VALIDATION_CAUSES = {
         "holds cost what the 64-row groups give; where the tasks are modelled long (val-36's GEMM1, +26%) the "
         "layer is too (+18%): the scheduler deals the next tasks behind them, into the lowest lanes' second "
         "slots; in val-31 (E 8, skew 1.5) one processor runs two of the 85 GEMM1 tasks (87 us each) back to "
-        "back, dealt into its second slot, where the model gives each its own: the layer 18% short"
+        "back, dealt into its second slot while every processor still ran GEMM0 (1280 deep, 11% short a task "
+        "in the model, so its processors are idle when the tasks come): the layer 18% short"
     ),
 }
 VALIDATION_MISSES: dict[tuple[str, str], str] = {
