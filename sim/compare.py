@@ -45,11 +45,11 @@ from reference.files import FileError, read_json
 
 from . import metrics
 from .calibrate import GPU_PRESET, MEASUREMENTS
-from .costs import STAGED_BLOCKS
 from .engine import simulate
 from .hardware import Hardware, HardwareError
 from .hardware import get as get_hardware
 from .trace import KIND, ROLE, Trace, TraceError, check_meta, concat
+from .variant import Variant
 
 PHASES = ("gate", "dispatch", "gemm0", "gemm1", "combine")
 LATENCY_BOUND, PHASE_BOUND, OVERLAP_BOUND = 0.10, 0.20, 0.10
@@ -107,38 +107,10 @@ class MeasuredRun:
         c = str(self.trace.meta.get("commit", ""))
         return c if len(c) == 40 and all(ch in "0123456789abcdef" for ch in c) else None
 
-    @property
-    def dispatch(self) -> str:
-        """How the measured kernel moved dispatched rows (trace.DISPATCH_PATHS)."""
-        return str(self.trace.meta["dispatch"])
-
-    @property
-    def staged_blocks(self) -> int:
-        """The processors that sent the peers' chunks on the staged path."""
-        return int(self.trace.meta["staged_blocks"])
-
-    @property
-    def queue(self) -> str:
-        """When the measured kernel queued a dispatched tile's tasks (costs.QUEUE_POLICIES)."""
-        return str(self.trace.meta["queue"])
-
-    @property
-    def deal(self) -> str:
-        """How the measured kernel dealt its dispatch shares to blocks (costs.DISPATCH_DEALS): a run
-        that recorded none was measured on a kernel that dealt chunk slots."""
-        return str(self.trace.meta.get("deal", "slots"))
-
-    @property
-    def share_fences(self) -> int:
-        """The fences before the signal of a chunk its kernel stored into a peer as one share
-        (costs.SHARE_FENCES): a run that recorded none was measured on a kernel that fenced twice."""
-        return int(self.trace.meta.get("share_fences", 2))
-
-    @property
-    def select(self) -> str:
-        """How the measured kernel's gate selected top-k (costs.GATE_SELECTS): a run that recorded
-        none was measured on a kernel that made one pass per choice."""
-        return str(self.trace.meta.get("select", "passes"))
+    @cached_property
+    def variant(self) -> Variant:
+        """The measured kernel's variant, as its trace recorded it (Variant.recorded)."""
+        return Variant.recorded(self.trace.meta)
 
     @property
     def name(self) -> str:
@@ -288,19 +260,16 @@ class Predictor:
     """Simulations of configs on presets, each run once (partners for overlap efficiency reuse them)."""
 
     def __init__(self):
-        self.cache: dict[tuple[str, str, str, str | None, int, str, int, str, str | None], object] = {}
+        self.cache: dict[tuple[str, str, Variant, str | None], object] = {}
 
-    def __call__(self, cfg: Config, hw: Hardware, dispatch: str = "staged", queue: str | None = None,
-                 staged_blocks: int = STAGED_BLOCKS, deal: str = "chunks", plan: TilePlan | None = None,
-                 share_fences: int = 1, select: str = "lists"):
-        """`plan`: the call's own (a measured run's); default the reference's seeded routing."""
+    def __call__(self, cfg: Config, hw: Hardware, variant: Variant, plan: TilePlan | None = None):
+        """`cfg` on `hw` by the kernel of `variant`; `plan`: the call's own (a measured run's), default
+        the reference's seeded routing."""
         figures = hw.for_config(cfg).to_dict()  # what simulate runs with
         routing = None if plan is None else plan.send_counts.tobytes().hex()
-        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), dispatch, queue,
-               staged_blocks, deal, share_fences, select, routing)
+        key = (json.dumps(cfg.to_dict(), sort_keys=True), json.dumps(figures, sort_keys=True), variant, routing)
         if key not in self.cache:
-            self.cache[key] = simulate(cfg, hardware=hw, dispatch=dispatch, queue=queue, staged_blocks=staged_blocks,
-                                       deal=deal, plan=plan, share_fences=share_fences, select=select)
+            self.cache[key] = simulate(cfg, hardware=hw, plan=plan, **variant.fields())
         return self.cache[key]
 
 
@@ -312,9 +281,7 @@ def partner(run: MeasuredRun, runs: list[MeasuredRun]) -> MeasuredRun | None:
     for r in runs:
         d = r.config.to_dict()
         d.pop("name")
-        if (d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit and r.dispatch == run.dispatch
-                and r.staged_blocks == run.staged_blocks and r.deal == run.deal
-                and r.share_fences == run.share_fences and r.select == run.select):
+        if d == want and r.gpu_tag == run.gpu_tag and r.commit == run.commit and r.variant == run.variant:
             return r
     return None
 
@@ -332,8 +299,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
         except HardwareError as e:
             raise CompareError("measured", run.name, f"a run the calibration covers: {e}") from e
     hw = hw.for_config(run.config)
-    result = predict(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan, run.share_fences,
-                     run.select)
+    result = predict(run.config, hw, run.variant, run.plan)
     pred_trace = shifted_to_zero(result.trace)
     procs = int(result.trace.meta["processors"])
     ranks = run.config.ranks
@@ -346,8 +312,7 @@ def compare(run: MeasuredRun, hardware: str | Path | Hardware | None = None, run
     c.rows.append(_row("SM utilization", model["sm_utilization"], meas["sm_utilization"], None))
     two = partner(run, runs if runs is not None else [run])
     if two is not None and run.config.ranks != 2:
-        pred_two = predict(two.config, hw, two.dispatch, two.queue, two.staged_blocks,
-                           two.deal, two.plan, two.share_fences, two.select).metrics["latency_ns"] / 1e6
+        pred_two = predict(two.config, hw, two.variant, two.plan).metrics["latency_ns"] / 1e6
         meas_two = summary(two.trace, two.processors, 2)["latency_ms"]
         oe_p = metrics.overlap_efficiency(pred_two, model["latency_ms"])
         oe_m = metrics.overlap_efficiency(meas_two, meas["latency_ms"])

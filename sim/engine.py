@@ -16,7 +16,6 @@ import numpy as np
 
 import reference
 from reference import Config, ConfigError, TilePlan, budget
-from reference.config import is_positive_int
 
 from . import costs, metrics
 from .baseline import Baseline
@@ -26,7 +25,8 @@ from .hardware import get as get_hardware
 from .kernel import FusedKernel, TilePhases
 from .network import TRANSPORTS, Fabric
 from .ports import move_times
-from .trace import DISPATCH_PATHS, META_VERSION, Trace, TraceBuilder
+from .trace import META_VERSION, Trace, TraceBuilder
+from .variant import Variant
 
 
 class SimError(ValueError):
@@ -67,29 +67,17 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     GEMM0 tasks end), by default as cfg's kernel build does (costs.queue_policy); `deal` how it deals
     the dispatch's shares to blocks (costs.DISPATCH_DEALS); `share_fences` how many fences a chunk
     stored into a peer as one share takes before its signal (costs.SHARE_FENCES); `select` how the
-    gate selects top-k (costs.GATE_SELECTS)."""
-    queue = costs.queue_policy(cfg) if queue is None else queue
-    dispatch = costs.dispatch_path(cfg) if dispatch is None else dispatch
+    gate selects top-k (costs.GATE_SELECTS); together the kernel's variant (sim.variant.Variant)."""
     if transport not in TRANSPORTS:
         raise SimError("transport", transport, "one of " + ", ".join(TRANSPORTS))
-    if dispatch not in DISPATCH_PATHS:
-        raise SimError("dispatch", dispatch, "one of " + ", ".join(DISPATCH_PATHS))
-    if not is_positive_int(staged_blocks):
-        raise SimError("staged_blocks", staged_blocks, "a positive number of processors")
-    if queue not in costs.QUEUE_POLICIES:
-        raise SimError("queue", queue, "one of " + ", ".join(costs.QUEUE_POLICIES))
-    if deal not in costs.DISPATCH_DEALS:
-        raise SimError("deal", deal, "one of " + ", ".join(costs.DISPATCH_DEALS))
-    if share_fences not in costs.SHARE_FENCES:
-        raise SimError("share_fences", share_fences, "one of " + ", ".join(map(str, costs.SHARE_FENCES)))
-    if select not in costs.GATE_SELECTS:
-        raise SimError("select", select, "one of " + ", ".join(costs.GATE_SELECTS))
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
     hw = get_hardware(hardware).for_config(cfg)  # the figures of the cfg's kernel build
-    if staged_blocks > hw.processors - 1:  # the kernel keeps a block for this GPU's own chunks
-        raise SimError("staged_blocks", staged_blocks, f"at most {hw.processors - 1} on {hw.name} (its "
-                       f"{hw.processors} processor blocks but one, which stores this GPU's own chunks)")
+    variant = Variant(costs.dispatch_path(cfg) if dispatch is None else dispatch,
+                      costs.queue_policy(cfg) if queue is None else queue, staged_blocks, deal, share_fences, select)
+    bad = variant.invalid(hw)
+    if bad:
+        raise SimError(*bad)
     say = progress or (lambda _: None)
     t0 = time.perf_counter()
     if plan is None:
@@ -101,24 +89,21 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     collecting = gc.isenabled()
     gc.disable()
     try:
-        env, rec = _run(cfg, plan, hw, transport, baseline, say, dispatch, queue, staged_blocks, deal, share_fences,
-                        select)
+        env, rec = _run(cfg, plan, hw, transport, baseline, say, variant)
     finally:
         if collecting:
             gc.enable()
     meta = {"meta_version": META_VERSION, "source": "sim", "config": cfg.to_dict(), "hardware": hw.name,
             "hardware_figures": hw.to_dict(),
-            "transport": transport, "dispatch": dispatch, "staged_blocks": staged_blocks, "queue": queue, "deal": deal,
-            "share_fences": share_fences, "select": select,
-            "baseline": baseline,
+            "transport": transport, **variant.fields(), "baseline": baseline,
             "processors": hw.sms if baseline else hw.processors}
     trace = rec.build(meta).sorted()
     m = metrics.compute(trace, cfg)
     return Result(trace, m, env.events, time.perf_counter() - t0)
 
 
-def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bool, say, dispatch: str, queue: str,
-         staged_blocks: int, deal: str, share_fences: int, select: str) -> tuple[Clock, TraceBuilder]:
+def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bool, say,
+         variant: Variant) -> tuple[Clock, TraceBuilder]:
     """Run the layer's simulation to its end: its environment and its rows."""
     rec = TraceBuilder()
     env = Clock(say, rec.pack_full)
@@ -129,8 +114,7 @@ def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bo
         Baseline(env, cfg, plan, hw, rec).start()
         left = [0]
     else:
-        left = _run_fused(env, cfg, plan, hw, transport, rec, dispatch, queue, staged_blocks, deal, share_fences,
-                          select)
+        left = _run_fused(env, cfg, plan, hw, transport, rec, variant)
     env.run()
     if left[0]:
         raise RuntimeError(f"simulation of {cfg.name} stalled with {left[0]} chunks not combined")
@@ -139,12 +123,13 @@ def _run(cfg: Config, plan: TilePlan, hw: Hardware, transport: str, baseline: bo
 
 
 def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, rec: TraceBuilder,
-               dispatch: str, queue: str, staged_blocks: int, deal: str, share_fences: int, select: str) -> list[int]:
+               variant: Variant) -> list[int]:
     """Set up every GPU's kernel on the fabric; returns [chunks not yet combined]."""
     phases = TilePhases(plan)
     durations = costs.task_ns(hw, cfg, plan.task_kind, costs.multiply_flops(cfg, plan),
                               plan.task_bytes.astype(np.float64),
-                              costs.weight_bytes_alone(cfg, plan, hw.processors, queue), costs.flops_per_row(cfg, plan),
+                              costs.weight_bytes_alone(cfg, plan, hw.processors, variant.queue),
+                              costs.flops_per_row(cfg, plan),
                               costs.weight_slice_bytes(cfg, plan)).tolist()
     left = [plan.chunk_src.size]
 
@@ -153,9 +138,8 @@ def _run_fused(env, cfg: Config, plan: TilePlan, hw: Hardware, transport: str, r
 
     kernels: list[FusedKernel] = []
     fabric = Fabric(env, cfg, plan, hw, transport, rec, lambda dst, xs: [kernels[dst].arrive(x) for x in xs], phases)
-    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, dispatch,
-                               queue, fabric.nvlink[r], staged_blocks, deal, share_fences, select)
-                   for r in range(cfg.ranks))
+    kernels.extend(FusedKernel(env, cfg, plan, hw, r, phases, durations, rec, fabric.send, chunk_done, variant,
+                               fabric.nvlink[r]) for r in range(cfg.ranks))
     # every GPU's blocks dispatch at once: the stores into NVLink peers share the ports on their way
     planned = [k.dispatch_moves() for k in kernels]
     lanes: list[list] = [[] for _ in range(cfg.ranks * hw.processors)]

@@ -65,6 +65,7 @@ from .hardware import Hardware
 from .links import SharedLink
 from .ports import Move
 from .trace import KIND, ROLE, TraceBuilder
+from .variant import Variant
 
 SUBSCRIBER_WARPS = 3  # FlashMoE's OS block: 1 scheduler warp + 3 subscriber warps
 SUBSCRIBER, SIGNAL = ROLE["subscriber"], KIND["signal"]  # a subscriber's row, appended whole
@@ -265,14 +266,10 @@ class FusedKernel:
 
     def __init__(self, env: Clock, cfg: Config, plan: TilePlan, hw: Hardware, rank: int,
                  phases: TilePhases, durations: list[float], rec: TraceBuilder,
-                 send: Callable[..., None], on_chunk_done: Callable[[int], None], dispatch: str, queue: str,
-                 port: SharedLink, staged_blocks: int = costs.STAGED_BLOCKS, deal: str = "chunks",
-                 share_fences: int = 1, select: str = "lists"):
+                 send: Callable[..., None], on_chunk_done: Callable[[int], None], variant: Variant,
+                 port: SharedLink):
         self.env, self.cfg, self.plan, self.hw, self.rank = env, cfg, plan, hw, rank
-        self.dispatch, self.queue = dispatch, queue  # trace.DISPATCH_PATHS, costs.QUEUE_POLICIES
-        self.deal = deal  # costs.DISPATCH_DEALS
-        self.share_fences = share_fences  # costs.SHARE_FENCES
-        self.staged_blocks = staged_blocks  # the staged path's senders
+        self.variant = variant  # the kernel build's choices (sim.variant)
         self.node = cfg.node_of(rank)
         self.phases, self.durations, self.rec = phases, durations, rec  # durations: a list, per task
         self.send, self.on_chunk_done = send, on_chunk_done
@@ -280,8 +277,8 @@ class FusedKernel:
         self.subscribers = [(0.0, w) for w in range(SUBSCRIBER_WARPS)]
         self.scheduler: Scheduler | None = None
         self.port = port  # this GPU's NVLink port, out: the GEMM1 tasks' stores share it with its puts
-        # when every block is done with the gate (its top-k selected as `select`, costs.GATE_SELECTS)
-        self.gate_ns = costs.gate_ns(hw, cfg, select) + hw.task_overhead_ns
+        # when every block is done with the gate (its top-k selected as the variant's `select`)
+        self.gate_ns = costs.gate_ns(hw, cfg, variant.select) + hw.task_overhead_ns
         mine = np.flatnonzero(plan.tile_owner == rank)
         # phases still to run here: GEMM0 and GEMM1 of the tiles this GPU computes, the combine
         # of each chunk of its tokens; at zero the final combine starts
@@ -322,19 +319,19 @@ class FusedKernel:
             link = self.phases.transfer_link[x]
             inflight[j] += nbytes
             over[j][link] = over[j].get(link, 0) + 1
-        parts = costs.dispatch_parts(self.cfg, self.processors, self.dispatch)
-        per_byte, fence = costs.nvlink_store_rate(self.hw, parts, self.share_fences)
+        parts = costs.dispatch_parts(self.cfg, self.processors, self.variant.dispatch)
+        per_byte, fence = costs.nvlink_store_rate(self.hw, parts, self.variant.share_fences)
         row_bytes = self.cfg.hidden * self.cfg.dtype_bytes
         tokens = self.cfg.tokens * row_bytes  # this GPU's, which its shares gather
         moves = []
         for j, (_, x, nbytes), lead in zip(rounds, shares, leads):
             link, dst = self.phases.transfer_link[x], self.phases.transfer_dst[x]
-            if link == NVLINK and costs.stores_dispatch(self.dispatch, link):
+            if link == NVLINK and costs.stores_dispatch(self.variant.dispatch, link):
                 # the block's own rate on the bytes its copy loop pays for
                 paid = costs.copied_bytes(self.hw, nbytes, row_bytes) / nbytes if nbytes else 1.0
                 moves.append(Move(fence + self.hw.task_overhead_ns, nbytes, per_byte * paid, self.rank, dst, lead))
             else:
-                ns = costs.dispatch_ns(self.hw, nbytes, link, self.dispatch, inflight[j], over[j], tokens)
+                ns = costs.dispatch_ns(self.hw, nbytes, link, self.variant.dispatch, inflight[j], over[j], tokens)
                 moves.append(Move(ns, 0, 0.0, self.rank, dst, lead))
         return shares, moves, tails
 
@@ -346,7 +343,7 @@ class FusedKernel:
         (or the list's start) to its own, and the processor walks the rest of its list before its
         first task. A kernel that dealt chunk slots found its shares without the walk
         (costs.DISPATCH_DEALS): none."""
-        if self.deal != "chunks":
+        if self.variant.deal != "chunks":
             return [0.0] * len(dealt), [0.0] * self.processors
         at, leads = [-1] * self.processors, []
         for _, lane, _, _, place in dealt:
@@ -358,14 +355,14 @@ class FusedKernel:
     def deal_list(self, lane: int) -> int:
         """The experts on processor `lane`'s deal list: every expert (flat), a staged sender's peers'
         local experts, or a storing processor's own GPU's."""
-        if self.dispatch != "staged" or self.cfg.ranks == 1:
+        if self.variant.dispatch != "staged" or self.cfg.ranks == 1:
             return self.cfg.experts
         experts = self.cfg.local_experts
         return experts * (self.cfg.ranks - 1) if lane < self.senders() else experts
 
     def senders(self) -> int:
         """The staged dispatch's senders: processors 0.. of them send the peers' chunks."""
-        return min(self.staged_blocks, self.processors - 1)
+        return min(self.variant.staged_blocks, self.processors - 1)
 
     def start(self, shares: list[tuple[int, int, int]], times: list[tuple[float, float]], tails: list[float]) -> None:
         """Gate on every block (for `gate_ns`), then the processor blocks move this GPU's outgoing
@@ -386,7 +383,7 @@ class FusedKernel:
             ready[x] = max(ready.get(x, 0.0), end)
         free_at = [t + tail for t, tail in zip(free_at, tails)]
         for x, end in ready.items():
-            stored = costs.stores_dispatch(self.dispatch, ph.transfer_link[x])
+            stored = costs.stores_dispatch(self.variant.dispatch, ph.transfer_link[x])
             self.env.call_in(end, self.send, x, stored)
         self.scheduler = Scheduler(free_at, self.hw.handoff_ns, self.hw.assign_ns, self.env, self.port)
         for t in [t for t, n in self.chunks_left.items() if not n]:
@@ -397,7 +394,7 @@ class FusedKernel:
     def numbered(self, slots: list[int]) -> list[int]:
         """Each chunk's number from its chunk slot, as the kernel deals (costs.DISPATCH_DEALS): its
         place among the chunks present, or, dealing slots, the slot itself."""
-        if self.deal == "slots":
+        if self.variant.deal == "slots":
             return slots
         place = {slot: i for i, slot in enumerate(sorted(set(slots)))}
         return [place[slot] for slot in slots]
@@ -420,14 +417,14 @@ class FusedKernel:
         share 0). A share's place: its expert's on the processor's deal list (deal_list; flat, the
         expert)."""
         p, cfg = self.plan, self.cfg
-        if self.dispatch == "staged" and cfg.ranks > 1:
+        if self.variant.dispatch == "staged" and cfg.ranks > 1:
             return self.staged_shares()
-        parts, per_expert = costs.dispatch_parts(cfg, self.processors, self.dispatch), chunk_slots(cfg)
+        parts, per_expert = costs.dispatch_parts(cfg, self.processors, self.variant.dispatch), chunk_slots(cfg)
         chunks = self.dispatched_chunks()
         out = []
         for (x, e, _), c in zip(chunks, self.numbered([e * per_expert + j for _, e, j in chunks])):
             rows = int(p.chunk_rows[p.transfer_chunk[x]])
-            n = parts if costs.stores_dispatch(self.dispatch, int(p.transfer_link[x])) else 1
+            n = parts if costs.stores_dispatch(self.variant.dispatch, int(p.transfer_link[x])) else 1
             share = -(-rows // n)
             for part in range(n):
                 r0, u = min(rows, part * share), c * parts + part
@@ -481,7 +478,7 @@ class FusedKernel:
     def land(self, t: int, wake: float) -> None:
         """Tile `t` has all its rows here: its GEMM0 tasks are queued `wake` from now (with the
         rest of its expert's tiles where the queue policy gathers them)."""
-        if self.queue in costs.BY_EXPERT:
+        if self.variant.queue in costs.BY_EXPERT:
             # the expert's tiles wait for its last, then go into the queue together
             tiles = self.expert_complete(self.expert_waiting, t)
             if tiles:
@@ -554,7 +551,7 @@ class FusedKernel:
     def phase_done(self, u: int, kind: int) -> None:
         """Unit `u` (a tile, or a chunk for the combine) finished its phase `kind`."""
         self.phases_left -= 1
-        if kind == GEMM0 and self.queue == "expert-both":
+        if kind == GEMM0 and self.variant.queue == "expert-both":
             # the processor ending the expert's last tile's GEMM0 queues every tile's GEMM1 tasks
             tiles = self.expert_complete(self.expert_gemm0_done, u)
             if tiles:

@@ -193,11 +193,11 @@ def test_each_run_is_predicted_dealing_as_its_kernel_dealt():
     """A run that records how its kernel dealt the dispatch's shares (the worker writes "chunks") is
     predicted so; one that records none was measured on the kernel that dealt chunk slots."""
     for run in RUNS:
-        assert run.deal == run.trace.meta.get("deal", "slots") and run.deal in costs.DISPATCH_DEALS
-    assert {r.deal for r in RUNS} == set(costs.DISPATCH_DEALS)
-    run = next(r for r in RUNS if r.deal == "chunks")
-    assert PREDICT(run.config, compare.get_hardware(str(compare.calibrated_for(run))), run.dispatch, run.queue,
-                   run.staged_blocks, run.deal).trace.meta["deal"] == "chunks"
+        assert run.variant.deal == run.trace.meta.get("deal", "slots") and run.variant.deal in costs.DISPATCH_DEALS
+    assert {r.variant.deal for r in RUNS} == set(costs.DISPATCH_DEALS)
+    run = next(r for r in RUNS if r.variant.deal == "chunks")
+    assert PREDICT(run.config, compare.get_hardware(str(compare.calibrated_for(run))),
+                   run.variant).trace.meta["deal"] == "chunks"
 
 
 def test_each_run_is_predicted_selecting_as_its_kernel_selected():
@@ -205,14 +205,13 @@ def test_each_run_is_predicted_selecting_as_its_kernel_selected():
     predicted so; one that records none was measured on the kernel that made a pass over a lane's
     logits per choice, whose gate the prediction charges k passes."""
     for run in RUNS:
-        assert run.select == run.trace.meta.get("select", "passes") and run.select in costs.GATE_SELECTS
-    assert {r.select for r in RUNS} == set(costs.GATE_SELECTS)
+        assert run.variant.select == run.trace.meta.get("select", "passes") and run.variant.select in costs.GATE_SELECTS
+    assert {r.variant.select for r in RUNS} == set(costs.GATE_SELECTS)
     run = next(r for r in RUNS if r.name == "h200x1-trace-zoo-qwen3-30b-a3b-4k-p1")
     hw = compare.get_hardware(str(compare.calibrated_for(run)))
     gate = {}
     for select in costs.GATE_SELECTS:
-        t = PREDICT(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan, run.share_fences,
-                    select).trace
+        t = PREDICT(run.config, hw, dataclasses.replace(run.variant, select=select), run.plan).trace
         assert t.meta["select"] == select
         g = t.where(role="processor", kind="gate")
         gate[select] = float(np.median(g["end"] - g["start"]))
@@ -224,12 +223,13 @@ def test_each_run_is_predicted_fencing_as_its_kernel_fenced():
     predicted so; one that records none (every committed run so far) fenced twice, and its shares
     into a peer take two round trips more than the current kernel's."""
     for run in RUNS:
-        assert run.share_fences == run.trace.meta.get("share_fences", 2) and run.share_fences in costs.SHARE_FENCES
+        fences = run.variant.share_fences
+        assert fences == run.trace.meta.get("share_fences", 2) and fences in costs.SHARE_FENCES
     run = next(r for r in RUNS if r.name == "h200x4-trace-val-39-p4")
     hw = compare.get_hardware(str(compare.calibrated_for(run)))
     shares = {}
     for fences in costs.SHARE_FENCES:
-        t = PREDICT(run.config, hw, run.dispatch, run.queue, run.staged_blocks, run.deal, run.plan, fences).trace
+        t = PREDICT(run.config, hw, dataclasses.replace(run.variant, share_fences=fences), run.plan).trace
         assert t.meta["share_fences"] == fences
         d = t.where(role="processor", kind="dispatch")
         remote = d["peer"] != d["rank"]
@@ -252,7 +252,7 @@ def test_each_run_is_predicted_with_its_own_routing():
     assert all(r.send_counts is not None for r in RUNS)
     lossy = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "dropped_events": 3}))
     assert lossy.send_counts is None and lossy.plan is None and "seeded" in lossy.routing
-    g0 = (PREDICT(cfg, c.hardware, run.dispatch, run.queue, run.staged_blocks, run.deal).trace["kind"] == KIND["gemm0"])
+    g0 = PREDICT(cfg, c.hardware, run.variant).trace["kind"] == KIND["gemm0"]
     assert g0.sum() == (reference.plan_of(cfg).task_kind == GEMM0).sum()
 
 
@@ -263,9 +263,9 @@ def test_each_run_is_predicted_on_its_kernels_dispatch_path():
     old = dataclasses.replace(run, trace=Trace(run.trace.columns, upgrade_meta(
         {k: v for k, v in run.trace.meta.items() if k not in ("dispatch", "meta_version")})))
     new = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "dispatch": "store"}))
-    assert (old.dispatch, new.dispatch) == ("put", "store")
+    assert (old.variant.dispatch, new.variant.dispatch) == ("put", "store")
     for run in (old, new):
-        assert compare.compare(run, predict=PREDICT).predicted.meta["dispatch"] == run.dispatch
+        assert compare.compare(run, predict=PREDICT).predicted.meta["dispatch"] == run.variant.dispatch
 
 
 def test_each_run_is_predicted_with_its_kernels_queue_policy():
@@ -276,8 +276,8 @@ def test_each_run_is_predicted_with_its_kernels_queue_policy():
     old = dataclasses.replace(run, trace=Trace(run.trace.columns, upgrade_meta(
         {k: v for k, v in run.trace.meta.items() if k not in ("queue", "meta_version")})))
     new = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "queue": "expert"}))
-    assert (old.queue, new.queue) == ("tile", "expert")
-    predicted = {r.queue: compare.compare(r, predict=PREDICT) for r in (old, new)}
+    assert (old.variant.queue, new.variant.queue) == ("tile", "expert")
+    predicted = {r.variant.queue: compare.compare(r, predict=PREDICT) for r in (old, new)}
     assert {q: c.predicted.meta["queue"] for q, c in predicted.items()} == {"tile": "tile", "expert": "expert"}
     gemm0 = {q: next(row[1] for row in c.rows if row[0].startswith("gemm0")) for q, c in predicted.items()}
     assert gemm0["expert"] < gemm0["tile"]  # 4 tiles share each weight slice, not 2
