@@ -13,6 +13,7 @@ Residual bound: BOUND."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,7 +76,9 @@ class Tasks:
         col = lambda fn: np.array([fn(g) for g in pts], np.float64)  # noqa: E731
         n = col(lambda g: g["ns_per_task"].get("n", 1))
         gemm = [gemm_of(g) for g in pts]
-        of_gemm = {key: sum(c for c, k in zip(n, gemm) if k == key) for key in set(gemm)}
+        of_gemm: dict[tuple, float] = defaultdict(float)  # each GEMM's tasks
+        for c, key in zip(n, gemm):
+            of_gemm[key] += c
         return cls(col(lambda g: g["flops"]), col(lambda g: g["rows"]), col(lambda g: g.get("weight_bytes", 0)),
                    col(weight_alone), col(lambda g: g["ns_per_task"]["median"]),
                    np.sqrt(n / np.array([of_gemm[k] for k in gemm])))
