@@ -189,6 +189,15 @@ def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path
     assert compare.calibrated_for(run).name == f"calibrated-{run.gpu_tag}.json"
 
 
+def predicted_with(run, **change) -> Trace:
+    """`run` predicted on its calibration, its routing and its kernel's variant but `change`, which
+    the prediction's trace records."""
+    hw = compare.get_hardware(str(compare.calibrated_for(run)))
+    trace = PREDICT(run.config, hw, dataclasses.replace(run.variant, **change), run.plan).trace
+    assert {k: trace.meta[k] for k in change} == change
+    return trace
+
+
 def test_each_run_is_predicted_dealing_as_its_kernel_dealt():
     """A run that records how its kernel dealt the dispatch's shares (the worker writes "chunks") is
     predicted so; one that records none was measured on the kernel that dealt chunk slots."""
@@ -196,8 +205,7 @@ def test_each_run_is_predicted_dealing_as_its_kernel_dealt():
         assert run.variant.deal == run.trace.meta.get("deal", "slots") and run.variant.deal in costs.DISPATCH_DEALS
     assert {r.variant.deal for r in RUNS} == set(costs.DISPATCH_DEALS)
     run = next(r for r in RUNS if r.variant.deal == "chunks")
-    assert PREDICT(run.config, compare.get_hardware(str(compare.calibrated_for(run))),
-                   run.variant).trace.meta["deal"] == "chunks"
+    assert predicted_with(run).meta["deal"] == "chunks"
 
 
 def test_each_run_is_predicted_selecting_as_its_kernel_selected():
@@ -208,12 +216,9 @@ def test_each_run_is_predicted_selecting_as_its_kernel_selected():
         assert run.variant.select == run.trace.meta.get("select", "passes") and run.variant.select in costs.GATE_SELECTS
     assert {r.variant.select for r in RUNS} == set(costs.GATE_SELECTS)
     run = next(r for r in RUNS if r.name == "h200x1-trace-zoo-qwen3-30b-a3b-4k-p1")
-    hw = compare.get_hardware(str(compare.calibrated_for(run)))
     gate = {}
     for select in costs.GATE_SELECTS:
-        t = PREDICT(run.config, hw, dataclasses.replace(run.variant, select=select), run.plan).trace
-        assert t.meta["select"] == select
-        g = t.where(role="processor", kind="gate")
+        g = predicted_with(run, select=select).where(role="processor", kind="gate")
         gate[select] = float(np.median(g["end"] - g["start"]))
     assert gate["passes"] > gate["lists"] + 50_000  # top-8 over 128 experts: 8 passes of 32 logits a lane, or one
 
@@ -226,15 +231,13 @@ def test_each_run_is_predicted_fencing_as_its_kernel_fenced():
         fences = run.variant.share_fences
         assert fences == run.trace.meta.get("share_fences", 2) and fences in costs.SHARE_FENCES
     run = next(r for r in RUNS if r.name == "h200x4-trace-val-39-p4")
-    hw = compare.get_hardware(str(compare.calibrated_for(run)))
     shares = {}
     for fences in costs.SHARE_FENCES:
-        t = PREDICT(run.config, hw, dataclasses.replace(run.variant, share_fences=fences), run.plan).trace
-        assert t.meta["share_fences"] == fences
-        d = t.where(role="processor", kind="dispatch")
+        d = predicted_with(run, share_fences=fences).where(role="processor", kind="dispatch")
         remote = d["peer"] != d["rank"]
         shares[fences] = float(np.median(d["end"][remote] - d["start"][remote]))
-    assert shares[2] - shares[1] >= 2 * hw.for_config(run.config).nvlink_latency_ns * 0.9
+    hw = compare.get_hardware(str(compare.calibrated_for(run))).for_config(run.config)
+    assert shares[2] - shares[1] >= 2 * hw.nvlink_latency_ns * 0.9
 
 
 def test_each_run_is_predicted_with_its_own_routing():
