@@ -61,6 +61,7 @@ SELECT_LANES, GATE_SMEM_LOGITS = 4, 64
 # one pass over a lane's experts per choice, as an earlier kernel did (committed runs and gate
 # microbenchmarks that record no "select" measured it)
 GATE_SELECTS = ("lists", "passes")
+UNRECORDED_SELECT = GATE_SELECTS[1]  # what a run or gate point that records no "select" measured
 # the places a lane's list may have, the shortest that holds k taken; the longest is a round's choices
 # (the kernel's too: gpu/layout.py kernel_constants)
 SELECT_LISTS = (2, 4, 8)

@@ -31,7 +31,8 @@ class Variant:
         """A measured trace's kernel: runs that recorded no "deal" dealt chunk slots, no
         "share_fences" fenced a one-share chunk twice, no "select" made one pass per choice."""
         return cls(str(meta["dispatch"]), str(meta["queue"]), int(meta["staged_blocks"]),
-                   str(meta.get("deal", "slots")), int(meta.get("share_fences", 2)), str(meta.get("select", "passes")))
+                   str(meta.get("deal", "slots")), int(meta.get("share_fences", 2)),
+                   str(meta.get("select", costs.UNRECORDED_SELECT)))
 
     def fields(self) -> dict:
         """The variant as `simulate`'s keyword arguments (and its trace's meta keys)."""

@@ -26,13 +26,18 @@ SELECTIONS = ((4, "shared"), (5, "global"))  # the passes selection's columns an
 LISTS = 6  # the lists selection's column
 
 
+def selection(g: dict) -> str:
+    """How the kernel that measured gate point `g` selected top-k (costs.GATE_SELECTS)."""
+    return g.get("select", costs.UNRECORDED_SELECT)
+
+
 def gate_rows(pts: list[dict], units: int, wgs: int) -> np.ndarray:
     """Each point's terms, in NAMES' order."""
     rows = []
     for g in pts:
         grid = g["grid"] * wgs if "grid" in g else units
         split = float(costs.gate_splits(g["tokens"], g["hidden"], grid) > 1)
-        lists = g.get("select", "passes") == "lists"
+        lists = selection(g) == "lists"
         passes = (0, 0) if lists else costs.gate_select_reads(g["tokens"], g["top_k"], g["experts"], grid)
         rows.append((costs.gate_work(g["tokens"], g["hidden"], g["experts"], grid),
                      costs.slot_scan(g["tokens"], g["top_k"], g["experts"], grid), 1.0, split, *passes,
@@ -64,8 +69,8 @@ def fit_gate(raw: dict, units: int, wgs: int, origin: str) -> Fit:
     if len(pts) < 4:
         raise CalibrationError("gate", len(pts), "at least 4 (tokens, experts) points")
     for i, g in enumerate(pts):
-        if g.get("select", "passes") not in costs.GATE_SELECTS:
-            raise CalibrationError(f"gate[{i}].select", g["select"], "one of " + ", ".join(costs.GATE_SELECTS))
+        if selection(g) not in costs.GATE_SELECTS:
+            raise CalibrationError(f"gate[{i}].select", selection(g), "one of " + ", ".join(costs.GATE_SELECTS))
     a = gate_rows(pts, units, wgs)
     y = np.array([g["ns"] for g in pts])
     lists = a[:, LISTS] > 0
