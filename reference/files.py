@@ -117,6 +117,22 @@ def json_of_array(path, data: dict, key: str, expected: str, kind: type | tuple 
     return doc
 
 
+def json_text(doc, **kwargs) -> str:
+    """`doc` as JSON text these loaders read back: a NaN or infinity (a kernel's error against an
+    output it left garbage, say) written as null, not as a bare token JSON does not allow."""
+    return json.dumps(_finite_or_null(doc), allow_nan=False, **kwargs)
+
+
+def _finite_or_null(doc):
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: _finite_or_null(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_finite_or_null(v) for v in doc]
+    return doc
+
+
 def finite(path, name: str, values, expected: str) -> None:
     """Refuse NaN or inf in `values` (an array or a number) of `path`."""
     a = np.asarray(values)

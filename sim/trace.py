@@ -11,14 +11,13 @@ Chrome/Perfetto JSON (`ph: "X"`, microseconds) for ui.perfetto.dev.
 
 from __future__ import annotations
 
-import json
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from reference.files import FileError, finite, json_of_array, load_npz
+from reference.files import FileError, finite, json_of_array, json_text, load_npz
 
 ROLES = ("processor", "scheduler", "subscriber", "proxy", "nic", "link")
 KINDS = ("gate", "dispatch", "gemm0", "gemm1", "combine", "put", "fence", "signal", "wait", "idle")
@@ -154,9 +153,9 @@ class Trace:
         """`.npz` columns, or Perfetto JSON when the path ends in `.json`."""
         path = Path(path)
         if path.suffix == ".json":
-            path.write_text(json.dumps(self.to_perfetto()))
+            path.write_text(json_text(self.to_perfetto()))
         else:
-            np.savez_compressed(path, meta=json.dumps(self.meta, sort_keys=True), **self.columns)
+            np.savez_compressed(path, meta=json_text(self.meta, sort_keys=True), **self.columns)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:

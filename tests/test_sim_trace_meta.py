@@ -1,6 +1,8 @@
 """The trace meta's schema (sim.trace META_KEYS): both producers fill it, readers check it, and files
 of the version before it read through one upgrade."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,19 @@ def test_a_simulated_trace_fills_the_schema_and_keeps_it_through_a_file(tmp_path
     assert trace.meta["source"] == "sim" and trace.meta["config"] == cfg.to_dict()
     trace.save(tmp_path / "t.npz")
     assert Trace.load(tmp_path / "t.npz").meta == trace.meta
+
+
+def test_a_meta_number_that_is_not_finite_is_saved_as_null_and_reads_back(tmp_path):
+    # a kernel's error against an output it left garbage is NaN: the file must still load
+    cfg = presets.get("tiny").replace(seed=int(np.random.default_rng().integers(1 << 30)))
+    trace = sim.simulate(cfg).trace
+    trace.meta.update(rel_err=float("nan"), kernel_ms_all=[1.0, float("inf")], nested={"x": float("-inf")})
+    for name in ("t.npz", "t.json"):
+        trace.save(tmp_path / name)
+    meta = Trace.load(tmp_path / "t.npz").meta
+    assert meta["rel_err"] is None and meta["kernel_ms_all"] == [1.0, None] and meta["nested"] == {"x": None}
+    assert json.loads((tmp_path / "t.json").read_text(), parse_constant=lambda c: pytest.fail(c))["otherData"][
+        "rel_err"] is None
 
 
 def test_every_committed_measured_trace_reads_as_the_schema():
