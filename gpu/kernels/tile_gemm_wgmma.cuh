@@ -464,40 +464,47 @@ struct WgmmaTileGemm {
 
   // The tile's rows < `rows` into out (row r at out(r)) as bf16, element (r, c) =
   // act(acc + bias[c]) in float32, rounded to nearest even, through shared memory: each thread puts
-  // its accumulators into the stages (idle now) as they are, then every thread takes 4 columns of
-  // a row at a time, the same 4 in every row it takes, so it loads their biases once, and stores
-  // them as 8 bytes, 256 contiguous bytes a warp. (Applied pair by pair from the fragments, each
-  // bias load waited behind the store before it, which might have written it: the epilogue took
-  // 5-9 us of a 128 x 256 task, now 2.5-3.6, clocked inside the task on one H100.) A row is 8
-  // floats longer than the tile's, so the 4 rows a half-warp's 8-byte fragment stores fall on take
-  // 32 banks.
-  // Only the columns < cols are stored (a ragged last column block: a multiple of 4). GATED: the
-  // columns come in (gate, up) pairs, and columns c, c + 1 give act(gate, up) at out(r) + c / 2.
+  // its accumulators into the stages (idle now) as they are, then every thread takes 8 columns of
+  // a row at a time, the same 8 in every row it takes, so it loads their biases once, and stores
+  // them as 16 bytes (gated: their 4 outputs as 8), 512 contiguous bytes a warp (fewer, wider
+  // stores: the pass is about a tenth of a fine-grained layer, docs/notes/tile-gemm.md). Applied
+  // pair by pair from the fragments, each bias load waited behind the store before it, which might
+  // have written it. A row is 8 floats longer than the tile's, so the 4 rows a half-warp's 8-byte
+  // fragment stores fall on take 32 banks.
+  // Only the columns < cols are stored (a ragged last column block: a multiple of 64, layout.py's
+  // RAGGED_MULTIPLE). GATED: the columns come in (gate, up) pairs, and columns c, c + 1 give
+  // act(gate, up) at out(r) + c / 2.
   template <bool GATED, class Rows, class Act>
   __device__ static void store(const Acc& acc, int rows, int cols, void* smem, Rows out, const float* bias, Act act) {
-    constexpr int ROW_FLOATS = BN + 8, QUADS = BN / 4;
-    static_assert(BM * ROW_FLOATS * 4 <= STAGES * STAGE_BYTES && THREADS % QUADS == 0,
-                  "the float32 tile fits the stages, and every thread keeps its 4 columns");
+    constexpr int ROW_FLOATS = BN + 8, OCTETS = BN / 8;
+    static_assert(BM * ROW_FLOATS * 4 <= STAGES * STAGE_BYTES && THREADS % OCTETS == 0,
+                  "the float32 tile fits the stages, and every thread keeps its 8 columns");
     float* s = static_cast<float*>(smem);
     epilogue(acc, rows, [&](int r, int c, float v0, float v1) {
       *reinterpret_cast<float2*>(s + r * ROW_FLOATS + c) = make_float2(v0, v1);
     });
     __syncthreads();
-    const int tid = thread_index(), c = 4 * (tid % QUADS);
+    const int tid = thread_index(), c = 8 * (tid % OCTETS);
     if (c >= cols) return;
-    const float4 b = *reinterpret_cast<const float4*>(bias + c);
-    for (int r = tid / QUADS; r < rows; r += THREADS / QUADS) {
-      const float4 v = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
-      if constexpr (GATED) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(act(v.x + b.x, v.y + b.y), act(v.z + b.z, v.w + b.w));
-        *reinterpret_cast<unsigned*>(out(r) + c / 2) = *reinterpret_cast<const unsigned*>(&h);
-      } else {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(act(v.x + b.x), act(v.y + b.y));
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(act(v.z + b.z), act(v.w + b.w));
-        *reinterpret_cast<uint2*>(out(r) + c) =
-            make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-      }
+    const float4 b0 = *reinterpret_cast<const float4*>(bias + c), b1 = *reinterpret_cast<const float4*>(bias + c + 4);
+    for (int r = tid / OCTETS; r < rows; r += THREADS / OCTETS) {
+      const float4 v0 = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
+      const float4 v1 = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c + 4);
+      if constexpr (GATED)
+        *reinterpret_cast<uint2*>(out(r) + c / 2) =
+            make_uint2(bf16x2(act(v0.x + b0.x, v0.y + b0.y), act(v0.z + b0.z, v0.w + b0.w)),
+                       bf16x2(act(v1.x + b1.x, v1.y + b1.y), act(v1.z + b1.z, v1.w + b1.w)));
+      else
+        *reinterpret_cast<uint4*>(out(r) + c) =
+            make_uint4(bf16x2(act(v0.x + b0.x), act(v0.y + b0.y)), bf16x2(act(v0.z + b0.z), act(v0.w + b0.w)),
+                       bf16x2(act(v1.x + b1.x), act(v1.y + b1.y)), bf16x2(act(v1.z + b1.z), act(v1.w + b1.w)));
     }
+  }
+
+  // lo and hi rounded to bf16 (nearest even), lo in the low half: two adjacent columns as stored
+  __device__ static unsigned bf16x2(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
   }
 
   // f(row, col, v0, v1) for each pair of adjacent output columns this thread holds (rows < `rows`)
