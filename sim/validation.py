@@ -12,7 +12,16 @@ from reference.files import read_json
 
 from . import heldout
 from .calibrate import MEASUREMENTS
-from .compare import LATENCY_BOUND, OVERLAP_BOUND, PHASE_BOUND, PHASES, Comparison, measured_runs, uncovered
+from .compare import (
+    LATENCY_BOUND,
+    OVERLAP_BOUND,
+    PHASE_BOUND,
+    PHASES,
+    Comparison,
+    calibrated_for,
+    measured_runs,
+    uncovered,
+)
 
 NOTES = MEASUREMENTS.parent / "docs" / "notes"  # the page's prose: its title line, a blank line, then the section
 
@@ -58,11 +67,12 @@ def markdown(comparisons: list[Comparison], pending: list[tuple[str, str]] | Non
              f"holds the bounds: layer latency within {LATENCY_BOUND:.0%}, each phase's busy time within "
              f"{PHASE_BOUND:.0%}, overlap efficiency within {OVERLAP_BOUND} absolute.", ""]
     lines += ["## The calibrated presets", ""]
-    for hw_name, path in sorted({(c.hardware.name, f"calibrated-{c.run.gpu_tag}.json") for c in comparisons}):
+    current = sorted({f"calibrated-{c.run.gpu_tag}.json" for c in every})
+    for path in current:
         doc = read_json(MEASUREMENTS / path, "a calibrated preset (moelab calibrate --out)")
         dtypes = doc.get("dtypes", {})
         tiles = ", ".join(f"{d} at {'x'.join(map(str, sec['tile']))}" for d, sec in dtypes.items())
-        lines += [f"`measurements/{path}` ({hw_name}, on `{doc['base']}`; kernel builds calibrated: "
+        lines += [f"`measurements/{path}` ({doc['name']}, on `{doc['base']}`; kernel builds calibrated: "
                   f"{tiles or 'float32'}). The float32 build's figures:", ""]
         lines += _figures_table({k: v for k, v in doc.items() if k not in ("base", "name", "sources", "dtypes")},
                                 doc["sources"])
@@ -72,6 +82,11 @@ def markdown(comparisons: list[Comparison], pending: list[tuple[str, str]] | Non
                 lines += ["", f"The {dtype} build's figures (`dtypes.{dtype}`):", ""]
                 lines += _figures_table(figures, sec.get("sources", {}))
         lines.append("")
+    kept = sorted({calibrated_for(c.run).name for c in every} - set(current))
+    if kept:
+        lines += ["The runs of earlier kernels whose microbenchmarks are kept are predicted with those kernels' "
+                  "presets (`sim.compare.calibrated_for`): " + ", ".join(f"`measurements/{k}`" for k in kept) + ".",
+                  ""]
     lines += ["## Error table", "",
               "Errors are (predicted - measured) / measured; phases are busy time per processor block. "
               "Layer latency is the telemetry trace's span (first start to last end).", "",
