@@ -9,7 +9,8 @@ another sample than the reference's seeded ones, and the experts that finish las
 end), with
 the preset calibrated on that GPU's microbenchmarks (measurements/calibrated-<gpu>.json, from
 `moelab calibrate`; never fitted to layer runs), or, for a run of an earlier kernel whose
-microbenchmarks are kept, on those (calibrated-<gpu>-<commit[:7]>.json). Both traces go through
+microbenchmarks are kept, on those (calibrated-<gpu>-<commit[:7]>.json, or the one
+measurements/kernel-presets.json names for its commit). Both traces go through
 one definition:
 
 - layer latency: first start to last end of the trace;
@@ -50,6 +51,8 @@ from .hardware import Hardware, HardwareError
 from .hardware import get as get_hardware
 from .trace import KIND, ROLE, Trace, TraceError, check_meta, concat
 from .variant import Variant
+
+KERNEL_PRESETS = "kernel-presets.json"  # under MEASUREMENTS: kernel commits sharing a kept preset
 
 PHASES = ("gate", "dispatch", "gemm0", "gemm1", "combine")
 LATENCY_BOUND, PHASE_BOUND, OVERLAP_BOUND = 0.10, 0.20, 0.10
@@ -198,13 +201,36 @@ def measured_runs(folder: Path | None = None, calibrated_only: bool = True) -> l
     return runs
 
 
+def kernel_presets() -> dict[str, dict[str, str]]:
+    """KERNEL_PRESETS' "presets" (none where the folder has no such file): for each GPU tag, the
+    kernel commits (their first 7 hex digits) whose runs an earlier kernel's kept preset describes,
+    each with that preset's file name under MEASUREMENTS (the kernels between two calibrations
+    share one)."""
+    path = MEASUREMENTS / KERNEL_PRESETS
+    if not path.is_file():
+        return {}
+    expected = ('an object whose "presets" maps GPU tags to objects of 7-hex kernel commits, each naming a '
+                'calibrated-<gpu>-<commit>.json file beside it')
+    presets = read_json(path, expected).get("presets")
+    if not (isinstance(presets, dict) and all(
+            isinstance(by, dict) and all(isinstance(c, str) and len(c) == 7 and isinstance(f, str)
+                                         and f.startswith(f"calibrated-{gpu}-") and (path.parent / f).is_file()
+                                         for c, f in by.items()) for gpu, by in presets.items())):
+        raise FileError(path, "holds a \"presets\" entry that is not such a map, or names a missing file", expected)
+    return presets
+
+
 def calibrated_for(run: MeasuredRun) -> Path:
-    """The preset calibrated on the run's GPU: the one of the run's own kernel commit where the
-    microbenchmarks of an earlier kernel are kept (calibrated-<gpu>-<commit[:7]>.json), else the
-    GPU's current one."""
-    own = MEASUREMENTS / f"calibrated-{run.gpu_tag}-{(run.commit or '')[:7]}.json"
+    """The preset calibrated on the run's GPU: where the microbenchmarks of an earlier kernel are
+    kept, the one of the run's own kernel commit (calibrated-<gpu>-<commit[:7]>.json) or the one
+    KERNEL_PRESETS names for it; else the GPU's current one."""
+    short = (run.commit or "")[:7]
+    own = MEASUREMENTS / f"calibrated-{run.gpu_tag}-{short}.json"
     if run.commit and own.is_file():
         return own
+    named = kernel_presets().get(run.gpu_tag, {}).get(short) if run.commit else None
+    if named:
+        return MEASUREMENTS / named
     path = MEASUREMENTS / f"calibrated-{run.gpu_tag}.json"
     if not path.is_file():
         raise CompareError("hardware", str(path), f"a calibrated preset for {run.gpu!r}: run `moelab calibrate`")

@@ -12,6 +12,7 @@ import pytest
 
 import reference
 from moelab.cli import main
+from reference.files import FileError
 from reference.plan import GEMM0
 from sim import compare, costs, heldout
 from sim.trace import KIND, ROLE, Trace, upgrade_meta
@@ -107,8 +108,9 @@ ZOO_DEEP_GEMM = ("the deepest zoo GEMMs on two and four H200s: Llama 4 Scout's G
 
 ZOO_SCOUT_DISPATCH = ("Llama 4 Scout at 4K tokens on one H200 (k 1, H 5120): its 40 local shares of 1.25 MB took a "
                       "median 56.7 us (23 GB/s a block) against 35.4 modelled, dispatch busy 26.9% short, the layer "
-                      "within 4.2%: the calibration's store-path layers move rows of 4 KB (H 2048), none of 10 KB, "
-                      "and 40 such shares at once hold 52 MB, past the L2")
+                      "within 4.2% (on the kernel with the 8-column epilogue 25.7% and 6.8%): the calibration's "
+                      "store-path layers move rows of 4 KB (H 2048), none of 10 KB, and 40 such shares at once hold "
+                      "52 MB, past the L2")
 
 
 def _zoo(model: str, gpus: int = 2) -> str:
@@ -118,6 +120,7 @@ def _zoo(model: str, gpus: int = 2) -> str:
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     (_zoo("deepseek-v3"), "gate"): ZOO_DEEPSEEK_V3,
     (_zoo("llama-4-scout", 1), "dispatch"): ZOO_SCOUT_DISPATCH,
+    ("h200x1-trace-zoo-llama-4-scout-4k-84f07bb-p1", "dispatch"): ZOO_SCOUT_DISPATCH,
     (_zoo("qwen3-30b-a3b", 4), "layer"): ZOO_SHALLOW_GEMM1,
     (_zoo("llama-4-scout"), "layer"): ZOO_DEEP_GEMM,
     (_zoo("deepseek-v3", 4), "layer"): ZOO_DEEP_GEMM,
@@ -160,33 +163,53 @@ NOT_RECALIBRATED = ("h200x2-trace-zoo-",)
 
 
 def test_each_run_is_predicted_with_its_own_kernels_microbenchmarks():
-    """A run of an earlier kernel whose calibration is kept (calibrated-<gpu>-<commit[:7]>.json)
-    is predicted with it; the others with the GPU's current calibrated preset, whose microbenchmarks
-    were measured on the run's kernel (or, for the kernel that changed only the gate's selection, its
-    gate points were: the file's meta "gate_lists")."""
+    """A run of an earlier kernel whose calibration is kept is predicted with it (its own
+    calibrated-<gpu>-<commit[:7]>.json, or the one kernel-presets.json names for its commit); the
+    others with the GPU's current calibrated preset, whose microbenchmarks were measured on the
+    run's kernel (or, where a kernel changed one piece, that piece's points were: the meta entries
+    of the parts measured later, such as "gate_lists")."""
     kept = {p.stem.rsplit("-", 1)[1] for p in compare.MEASUREMENTS.glob("calibrated-*-*.json")}
+    named = compare.kernel_presets()
     for run in RUNS:
         path = compare.calibrated_for(run)
         own = run.commit[:7] in kept
+        shared = named.get(run.gpu_tag, {}).get(run.commit[:7])
         assert path.name == (f"calibrated-{run.gpu_tag}-{run.commit[:7]}.json" if own
-                             else f"calibrated-{run.gpu_tag}.json")
+                             else shared or f"calibrated-{run.gpu_tag}.json"), run.name
         measured = path.with_name(path.name.replace("calibrated", "calibration"))
         meta = json.loads(measured.read_text())["meta"]
-        commits = {meta["commit"], meta.get("gate_lists", {}).get("commit")}
+        commits = {meta["commit"]} | {part["commit"] for part in meta.values() if isinstance(part, dict)}
         assert own or run.commit in commits or run.name.startswith(NOT_RECALIBRATED), \
             f"{run.name}: its kernel's microbenchmarks are not committed"
 
 
 def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path, monkeypatch):
-    """No earlier kernel's calibration is committed now: the choice is checked on a made-up tree."""
+    """The choice on a made-up tree: a preset of the run's own commit, one kernel-presets.json
+    names for it, else the current one."""
     run = RUNS[0]
-    earlier = "0123abc" + "0" * 33
+    earlier, shared = "0123abc" + "0" * 33, "4567def" + "0" * 33
     for name in (f"calibrated-{run.gpu_tag}.json", f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"):
         (tmp_path / name).write_text("{}")
     monkeypatch.setattr(compare, "MEASUREMENTS", tmp_path)
-    old = dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta, "commit": earlier}))
-    assert compare.calibrated_for(old).name == f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"
+    at = lambda commit: dataclasses.replace(run, trace=Trace(run.trace.columns, {**run.trace.meta,  # noqa: E731
+                                                                                   "commit": commit}))
+    assert compare.calibrated_for(at(earlier)).name == f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"
+    assert compare.calibrated_for(at(shared)).name == f"calibrated-{run.gpu_tag}.json"
+    (tmp_path / compare.KERNEL_PRESETS).write_text(json.dumps(
+        {"presets": {run.gpu_tag: {shared[:7]: f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"}}}))
+    assert compare.calibrated_for(at(shared)).name == f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"
     assert compare.calibrated_for(run).name == f"calibrated-{run.gpu_tag}.json"
+
+
+@pytest.mark.parametrize("presets", [[], {"h200": {"4567def": "calibrated-h200-missing.json"}},
+                                     {"h200": {"4567de": "calibrated-h200-0123abc.json"}},
+                                     {"h200": {"4567def": "calibrated-h100-0123abc.json"}}])
+def test_a_kernel_presets_file_that_names_no_kept_preset_is_one_line(presets, tmp_path, monkeypatch):
+    (tmp_path / "calibrated-h200-0123abc.json").write_text("{}")
+    (tmp_path / compare.KERNEL_PRESETS).write_text(json.dumps({"presets": presets}))
+    monkeypatch.setattr(compare, "MEASUREMENTS", tmp_path)
+    with pytest.raises(FileError, match="kernel-presets.json.*presets"):
+        compare.kernel_presets()
 
 
 def predicted_with(run, **change) -> Trace:
