@@ -34,6 +34,7 @@ an error naming the dtype and shape, since its figures were measured on another 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -213,7 +214,7 @@ def kernel_presets() -> dict[str, dict[str, str]]:
                 'calibrated-<gpu>-<commit>.json file beside it')
     presets = read_json(path, expected).get("presets")
     if not (isinstance(presets, dict) and all(
-            isinstance(by, dict) and all(isinstance(c, str) and len(c) == 7 and isinstance(f, str)
+            isinstance(by, dict) and all(isinstance(c, str) and re.fullmatch("[0-9a-f]{7}", c) and isinstance(f, str)
                                          and f.startswith(f"calibrated-{gpu}-") and (path.parent / f).is_file()
                                          for c, f in by.items()) for gpu, by in presets.items())):
         raise FileError(path, "holds a \"presets\" entry that is not such a map, or names a missing file", expected)

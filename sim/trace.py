@@ -150,7 +150,8 @@ class Trace:
         return ((rank * span[1] + role) * span[0] + lane,)
 
     def save(self, path: str | Path) -> None:
-        """`.npz` columns, or Perfetto JSON when the path ends in `.json`."""
+        """`.npz` columns, or Perfetto JSON when the path ends in `.json` (a meta number that is not
+        finite written as null)."""
         path = Path(path)
         if path.suffix == ".json":
             path.write_text(json_text(self.to_perfetto()))

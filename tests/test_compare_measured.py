@@ -203,6 +203,7 @@ def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path
 
 @pytest.mark.parametrize("presets", [[], {"h200": {"4567def": "calibrated-h200-missing.json"}},
                                      {"h200": {"4567de": "calibrated-h200-0123abc.json"}},
+                                     {"h200": {"4567deZ": "calibrated-h200-0123abc.json"}},
                                      {"h200": {"4567def": "calibrated-h100-0123abc.json"}}])
 def test_a_kernel_presets_file_that_names_no_kept_preset_is_one_line(presets, tmp_path, monkeypatch):
     (tmp_path / "calibrated-h200-0123abc.json").write_text("{}")
