@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from functools import partial
@@ -72,6 +71,7 @@ from gpu.cases import (  # noqa: E402
     zoo_trace_cases,
 )
 from gpu.layout import Sizes, layer_bytes  # noqa: E402
+from gpu.provenance import command_output, run_meta  # noqa: E402
 from gpu.worker import ZOO_GOLDEN_THREADS  # noqa: E402
 from reference import Config, ConfigError, presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
@@ -190,35 +190,6 @@ def weights_bound(r: dict, ceiling: float, gbps: float) -> float:
     """The GEMM phase's best share (%) of `ceiling` (TFLOP/s a GPU) at the memory rate `gbps`
     (sim.metrics.weights_roofline): under 60 the bar on the GEMM phase cannot hold at that point."""
     return metrics.weights_roofline(Config.from_dict(r["config"]), r["kept_rows"], ceiling, gbps)
-
-
-def command_output(cmd: list[str]) -> str:
-    """A tool's stdout, stripped; "" where it fails or this machine lacks it."""
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-    except FileNotFoundError:
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
-
-
-def run_meta(args_line: str) -> dict:
-    """Where and from what the numbers come: commit, command, GPUs, driver, versions."""
-    import torch
-
-    out = command_output  # a tool missing on this machine leaves its field empty
-    smi = out(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]).splitlines()
-    commit = os.environ.get("MOELAB_COMMIT") or out(["git", "rev-parse", "HEAD"]) or "unknown"
-    try:
-        from importlib.metadata import version
-
-        nvshmem = version("nvidia-nvshmem-cu13")
-    except Exception:  # recorded as unknown rather than failing the run
-        nvshmem = "unknown"
-    return {"commit": commit, "command": args_line, "invoked_by": os.environ.get("MOELAB_COMMAND", ""),
-            "gpus_seen": [line.split(",")[0].strip() for line in smi],
-            "driver": smi[0].split(",")[1].strip() if smi else "unknown",
-            "torch": torch.__version__, "cuda": torch.version.cuda, "nvshmem": nvshmem,
-            "nvcc": (out(["nvcc", "--version"]).splitlines() or ["unknown"])[-1]}
 
 
 # the matrix's guess of a run's time (matrix_point_seconds, matrix_plan), from each point's roofline at the H100's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from reference.files import FileError, check_output
 
 
 def cmd_gpu(args: argparse.Namespace) -> int:
-    from . import cases, layout, spawn
+    from . import cases, layout, provenance, spawn
 
     if args.trace:  # before the build and launch: a bad path fails now, not after them
         check_output(args.trace)
@@ -42,6 +43,8 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     if why:
         print(f"moelab gpu: error: {why}", file=sys.stderr)
         return 2
+    # the trace names its kernel and command, as the benchmarks' do (a committed run is matched by them)
+    case["meta"] = provenance.run_meta(shlex.join(["moelab", *sys.argv[1:]]))
     progress(f"{cfg.name} on {args.gpus} GPU(s): spawning the workers")
     results = spawn.run([case], args.gpus, args.out, timeout_s=args.wall_timeout, echo=not args.quiet)
     res = results[0]

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gpu import provenance
 from reference import Config, presets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -219,13 +220,13 @@ def test_the_plans_gpu_memory_is_the_machines_own_first_gpus(monkeypatch):
     class Done:
         returncode, stdout = 0, "143771\n143771\n"  # nvidia-smi's MiB of two H200s
 
-    monkeypatch.setattr(bench_gpu.subprocess, "run", lambda *a, **k: Done())
+    monkeypatch.setattr(provenance.subprocess, "run", lambda *a, **k: Done())
     assert bench_gpu.local_gpu_gb() == pytest.approx(143771 * 2**20 / 1e9)
 
     def missing(*a, **k):
         raise FileNotFoundError("nvidia-smi")
 
-    monkeypatch.setattr(bench_gpu.subprocess, "run", missing)
+    monkeypatch.setattr(provenance.subprocess, "run", missing)
     assert bench_gpu.local_gpu_gb() is None
 
 
