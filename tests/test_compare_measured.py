@@ -120,7 +120,7 @@ def _zoo(model: str, gpus: int = 2) -> str:
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     (_zoo("deepseek-v3"), "gate"): ZOO_DEEPSEEK_V3,
     (_zoo("llama-4-scout", 1), "dispatch"): ZOO_SCOUT_DISPATCH,
-    ("h200x1-trace-zoo-llama-4-scout-4k-84f07bb-p1", "dispatch"): ZOO_SCOUT_DISPATCH,
+    ("h200x1-trace-zoo-llama-4-scout-4k-epilogue8-p1", "dispatch"): ZOO_SCOUT_DISPATCH,
     (_zoo("qwen3-30b-a3b", 4), "layer"): ZOO_SHALLOW_GEMM1,
     (_zoo("llama-4-scout"), "layer"): ZOO_DEEP_GEMM,
     (_zoo("deepseek-v3", 4), "layer"): ZOO_DEEP_GEMM,
@@ -162,6 +162,10 @@ def test_there_are_measured_runs():
 NOT_RECALIBRATED = ("h200x2-trace-zoo-",)
 
 
+# kernel commits of no kernel (the first 7 hex digits a commit is known by), for the preset choice
+MADE_UP_EARLIER, MADE_UP_SHARED = "0" * 6 + "1", "0" * 6 + "2"
+
+
 def test_each_run_is_predicted_with_its_own_kernels_microbenchmarks():
     """A run of an earlier kernel whose calibration is kept is predicted with it (its own
     calibrated-<gpu>-<commit[:7]>.json, or the one kernel-presets.json names for its commit); the
@@ -187,7 +191,7 @@ def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path
     """The choice on a made-up tree: a preset of the run's own commit, one kernel-presets.json
     names for it, else the current one."""
     run = RUNS[0]
-    earlier, shared = "0123abc" + "0" * 33, "4567def" + "0" * 33
+    earlier, shared = MADE_UP_EARLIER + "0" * 33, MADE_UP_SHARED + "0" * 33
     for name in (f"calibrated-{run.gpu_tag}.json", f"calibrated-{run.gpu_tag}-{earlier[:7]}.json"):
         (tmp_path / name).write_text("{}")
     monkeypatch.setattr(compare, "MEASUREMENTS", tmp_path)
@@ -201,12 +205,12 @@ def test_a_run_of_an_earlier_kernel_takes_that_kernels_kept_calibration(tmp_path
     assert compare.calibrated_for(run).name == f"calibrated-{run.gpu_tag}.json"
 
 
-@pytest.mark.parametrize("presets", [[], {"h200": {"4567def": "calibrated-h200-missing.json"}},
-                                     {"h200": {"4567de": "calibrated-h200-0123abc.json"}},
-                                     {"h200": {"4567deZ": "calibrated-h200-0123abc.json"}},
-                                     {"h200": {"4567def": "calibrated-h100-0123abc.json"}}])
+@pytest.mark.parametrize("presets", [[], {"h200": {MADE_UP_SHARED: "calibrated-h200-missing.json"}},
+                                     {"h200": {MADE_UP_SHARED[:6]: f"calibrated-h200-{MADE_UP_EARLIER}.json"}},
+                                     {"h200": {MADE_UP_SHARED[:6] + "Z": f"calibrated-h200-{MADE_UP_EARLIER}.json"}},
+                                     {"h200": {MADE_UP_SHARED: f"calibrated-h100-{MADE_UP_EARLIER}.json"}}])
 def test_a_kernel_presets_file_that_names_no_kept_preset_is_one_line(presets, tmp_path, monkeypatch):
-    (tmp_path / "calibrated-h200-0123abc.json").write_text("{}")
+    (tmp_path / f"calibrated-h200-{MADE_UP_EARLIER}.json").write_text("{}")
     (tmp_path / compare.KERNEL_PRESETS).write_text(json.dumps({"presets": presets}))
     monkeypatch.setattr(compare, "MEASUREMENTS", tmp_path)
     with pytest.raises(FileError, match="kernel-presets.json.*presets"):
