@@ -156,8 +156,9 @@ def fit_overlap(t: Tasks, work: np.ndarray, power: float, peak: float) -> tuple[
         load = sum((m[..., None] * col for m, col in zip(np.meshgrid(*axes[1:], indexing="ij"), loads)),
                    np.zeros_like(y)) ** power
         base = _root(multiply.reshape(len(axes[0]), *[1] * len(loads), len(y)) + load, power)
-        fixed = np.maximum((y - base) @ weight / np.sum(weight), 0.0)
-        left = y - fixed[..., None] - base
+        beyond = y - base  # each task's time beyond its multiply and load: the fixed time and the residual
+        fixed = np.maximum(beyond @ weight / np.sum(weight), 0.0)
+        left = beyond - fixed[..., None]
         return fixed, (left * left) @ weight
 
     for _ in range(5):
