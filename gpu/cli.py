@@ -44,7 +44,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
         print(f"moelab gpu: error: {why}", file=sys.stderr)
         return 2
     # the trace names its kernel and command, as the benchmarks' do (a committed run is matched by them)
-    case["meta"] = provenance.run_meta(shlex.join(["moelab", *sys.argv[1:]]))
+    case["meta"] = provenance.run_meta(shlex.join(["moelab", *args.argv]))
     progress(f"{cfg.name} on {args.gpus} GPU(s): spawning the workers")
     results = spawn.run([case], args.gpus, args.out, timeout_s=args.wall_timeout, echo=not args.quiet)
     res = results[0]

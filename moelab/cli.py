@@ -65,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = parser().parse_args(argv)
     except SystemExit as e:  # --help, --version or a usage error: argparse has printed it
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from reference.files import FileError
 
     keep_freed_memory()
+    args.argv = argv  # the command as given, for what records it (moelab gpu's provenance)
     try:
         return int(args.func(args) or 0)
     except (ConfigError, FileError, BudgetError) as e:
