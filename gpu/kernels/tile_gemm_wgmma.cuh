@@ -3,12 +3,11 @@
 // params.cuh), on Hopper's warpgroup tensor cores, for two kinds of operands (Operands below): bf16
 // as stored (the bf16 kernel), or float32 split into TF32 parts, three products per pair (3xTF32,
 // the tf32x3 kernel: float32's accuracy at tensor-core rates).
-// Each of the block's WGS warpgroups takes a band of the tile's rows (BM / WGS of them, all BN
-// columns) where one wgmma spans the tile's width (bf16 up to 256 columns), else a band of its
-// columns (BN / WGS, all BM rows); each 16-deep k step is one wgmma.m64nNk16 per 64 rows and N
-// columns of its band (N up to 256 bf16, 128 tf32), both operands read straight from shared
-// memory. Why two warpgroups on the 128 x 256 bench tile: they read each A slice once for both, and
-// why in rows: each k step's B is read once, not once per 64 rows (docs/notes/tile-gemm.md).
+// Each of the block's WGS warpgroups takes a band of the tile's columns (BN / WGS of them, all BM
+// rows) or, where a warpgroup's registers cannot hold all the rows of half the columns, a band of 64
+// rows (all BN columns); each 16-deep k step is one wgmma.m64nNk16 per 64 rows and 128 columns (or
+// fewer) of its band, both operands read straight from shared memory. Why two warpgroups on the
+// 128 x 256 bench tile: they read each A slice once for both (docs/notes/tile-gemm.md).
 // K is walked in slices 128 bytes deep (64 bf16 or 32 floats: one swizzle line per operand row)
 // that the tensor memory accelerator (TMA) brings into STAGES stages (gpu/layout.py picks STAGES
 // from the room a block's share of the SM leaves), AHEAD slices ahead of the wgmmas: one thread asks
@@ -65,20 +64,6 @@ __device__ __forceinline__ uint64_t wgmma_desc(unsigned addr) {
   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define WGMMA_D128 WGMMA_D64 ", " \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define WGMMA_D128_OUT(d) WGMMA_D64_OUT(d), \
-  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
 // D[64 x N] += A[64 x 16] . B[N x 16]^T, both operands bf16 in shared memory (descriptors, K-major)
 template <int N>
@@ -110,16 +95,6 @@ struct Wgmma<128> {
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WGMMA_D64
                  "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
                  : WGMMA_D64_OUT(d)
-                 : "l"(a), "l"(b));
-  }
-};
-template <>
-struct Wgmma<256> {
-  __device__ static void mma(float (&d)[128], uint64_t a, uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WGMMA_D128
-                 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : WGMMA_D128_OUT(d)
                  : "l"(a), "l"(b));
   }
 };
@@ -159,8 +134,7 @@ struct WgmmaTf32<128> {
 // threads as each slice lands, while the slice before it multiplies.
 struct Bf16Operands {
   using T = __nv_bfloat16;
-  static constexpr int LO_BUFFERS = 0, MAX_N = 256;
-  static constexpr bool ROW_BANDS = true;
+  static constexpr int LO_BUFFERS = 0;
   template <int N>
   __device__ static void mma(float (&d)[N / 2], uint64_t a, uint64_t a_lo, uint64_t b, uint64_t b_lo) {
     Wgmma<N>::mma(d, a, b);
@@ -169,8 +143,7 @@ struct Bf16Operands {
 struct Tf32x3Operands {
   using T = float;
   // slice kt's lo parts are written while slice kt - 1's wgmmas run, which read the other copy
-  static constexpr int LO_BUFFERS = 2, MAX_N = 128;
-  static constexpr bool ROW_BANDS = false;  // column bands, as its tiles were measured
+  static constexpr int LO_BUFFERS = 2;
   template <int N>
   __device__ static void mma(float (&d)[N / 2], uint64_t a, uint64_t a_lo, uint64_t b, uint64_t b_lo) {
     WgmmaTf32<N>::mma(d, a_lo, b);
@@ -235,20 +208,18 @@ struct GemmOperands {
 
 template <int BM, int BN, int BK, int STAGES, int WGS = 1, class Op = Bf16Operands>
 struct WgmmaTileGemm {
-  // A block's warpgroups split the tile's rows, 64 or more each, where the operands allow it and
-  // one wgmma spans the tile's width (128 x 256 as two of 64 x 256, 192 x 256 as three), else its
-  // columns, where one holds all BM rows of half of them (BM <= 128: 64 x 256 as two of 64 x 128).
-  // A warpgroup's 64 x WN block is WN / MMA_N wgmmas wide.
-  static constexpr bool ROW_BANDS = Op::ROW_BANDS && BM % (64 * WGS) == 0 && BN <= Op::MAX_N;
-  static constexpr int WGS_N = WGS > 1 && BM <= 128 && !ROW_BANDS ? WGS : 1, WGS_M = WGS / WGS_N;
+  // A block's warpgroups split the tile's columns in two where one holds all BM rows of half of
+  // them (BM <= 128: 128 x 256 as two of 128 x 128), else its rows, 64 each (192 x 256 as three
+  // of 64 x 256: 112 FLOPs per L2 byte). A warpgroup's 64 x WN block is WN / MMA_N wgmmas wide.
+  static constexpr int WGS_N = WGS > 1 && BM <= 128 ? WGS : 1, WGS_M = WGS / WGS_N;
   static constexpr int ELEM = sizeof(typename Op::T), ROW_BYTES = BK * ELEM;
   static constexpr int THREADS = 128 * WGS, WM = BM / WGS_M, WN = BN / WGS_N, MB = WM / 64, KS = ROW_BYTES / 32;
-  static constexpr int MMA_N = WN < Op::MAX_N ? WN : Op::MAX_N, NB_N = WN / MMA_N, NREG = MMA_N / 2;
+  static constexpr int MMA_N = WN < 128 ? WN : 128, NB_N = WN / MMA_N, NREG = MMA_N / 2;
   static constexpr int A_BOX_BYTES = 64 * ROW_BYTES;  // one TMA box: 64 rows of A (gpu/tma.py A_BOX_ROWS)
   static constexpr int A_BYTES = BM * ROW_BYTES, B_BYTES = BN * ROW_BYTES, STAGE_BYTES = A_BYTES + B_BYTES;
   // the stages, the lo parts' copies of a stage after them, and room to start both on 1024 bytes
   static constexpr int SMEM_BYTES = (STAGES + Op::LO_BUFFERS) * STAGE_BYTES + 1024;
-  static_assert(WGS_M * WGS_N == WGS && WM % 64 == 0 && (MMA_N == 32 || MMA_N == 64 || MMA_N == 128 || MMA_N == 256) &&
+  static_assert(WGS_M * WGS_N == WGS && WM % 64 == 0 && (MMA_N == 32 || MMA_N == 64 || MMA_N == 128) &&
                     WN % MMA_N == 0 && BN <= 256 && ROW_BYTES == 128 && STAGES >= 3,
                 "wgmma tile shape: whole 64-row blocks per warpgroup, columns per warpgroup of 32, 64 or a multiple "
                 "of 128 (a TMA box of at most 256 rows), slices 128 bytes deep (BK = 64 bf16, 32 float), 3 stages "
