@@ -484,15 +484,12 @@ struct WgmmaTileGemm {
       *reinterpret_cast<float2*>(s + r * ROW_FLOATS + c) = make_float2(v0, v1);
     });
     __syncthreads();
-    // a thread's 8 floats are 32 bytes: lanes 4 apart would read the same banks, so half the lanes
-    // read their upper 4 first, and each 8 lanes' loads cover the 32 banks once
-    const int tid = thread_index(), c = 8 * (tid % OCTETS), first = 4 * ((tid >> 2) & 1);
+    const int tid = thread_index(), c = 8 * (tid % OCTETS);
     if (c >= cols) return;
     const float4 b0 = *reinterpret_cast<const float4*>(bias + c), b1 = *reinterpret_cast<const float4*>(bias + c + 4);
     for (int r = tid / OCTETS; r < rows; r += THREADS / OCTETS) {
-      const float4 va = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c + first);
-      const float4 vb = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c + 4 - first);
-      const float4 v0 = first ? vb : va, v1 = first ? va : vb;
+      const float4 v0 = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c);
+      const float4 v1 = *reinterpret_cast<const float4*>(s + r * ROW_FLOATS + c + 4);
       if constexpr (GATED)
         *reinterpret_cast<uint2*>(out(r) + c / 2) =
             make_uint2(bf16x2(act(v0.x + b0.x, v0.y + b0.y), act(v0.z + b0.z, v0.w + b0.w)),
