@@ -371,6 +371,48 @@ def table(c: Comparison) -> str:
     return head + "\n" + format_table(("quantity", "predicted", "measured", "error", "bound", ""), rows)
 
 
+TASK_QUANTILES = (0.5, 0.9)  # the task durations `tasks` compares: median and 90th percentile
+
+
+def task_durations(trace: Trace, kind: str) -> np.ndarray:
+    """The durations (ns) of every processor task of phase `kind` in a trace."""
+    sel = (trace["role"] == ROLE["processor"]) & (trace["kind"] == KIND[kind])
+    return trace["end"][sel] - trace["start"][sel]
+
+
+def tasks(c: Comparison) -> list[dict]:
+    """Per phase, the processors' tasks predicted and measured: how many, and the median and 90th
+    percentile of their durations in us with the median's error: where a phase's busy time is off,
+    whether its tasks are too few or too short."""
+    out = []
+    for ph in PHASES:
+        pred, meas = task_durations(c.predicted, ph), task_durations(c.run.trace, ph)
+        if not len(pred) and not len(meas):
+            continue
+        row = {"phase": ph, "predicted_tasks": int(len(pred)), "measured_tasks": int(len(meas))}
+        for q in TASK_QUANTILES:
+            for name, d in (("predicted", pred), ("measured", meas)):
+                row[f"{name}_p{round(100 * q)}_us"] = float(np.quantile(d, q)) / 1e3 if len(d) else None
+        mp, mm = row["predicted_p50_us"], row["measured_p50_us"]
+        row["median_error"] = (mp - mm) / mm if mp is not None and mm else None
+        out.append(row)
+    return out
+
+
+def task_table(c: Comparison) -> str:
+    from reference.cli import format_table
+
+    def num(v):
+        return "" if v is None else f"{v:.4g}"
+
+    rows = [(t["phase"], f"{t['predicted_tasks']} / {t['measured_tasks']}",
+             f"{num(t['predicted_p50_us'])} / {num(t['measured_p50_us'])}",
+             "" if t["median_error"] is None else f"{100 * t['median_error']:+.1f}%",
+             f"{num(t['predicted_p90_us'])} / {num(t['measured_p90_us'])}") for t in tasks(c)]
+    return format_table(("tasks", "count pred / meas", "median us pred / meas", "median error",
+                         "p90 us pred / meas"), rows)
+
+
 def perfetto(c: Comparison) -> dict:
     """Both timelines in one Chrome/Perfetto trace: measured GPUs above the predicted ones."""
     events = []

@@ -59,11 +59,15 @@ def _one(args) -> int:
         f"{args.hardware or cmp.calibrated_for(run)}")
     c = cmp.compare(run, args.hardware, runs=cmp.measured_runs(Path(args.measured).resolve().parent))
     if args.json:
-        print(json.dumps({"measured": str(run.path), "hardware": c.hardware.name, "routing": run.routing,
-                          "rows": [dict(zip(("quantity", "predicted", "measured", "error", "bound", "ok"), r))
-                                   for r in c.rows]}, indent=2))
+        doc = {"measured": str(run.path), "hardware": c.hardware.name, "routing": run.routing,
+               "rows": [dict(zip(("quantity", "predicted", "measured", "error", "bound", "ok"), r)) for r in c.rows]}
+        if args.tasks:
+            doc["tasks"] = cmp.tasks(c)
+        print(json.dumps(doc, indent=2))
     else:
         print(cmp.table(c))
+        if args.tasks:
+            print(cmp.task_table(c))
     if args.trace:
         say(f"writing {args.trace}")
         Path(args.trace).write_text(json.dumps(cmp.perfetto(c)))
@@ -95,7 +99,7 @@ def _all(args) -> int:
         Path(args.markdown).write_text(validation.markdown(comparisons))
         print(f"wrote {args.markdown}")
     for c in comparisons:
-        print(cmp.table(c) + "\n")
+        print(cmp.table(c) + ("\n" + cmp.task_table(c) if args.tasks else "") + "\n")
     if args.validation:
         verdicts = heldout.bars(comparisons)
         for b in verdicts:
@@ -127,6 +131,9 @@ def register(sub) -> None:
                         f"to per GPU kind: every latency within {100 * cmp.LATENCY_BOUND:.0f}%%, mean |error| at most "
                         f"{100 * heldout.MEAN_BOUND:.0f}%%, every phase within {100 * cmp.PHASE_BOUND:.0f}%%; exit "
                         "status 1 until they are met")
+    p.add_argument("--tasks", action="store_true",
+                   help="also each phase's tasks, predicted against measured: their count and the median and 90th "
+                        "percentile of their durations (where a phase's busy time is off: too few tasks, or too short)")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even where a run misses a bound or a bar")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")

@@ -346,6 +346,26 @@ def test_cli_writes_both_timelines(tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_cli_tasks_are_each_phase_s_own(capsys):
+    """--tasks: each phase's task count and duration quantiles, measured from the run's own trace and
+    predicted from the simulated one, with the median's error."""
+    run = RUNS[0]
+    assert main(["compare", "--measured", str(run.path), "--tasks", "--json", "--quiet", "--no-fail"]) == 0
+    rows = {t["phase"]: t for t in json.loads(capsys.readouterr().out)["tasks"]}
+    proc = run.trace["role"] == ROLE["processor"]
+    took = run.trace["end"] - run.trace["start"]
+    for ph in ("gemm0", "gemm1"):
+        d = took[proc & (run.trace["kind"] == KIND[ph])]
+        t = rows[ph]
+        assert t["measured_tasks"] == len(d) > 0 and t["predicted_tasks"] > 0
+        assert t["measured_p50_us"] == pytest.approx(np.median(d) / 1e3)
+        assert t["measured_p90_us"] == pytest.approx(np.quantile(d, 0.9) / 1e3)
+        assert t["median_error"] == pytest.approx(t["predicted_p50_us"] / t["measured_p50_us"] - 1)
+    assert main(["compare", "--measured", str(run.path), "--tasks", "--quiet", "--no-fail"]) == 0
+    out = capsys.readouterr().out
+    assert "median us pred / meas" in out and "layer latency (ms)" in out
+
+
 def test_cli_exits_non_zero_where_a_run_misses_a_bound(capsys):
     held = next(r for r in RUNS if not heldout.is_validation(r) and not any(k[0] == r.name for k in KNOWN_MISSES))
     missed = next(r for r in RUNS if (r.name, "layer") in KNOWN_MISSES)
