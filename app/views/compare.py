@@ -56,6 +56,11 @@ else:
     st.caption("Bounds: layer latency within 10%, each phase's busy time per processor block "
                "within 20%, overlap efficiency within 0.1 absolute.")
     st.dataframe(error_table(c), hide_index=True)
+    st.subheader("Tasks, predicted against measured")
+    st.caption("Each phase's processor tasks: how many, and the median and 90th percentile of their durations "
+               "(us). Where a phase's busy time is off, this says whether the model has too few tasks or "
+               "too short ones.")
+    st.dataframe(compare.tasks(c), hide_index=True)
     left, right = st.columns(2)
     with left:
         downloads.trace(c.run.trace, f"{path.stem}-measured")
