@@ -217,12 +217,11 @@ VALIDATION_CAUSES = {
     ),
 }
 VALIDATION_MISSES: dict[tuple[str, str], str] = {
+    ("h200x1-trace-val-01-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
     ("h200x1-trace-val-02-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x1-trace-val-02-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU_DROPS"],
     ("h200x1-trace-val-10-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x1-trace-val-12-p1", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
-    ("h200x1-trace-val-14-p1", "dispatch"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
-    ("h200x1-trace-val-14-p1", "layer"): VALIDATION_CAUSES["DISPATCH_ONE_GPU"],
     ("h200x4-trace-val-21-p2", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x4-trace-val-32-p4", "combine"): VALIDATION_CAUSES["COMBINE_PART_ROUND_LONG"],
     ("h200x4-trace-val-31-p2", "layer"): VALIDATION_CAUSES["GEMM_SKEW"],
