@@ -358,13 +358,15 @@ def _row(name: str, predicted: float, measured: float, bound: float | None):
     return (name, predicted, measured, err, f"±{bound:.0%}" if bound is not None else "", ok)
 
 
+def _num(v) -> str:
+    """A table cell: four significant digits, blank for None."""
+    return "" if v is None else f"{v:.4g}"
+
+
 def table(c: Comparison) -> str:
     from reference.cli import format_table
 
-    def num(v):
-        return "" if v is None else f"{v:.4g}"
-
-    rows = [(q, num(p), num(m), "" if e is None else (f"{e:+.3f}" if "overlap" in q else f"{100 * e:+.1f}%"), b,
+    rows = [(q, _num(p), _num(m), "" if e is None else (f"{e:+.3f}" if "overlap" in q else f"{100 * e:+.1f}%"), b,
              {True: "ok", False: "MISS", None: ""}[ok]) for q, p, m, e, b, ok in c.rows]
     head = (f"{c.run.name}: {c.run.config.ranks} x {c.run.gpu}, T={c.run.config.tokens}/GPU, E={c.run.config.experts}"
             f"; predicted with {c.hardware.name}, routing {c.run.routing}")
@@ -402,13 +404,10 @@ def tasks(c: Comparison) -> list[dict]:
 def task_table(c: Comparison) -> str:
     from reference.cli import format_table
 
-    def num(v):
-        return "" if v is None else f"{v:.4g}"
-
     rows = [(t["phase"], f"{t['predicted_tasks']} / {t['measured_tasks']}",
-             f"{num(t['predicted_p50_us'])} / {num(t['measured_p50_us'])}",
+             f"{_num(t['predicted_p50_us'])} / {_num(t['measured_p50_us'])}",
              "" if t["median_error"] is None else f"{100 * t['median_error']:+.1f}%",
-             f"{num(t['predicted_p90_us'])} / {num(t['measured_p90_us'])}") for t in tasks(c)]
+             f"{_num(t['predicted_p90_us'])} / {_num(t['measured_p90_us'])}") for t in tasks(c)]
     return format_table(("tasks", "count pred / meas", "median us pred / meas", "median error",
                          "p90 us pred / meas"), rows)
 
