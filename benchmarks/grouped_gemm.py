@@ -22,6 +22,7 @@ from bench_gpu import ceiling_tflops, median_seconds  # noqa: E402
 from gpu.provenance import run_meta  # noqa: E402
 from reference import presets  # noqa: E402
 from reference.cli import format_table  # noqa: E402
+from reference.weights import ffn_in_width  # noqa: E402
 
 
 def grouped_seconds(experts: int, rows: int, k: int, n: int) -> tuple[float, str]:
@@ -47,10 +48,9 @@ def grouped_seconds(experts: int, rows: int, k: int, n: int) -> tuple[float, str
 def layer_row(name: str, tokens: int, ceiling: float) -> dict:
     cfg = presets.get(name)
     rows = max(1, round(tokens * cfg.top_k / cfg.experts))
-    n0 = 2 * cfg.ffn if cfg.gated else cfg.ffn
     out = {"layer": name, "tokens": tokens, "experts": cfg.experts, "rows_per_expert": rows}
     total_flops = total_s = 0.0
-    for gemm, (k, n) in (("gemm0", (cfg.hidden, n0)), ("gemm1", (cfg.ffn, cfg.hidden))):
+    for gemm, (k, n) in (("gemm0", (cfg.hidden, ffn_in_width(cfg))), ("gemm1", (cfg.ffn, cfg.hidden))):
         s, layout = grouped_seconds(cfg.experts, rows, k, n)
         flops = 2.0 * cfg.experts * rows * k * n
         out[f"{gemm}_ms"], out[f"{gemm}_layout"] = s * 1e3, layout
