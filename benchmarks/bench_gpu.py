@@ -169,9 +169,12 @@ def nvlink_gbps(gpus: int) -> float | None:
 
 
 def flops(r: dict) -> float:
-    """Expert FLOPs of one layer call over all ranks: 2 GEMMs of 2 H I per kept row."""
-    c = r["config"]
-    return 4.0 * r["kept_rows"] * c["hidden"] * c["ffn"]
+    """Expert FLOPs of one layer call over all ranks: 2 H (W1's columns + I) a row, GEMM0 and GEMM1,
+    for every kept routed row and each shared expert's T rows on every rank (as the roofline,
+    sim.metrics.layer_roofline, counts them)."""
+    cfg = Config.from_dict(r["config"])
+    rows = r["kept_rows"] + cfg.shared_experts * cfg.tokens * cfg.ranks
+    return 2.0 * rows * cfg.hidden * (ffn_in_width(cfg) + cfg.ffn)
 
 
 # where a summary's meta keeps each measured matmul ceiling (TFLOP/s a GPU)

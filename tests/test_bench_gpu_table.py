@@ -137,6 +137,21 @@ def test_speedup_is_over_the_fastest_torch_layer_and_tf32x3_roofline_over_a_thir
     assert bench_gpu.roofline_tflops("bfloat16", {"bfloat16": 737.0}) == 737.0
 
 
+def test_flops_count_a_gated_gemm0_s_both_halves_and_the_shared_experts_rows():
+    """Qwen3-30B-A3B (gated, H 2048, I 768): 2 H (2 I + I) a row; DeepSeek-V2-Lite adds its two
+    shared experts' T rows on every rank; a plain FlashMoE layer keeps 4 H I a row."""
+    def res(name, ranks):
+        cfg = presets.get(name).replace(ranks=ranks)
+        return {"config": cfg.to_dict(), "kept_rows": 1000}, cfg
+
+    r, cfg = res("qwen3-30b-a3b", 4)
+    assert bench_gpu.flops(r) == 2.0 * 1000 * 2048 * (2 * 768 + 768)
+    r, cfg = res("deepseek-v2-lite", 2)
+    assert bench_gpu.flops(r) == 2.0 * (1000 + 2 * cfg.tokens * 2) * 2048 * (2 * 1408 + 1408)
+    r, cfg = res("flashmoe", 1)
+    assert bench_gpu.flops(r) == 4.0 * 1000 * cfg.hidden * cfg.ffn
+
+
 def test_matrix_times_the_models_the_kernel_runs_as_twins_in_torch_as_they_are():
     cases, skipped, _ = bench_gpu.matrix_plan([4], ["bfloat16"], ["qwen3-30b-a3b"], [4096], flashmoe=False, gpu_gb=80.0)
     (real,) = cases[4]  # the kernel runs the gated layer itself: no twin, no torch-only point
