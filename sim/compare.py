@@ -211,7 +211,7 @@ def kernel_presets() -> dict[str, dict[str, str]]:
     if not path.is_file():
         return {}
     expected = ('an object whose "presets" maps GPU tags to objects of 7-hex kernel commits, each naming a '
-                'calibrated-<gpu>-<commit>.json file beside it')
+                'calibrated-<gpu>-<kernel>.json file beside it')
     presets = read_json(path, expected).get("presets")
     if not (isinstance(presets, dict) and all(
             isinstance(by, dict) and all(isinstance(c, str) and re.fullmatch("[0-9a-f]{7}", c) and isinstance(f, str)

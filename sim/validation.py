@@ -82,11 +82,18 @@ def markdown(comparisons: list[Comparison], pending: list[tuple[str, str]] | Non
                 lines += ["", f"The {dtype} build's figures (`dtypes.{dtype}`):", ""]
                 lines += _figures_table(figures, sec.get("sources", {}))
         lines.append("")
-    kept = sorted({calibrated_for(c.run).name for c in every} - set(current))
+    kept: dict[str, set[str]] = {}  # GPU tag: the kept presets its runs take
+    runs_kept = 0
+    for c in every:
+        name = calibrated_for(c.run).name
+        if name not in current:
+            kept.setdefault(c.run.gpu_tag, set()).add(name)
+            runs_kept += 1
     if kept:
-        lines += ["The runs of earlier kernels whose microbenchmarks are kept are predicted with those kernels' "
-                  "presets (`sim.compare.calibrated_for`): " + ", ".join(f"`measurements/{k}`" for k in kept) + ".",
-                  ""]
+        lines += [f"The {runs_kept} runs of earlier kernels whose microbenchmarks are kept are predicted with those "
+                  "kernels' presets (`sim.compare.calibrated_for`: `measurements/calibrated-<gpu>-<commit>.json` of "
+                  "the run's own kernel, or the one `measurements/kernel-presets.json` names for its commit): "
+                  + ", ".join(f"{len(names)} for {gpu}" for gpu, names in sorted(kept.items())) + ".", ""]
     lines += ["## Error table", "",
               "Errors are (predicted - measured) / measured; phases are busy time per processor block. "
               "Layer latency is the telemetry trace's span (first start to last end).", "",
