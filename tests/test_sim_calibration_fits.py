@@ -94,10 +94,32 @@ def test_gate_recovers_its_work_item_fixed_and_selection_costs(rng):
         g["ns"] *= 1.0 + rng.uniform(-NOISE, NOISE)
     f = gate.fit_gate(raw, costs.gate_units(H200.replace(blocks_per_sm=TRUE["blocks_per_sm"])), 1, "synthetic")
     # the work items carry most of the time; the small terms (slot scans, splits, a selection from
-    # shared memory) trade places within the noise of 8 points, a negative one dropped and refitted
+    # shared memory) trade places within the noise of 8 points, one the data want negative held at zero
     assert f.values["gate_item_ns_per_h"] == pytest.approx(TRUE["gate_item_ns_per_h"], rel=0.02)
     assert f.values["gate_select_global_ns"] == pytest.approx(TRUE["gate_select_global_ns"], rel=0.2)
     assert f.fitted_misses()[1] <= 0.03
+
+
+def test_nonnegative_least_squares_is_the_best_fit_over_every_set_of_free_figures(rng):
+    # the constrained optimum is the unconstrained fit over some subset of columns: try them all
+    import itertools
+
+    for _ in range(20):
+        a = rng.uniform(0.0, 1.0, (9, 5)) * rng.uniform(1.0, 1e4, 5)
+        y = a @ rng.uniform(-1.0, 1.0, 5) + rng.normal(0.0, 0.1, 9) * np.abs(a).mean()
+        keep = np.ones(5, bool)
+        keep[rng.integers(5)] = rng.random() < 0.5
+        best = np.inf
+        for n in range(int(keep.sum()) + 1):
+            for cols in itertools.combinations(np.flatnonzero(keep), n):
+                x = np.zeros(5)
+                if cols:
+                    x[list(cols)], *_ = np.linalg.lstsq(a[:, list(cols)], y, rcond=None)
+                if (x >= 0).all():
+                    best = min(best, float(np.sum((a @ x - y) ** 2)))
+        got = gate.nonnegative_lstsq(a, y, keep)
+        assert (got >= 0).all() and (got[~keep] == 0).all()
+        assert float(np.sum((a @ got - y) ** 2)) == pytest.approx(best, rel=1e-9)
 
 
 def test_scheduler_figures_are_the_measured_medians():
