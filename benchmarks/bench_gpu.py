@@ -27,7 +27,8 @@ bar meets on layers of few rows per expert; `GEMM phase % roofline` is the phase
 lesser of that bound and the ceiling (roofline_share). Every point is timed beside the torch
 layers of gpu/baseline.py (dropless with a grouped GEMM and with one matmul per expert, padded) and
 set against its roofline (sim.metrics.layer_roofline, at the measured ceiling, memory rate and
-NVLink rate of GPU 0 to its peers). `matrix`: the zoo's models (their kernel twins where the kernel
+NVLink rate of GPU 0 to its peers) and against the dropless layer's expert FFNs alone (torch's
+grouped GEMMs on the rows it routes, the slowest GPU's). `matrix`: the zoo's models (their kernel twins where the kernel
 lacks what they need, and the models in torch alone) at --tokens per GPU and FlashMoE's sweeps;
 --estimate lists its points, the skipped ones with the reason, and a guess of its time, without a
 GPU; --compact writes the run as one small JSON and its table.
@@ -245,7 +246,8 @@ def matrix_point_seconds(cfg: Config, gpu_gb: float, kernel: bool = True, hw_nam
                          torch_layers: bool = True) -> float:
     """The guess of one matrix point's time (see KERNEL_OVER_ROOFLINE): 13 timed and warm-up
     launches with and without telemetry and four more (none for a torch-only point), 14 calls of
-    each torch layer (with `torch_layers`; else one call of the dropless one, the point's check)."""
+    each torch layer and of the dropless one's experts alone, at most its time (with `torch_layers`;
+    else one call of the dropless one, the point's check)."""
     hw = hardware.get(hw_name)
     even = [[cfg.tokens * cfg.top_k // cfg.experts] * cfg.experts] * cfg.ranks
     roof = metrics.layer_roofline(cfg, even, hw.tflops(cfg.precision), hw.hbm_gbps, hw.nvlink_gbps)["ms"]
@@ -254,7 +256,7 @@ def matrix_point_seconds(cfg: Config, gpu_gb: float, kernel: bool = True, hw_nam
     padded = 0.0
     if padded_bytes(cfg, dt) < MEMORY_SHARE * gpu_gb * 1e9 - matrix_bytes(cfg, kernel):
         padded = TORCH_OVER_ROOFLINE * roof * cfg.experts * cfg.slots / max(1, cfg.tokens * cfg.top_k)
-    torch_part = 14 * (2 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT + padded) if torch_layers else torch_ms
+    torch_part = 14 * (3 * torch_ms + cfg.local_experts * LOOP_MS_PER_EXPERT + padded) if torch_layers else torch_ms
     ms = 30 * KERNEL_OVER_ROOFLINE * roof * kernel + torch_part
     return POINT_SECONDS + ms / 1e3
 
@@ -374,14 +376,16 @@ def roofline_share(gemm_pct: float, bound_pct: float) -> float:
 
 
 TABLE_HEAD = ("point", "precision", "GPUs", "T/rank", "E", "k", "kernel ms", "dropless torch ms", "padded torch ms",
-              "loop torch ms", "speedup", "roofline ms", "bound", "kernel / roofline", "TFLOP/s", "% ceil",
+              "loop torch ms", "speedup", "roofline ms", "bound", "kernel / roofline", "torch experts alone ms",
+              "kernel / torch experts", "TFLOP/s", "% ceil",
               "GEMM phase % ceil", "weights' bound % ceil", "GEMM phase % roofline", "SM util %",
               "overlap eff T(2)/T(N)", "telemetry +%", "rel err vs torch")
 
 
 def torch_ms(r: dict, kind: str) -> float | str:
-    """A point's time of the torch layer of `kind` in its precision (gpu.baseline.KINDS): blank where
-    the run did not time it, the reason where it skipped it."""
+    """A point's time of the torch layer of `kind` in its precision (gpu.baseline.KINDS, or "experts":
+    the dropless layer's expert FFNs alone): blank where the run did not time it, the reason where
+    it skipped it."""
     dt = baseline_precision(Config.from_dict(r["config"]))
     key = f"torch_{dt}" if kind == "padded" else f"torch_{kind}_{dt}"
     return r.get(f"{key}_ms", r.get(f"{key}_skipped", ""))
@@ -422,7 +426,10 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
     """One row (TABLE_HEAD) per bench point: the kernel against the torch layers of its own dtype
     (dropless, padded, dropless with one matmul per expert; `speedup` over the faster dropless one), its
     roofline (roofline(), at the memory rate `gbps` and NVLink rate `nvlink`; blank without) and the
-    kernel's time over it, its rate as a share of that dtype's ceiling, the GEMM phase's rate (GEMM
+    kernel's time over it, the dropless layer's expert FFNs alone on the rows it routes (its GEMMs at
+    torch's grouped GEMM's rate: the fair bound where that rate is below the ceiling, as for
+    fine-grained experts) and the kernel's time over theirs, its rate as a share of that dtype's
+    ceiling, the GEMM phase's rate (GEMM
     FLOPs over the GEMM task time per processor block, from telemetry) as a share of it, the most
     the GPUs' memory allows it (weights_bound, at `gbps`; blank without) and the GEMM phase's share
     of the lesser of that and the ceiling (roofline_share), and FlashMoE's overlap efficiency
@@ -444,8 +451,8 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
             roof = roofline(r, ceilings, gbps, nvlink)
             rows.append((r["name"], precision(r), c["ranks"], c["tokens"], c["experts"], c["top_k"],
                          r["kernel_skipped"], torch_ms(r, "dropless"), torch_ms(r, "padded"), torch_ms(r, "loop"), "",
-                         "" if roof is None else roof["ms"], "" if roof is None else roof["bound"],
-                         *[""] * (len(TABLE_HEAD) - 13)))
+                         "" if roof is None else roof["ms"], "" if roof is None else roof["bound"], "",
+                         torch_ms(r, "experts"), *[""] * (len(TABLE_HEAD) - 15)))
             continue
         if "kernel_ms" not in r:
             continue
@@ -456,10 +463,12 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
         two = on_two.get((c["name"], dt))
         gemm_pct, bound = 100 * gemm_tf / ceil, None if gbps is None else weights_bound(r, ceilings[dt], gbps)
         roof = roofline(r, ceilings, gbps, nvlink)
+        experts = torch_ms(r, "experts")
         rows.append((r["name"], dt, c["ranks"], c["tokens"], c["experts"], c["top_k"], r["kernel_ms"],
                      torch_ms(r, "dropless"), torch_ms(r, "padded"), torch_ms(r, "loop"), speedup(r),
                      "" if roof is None else roof["ms"], "" if roof is None else roof["bound"],
-                     "" if roof is None else r["kernel_ms"] / roof["ms"], tf, 100 * tf / ceil, gemm_pct,
+                     "" if roof is None else r["kernel_ms"] / roof["ms"], experts,
+                     r["kernel_ms"] / experts if isinstance(experts, float) else "", tf, 100 * tf / ceil, gemm_pct,
                      "" if bound is None else bound, "" if bound is None else roofline_share(gemm_pct, bound),
                      100 * r.get("sm_utilization", 0.0),
                      "" if two is None else metrics.overlap_efficiency(two, r["kernel_ms"]),

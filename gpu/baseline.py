@@ -19,6 +19,8 @@ the CPU) for the all-to-alls; without an initialized process group, one rank alo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from reference import Config, weights
@@ -64,8 +66,6 @@ def shared_experts(cfg: Config, device) -> tuple | None:
 def reference_inputs(cfg: Config, rank: int, device="cpu"):
     """The reference's seeded inputs of `rank` on any device, as gpu.runtime.Inputs names them, and
     the gate's logit bias as wg_bias (float32; the layers cast them to their precision)."""
-    from types import SimpleNamespace
-
     import torch
 
     wg, gate_bias = weights.gate(cfg)
@@ -83,8 +83,6 @@ def random_inputs(cfg: Config, rank: int, seed: int, device):
     """Inputs of any layer drawn on `device` at the reference's scales (for sizes the CPU draws
     slowly; the kernel's own are gpu.runtime.Inputs.random): reference_inputs' fields and the shared
     experts (S, ...) as `shared`, float32."""
-    from types import SimpleNamespace
-
     import torch
 
     g = torch.Generator(device=device)
@@ -269,10 +267,14 @@ class TorchMoE:
         for j in range(cfg.top_k):  # fixed combine order: choice 0, 1, .., k-1; one pass each
             y.addcmul_(rows[:, j], w[:, j, None])
         if self.shared is not None:
-            out = self.shared.batched(self.x[None].expand(cfg.shared_experts, -1, -1))
+            out = self.shared_out()
             for s in range(cfg.shared_experts):
                 y += out[s].float()
         return y
+
+    def shared_out(self):
+        """(S, T, H): every shared expert's output on all of this rank's tokens."""
+        return self.shared.batched(self.x[None].expand(self.cfg.shared_experts, -1, -1))
 
     def token_rows(self, token, weight):
         """The rows that leave for the experts: tokens, scaled by their weight before the expert
@@ -332,7 +334,22 @@ class DroplessLayer(TorchMoE):
         import torch
 
         cfg = self.cfg
-        T, H, E, K, P, L = cfg.tokens, cfg.hidden, cfg.experts, cfg.top_k, cfg.ranks, cfg.local_experts
+        d = self.dispatch()
+        out = self.experts.grouped(d.rows, d.per_expert, d.per_expert_host, self.gemm)
+        back = self._regroup(out, d.recv_counts, by_expert=False)
+        ret = self.all_to_all(back.new_empty(d.mine.numel(), cfg.hidden), back, d.send_splits, d.recv_splits)
+        got = torch.zeros(cfg.tokens * cfg.top_k, cfg.hidden, dtype=self.dt, device=self.x.device)
+        got.index_copy_(0, d.mine, ret)
+        return self.combine(got.view(cfg.tokens, cfg.top_k, cfg.hidden), d.weight, d.kept), d.expert, d.weight, d.slot
+
+    def dispatch(self) -> SimpleNamespace:
+        """The routing and the first all-to-all: the rows this rank's experts receive, expert by
+        expert (`rows`, `per_expert` of them each, also on the host), which of this rank's (token,
+        choice) assignments left (`mine`, sorted by expert) and both all-to-alls' split sizes."""
+        import torch
+
+        cfg = self.cfg
+        E, K, P, L = cfg.experts, cfg.top_k, cfg.ranks, cfg.local_experts
         torch.backends.cuda.matmul.allow_tf32 = self.tf32
         expert, weight, slot = self.route()
         kept = slot >= 0
@@ -344,18 +361,26 @@ class DroplessLayer(TorchMoE):
         # the one read of the device by the host: every split size of both all-to-alls
         host = torch.cat([counts, recv_counts]).cpu().view(2, P, L).numpy()
         send_splits, recv_splits = host[0].sum(1).tolist(), host[1].sum(1).tolist()
-        n_send, n_recv = sum(send_splits), sum(recv_splits)
-        mine = perm[:n_send]
+        mine = perm[: sum(send_splits)]
         rows = self.token_rows(mine // K, weight.reshape(-1)[mine])
-        recv = self.all_to_all(rows.new_empty(n_recv, H), rows, recv_splits, send_splits)
+        recv = self.all_to_all(rows.new_empty(sum(recv_splits), cfg.hidden), rows, recv_splits, send_splits)
         # received source by source, each source's rows expert by expert: regroup expert by expert
-        a = self._regroup(recv, host[1], by_expert=True)
-        per_expert = recv_counts.view(P, L).sum(0)
-        out = self.experts.grouped(a, per_expert, host[1].sum(0).tolist(), self.gemm)
-        back = self._regroup(out, host[1], by_expert=False)
-        ret = self.all_to_all(back.new_empty(n_send, H), back, send_splits, recv_splits)
-        got = torch.zeros(T * K, H, dtype=self.dt, device=self.x.device).index_copy_(0, mine, ret)
-        return self.combine(got.view(T, K, H), weight, kept), expert, weight, slot
+        return SimpleNamespace(expert=expert, weight=weight, slot=slot, kept=kept, mine=mine,
+                               rows=self._regroup(recv, host[1], by_expert=True), recv_counts=host[1],
+                               per_expert=recv_counts.view(P, L).sum(0), per_expert_host=host[1].sum(0).tolist(),
+                               send_splits=send_splits, recv_splits=recv_splits)
+
+    def experts_alone(self):
+        """A call of this rank's expert FFNs alone, as forward computes them on the rows it routes
+        (the routed experts' grouped GEMMs, and the shared experts' on every token): the layer's
+        expert work at the rate of torch's GEMMs, without its routing, all-to-alls and combine.
+        Routes and dispatches once (collective); the call it returns is local."""
+        d = self.dispatch()
+
+        def run():
+            out = self.experts.grouped(d.rows, d.per_expert, d.per_expert_host, self.gemm)
+            return (out, self.shared_out()) if self.shared is not None else (out,)
+        return run
 
     @staticmethod
     def _regroup(rows, counts: np.ndarray, by_expert: bool):

@@ -59,7 +59,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
     else:
         keys = ("failed", "routing_equal", "counts_equal", "golden_path", "rel_err", "rel_err_float64",
                 "vs_baseline_rel_err", "dropped", "telemetry_same_output", "sm_utilization", "kernel_ms",
-                "kernel_telemetry_ms", *(f"torch_{kind}{dt}_ms" for kind in ("dropless_", "loop_", "")
+                "kernel_telemetry_ms", *(f"torch_{kind}{dt}_ms" for kind in ("dropless_", "experts_", "loop_", "")
                                            for dt in ("float32", "tf32", "bfloat16")), "grid")
         print(format_table(("quantity", "value"), [(k, res[k]) for k in keys if k in res]))
     tolerance = cases.GOLDEN_TOLERANCE[cfg.precision]

@@ -385,7 +385,9 @@ def time_torch(session: Session, cfg: Config, inputs, case: dict, res: dict) -> 
     """Time the torch layers of the case (gpu.baseline.KINDS, or its "torch_layers") in each of its
     "baselines" precisions into res: the padded layer's as torch_DT_ms (skipped, with the reason,
     where its buffers do not fit the free memory), the others as torch_KIND_DT_ms; the per-expert
-    loop in the first precision only. Collective."""
+    loop in the first precision only; in it too the dropless layer's expert FFNs alone on the rows
+    it routes (DroplessLayer.experts_alone, torch_experts_DT_ms): the layer's GEMMs at torch's
+    grouped GEMM's rate, the kernel's bound where that rate is below the ceiling. Collective."""
     import torch
     import torch.distributed as dist
 
@@ -409,6 +411,14 @@ def time_torch(session: Session, cfg: Config, inputs, case: dict, res: dict) -> 
                                                    nccl_barrier))
             res[f"{key}_ms"] = float(np.median(bt))
             res[f"{key}_ms_all"] = bt.tolist()
+            if kind == "dropless" and i == 0:
+                alone = b.experts_alone()
+                with torch.cuda.stream(session.torch_stream):
+                    et = max_over_ranks(session, timed(session, around(session.torch_stream, alone), warm, iters,
+                                                       nccl_barrier))
+                res[f"torch_experts_{dt}_ms"] = float(np.median(et))
+                res[f"torch_experts_{dt}_ms_all"] = et.tolist()
+                del alone
             if case.get("profile") and kind != "loop":
                 try:  # every rank runs it (the all-to-alls need all); a profiler fault costs the table only
                     res[f"{key}_profile"] = profile_table(session, b.forward)

@@ -231,7 +231,7 @@ def bench_summary(folder, gpu="NVIDIA H200", memory_gbps=None, stream_gbps=None)
         results.append({"name": f"bench-flashmoe-tokens-1k-bf16-p{p}", "config": cfg.to_dict(),
                          "kept_rows": 2048 * p, "kernel_ms": 0.4 / p, "kernel_telemetry_ms": 0.41 / p,
                          "torch_bfloat16_ms": 1.2, "gemm_ms_per_proc": 0.3, "sm_utilization": 0.8,
-                         "send_counts": [[32] * 64] * p})
+                         "send_counts": [[32] * 64] * p, **({"torch_experts_bfloat16_ms": 0.32} if p == 1 else {})})
     (folder / "gpu" / "x-bench-bf16.json").write_text(json.dumps({"meta": meta, "results": results}))
     if stream_gbps:
         (folder / "gpu" / "x-weight-stream.json").write_text(json.dumps(
@@ -256,8 +256,11 @@ def test_bench_page_sets_each_gemm_phase_against_the_weights_roofline(tmp_path, 
     shown = metrics(at)
     assert shown.pop("kernel / roofline, median") == \
         f"{sorted(r['kernel / roofline'] for r in rows.values())[1]:.2f}"
+    # the one-GPU point timed torch's experts alone: 0.4 ms over 0.32; the other has none
+    assert rows["bench-flashmoe-tokens-1k-bf16-p2"]["kernel / torch experts"] == ""
     assert shown == {"points": "2", "faster than torch": "2 of 2", "GEMM phase at 60% or more": "0 of 2",
-                     "roofline under 60%": "2", "at 60% of their roofline": "1 of 2"}
+                     "roofline under 60%": "2", "at 60% of their roofline": "1 of 2",
+                     "kernel / torch experts, median": "1.25"}
     # one GPU streams all 64 experts' bf16 weights from memory at 4000 GB/s
     one = rows["bench-flashmoe-tokens-1k-bf16-p1"]
     cfg = presets.get("flashmoe")

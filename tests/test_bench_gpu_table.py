@@ -37,6 +37,21 @@ def test_overlap_efficiency_is_the_two_gpu_latency_over_this_one():
     assert "overlap eff T(2)/T(N)" in bench_gpu.table([point("a", 2, 2.5)], {"bfloat16": 783.0})
 
 
+def test_kernel_is_set_against_the_torch_experts_alone_where_the_run_timed_them():
+    col = {name: i for i, name in enumerate(bench_gpu.TABLE_HEAD)}
+    timed = {**point("a", 1, 2.0), "torch_experts_bfloat16_ms": 1.6}
+    row = bench_gpu.table_rows([timed], {"bfloat16": 783.0})[0]
+    assert row[col["torch experts alone ms"]] == pytest.approx(1.6)
+    assert row[col["kernel / torch experts"]] == pytest.approx(1.25)
+    assert bench_gpu.speedup(timed) == pytest.approx(2.0)  # not a torch layer a user would run
+    untimed = bench_gpu.table_rows([point("a", 1, 2.0)], {"bfloat16": 783.0})[0]
+    assert untimed[col["torch experts alone ms"]] == untimed[col["kernel / torch experts"]] == ""
+    alone = {**timed, "kernel_skipped": "not in the kernel"}
+    del alone["kernel_ms"]
+    row = bench_gpu.table_rows([alone], {"bfloat16": 783.0})[0]
+    assert len(row) == len(bench_gpu.TABLE_HEAD) and row[col["torch experts alone ms"]] == pytest.approx(1.6)
+
+
 def test_tile_flag_reads_m_n_k_or_says_what_it_wants():
     assert bench_gpu.tile_shape("128x256x64") == (128, 256, 64)
     for bad in ("128x256", "128x0x64", "axbxc", "128x256x64x1"):

@@ -86,6 +86,26 @@ def test_gemm_and_precision_are_checked():
         TorchLayer(cfg, reference_inputs(cfg, 0), 0, "float16")
 
 
+@pytest.mark.parametrize("case", ["top8_of_32", "gpt_oss_router_bias_swiglu_oai", "deepseek_groups_scaled"])
+def test_experts_alone_computes_the_routed_rows_and_shared_experts(case):
+    # the timed expert work of the bench: each expert's FFN on the rows it was routed, expert by
+    # expert in (token, choice) order, and every shared expert on all tokens
+    cfg = small(1, int.from_bytes(os.urandom(4), "little"), "float32", **CASES[case])
+    layer = DroplessLayer(cfg, reference_inputs(cfg, 0), 0, "float32")
+    routed, *shared = (t.numpy() for t in layer.experts_alone()())
+    w = weights.draw(cfg)
+    r = routing.route(cfg, w.x, w.wg, w.gate_bias, w.wg_bias)
+    expert, kept = r.expert[0], r.kept[0]
+    every = ((e, w.w1[e], w.b1[e], w.w2[e], w.b2[e]) for e in range(cfg.experts + cfg.shared_experts))
+    want = golden.contributions(cfg, w.x[0], expert, np.ones(expert.shape), kept, every)["float64"]
+    order = sorted(zip(*np.nonzero(kept)), key=lambda tj: (expert[tj], tj[0] * cfg.top_k + tj[1]))
+    assert golden.max_rel_error(routed, want[tuple(np.array(order).T)]) < TOLERANCE["float32"]
+    assert len(shared) == int(cfg.shared_experts > 0)
+    for s in range(cfg.shared_experts):
+        assert golden.max_rel_error(shared[0][s], want[:, cfg.top_k + s]) < TOLERANCE["float32"]
+    np.testing.assert_array_equal(routed, layer.experts_alone()()[0].numpy())  # the call repeats its work
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -38,7 +38,8 @@ held, faster, cannot = (sum(1 for r in rows if r["GEMM phase % ceil"] >= BAR), s
                         sum(1 for r in rows if r["weights' bound % ceil"] < BAR))
 of_roofline = sum(1 for r in rows if r["GEMM phase % roofline"] >= BAR)
 roofs = [r["kernel / roofline"] for r in rows if isinstance(r["kernel / roofline"], float)]
-cols = st.columns(6)
+over_experts = [r["kernel / torch experts"] for r in rows if isinstance(r["kernel / torch experts"], float)]
+cols = st.columns(7)
 cols[0].metric("points", len(rows))
 cols[1].metric("faster than torch", f"{faster} of {len(rows)}",
                help="than the fastest torch layer the run timed (dropless, per-expert matmuls or padded)")
@@ -52,6 +53,12 @@ cols[5].metric("kernel / roofline, median", f"{sorted(roofs)[len(roofs) // 2]:.2
                help="each point's latency over its roofline: the largest of its GEMM FLOPs at the matmul ceiling, "
                     "its weight bytes at the memory rate, its NVLink bytes at one GPU's rate to its peers "
                     "(runs from before the send counts were kept have none)")
+cols[6].metric("kernel / torch experts, median",
+               f"{sorted(over_experts)[len(over_experts) // 2]:.2f}" if over_experts else "-",
+               help="each point's latency over the time torch's grouped GEMMs take for its expert FFNs alone, on "
+                    "the rows the layer routes (the slowest GPU's): its GEMMs at the rate the fastest library "
+                    "reaches at its shapes, the fair bound where that rate is far below the ceiling (runs from "
+                    "before the run timed them have none)")
 st.dataframe(rows, hide_index=True)
 
 alone = bench_data.torch_only_rows(meta, results, gbps)
