@@ -33,11 +33,11 @@ way by the bytes in flight; a GEMM1 task stores its output of each chunk straigh
 source GPU's memory (over NVLink at the block's store rate, and no sooner than its bytes have gone
 through the GPU's port, shared equally by the flows in it: port_gbps; across nodes the tile's last
 task puts it through the NIC); after its last task every processor sums its share of tokens in
-choice order, a warp a token: its kept rows read and its sum written (reduce_bytes). The float32
-kernel weights a chunk's returned rows in its combine task (a copy); the bf16 kernel weights the
-bf16 rows in float32 in that final sum, its combine task only marks the chunk's arrival (modeled
-with the measured copy rate, i.e. for a calibrated preset). Times in ns; flops per ns = TFLOP/s x
-1e3, bytes per ns = GB/s.
+choice order, a warp a token, paying for its own rounds of tokens (reduce_tokens): its kept rows
+read and its sum written (reduce_bytes). The float32 kernel weights a chunk's returned rows in its
+combine task (a copy); the bf16 kernel weights the bf16 rows in float32 in that final sum, its
+combine task only marks the chunk's arrival (modeled, for a calibrated preset, at the mark's fixed
+time timed in the layers). Times in ns; flops per ns = TFLOP/s x 1e3, bytes per ns = GB/s.
 """
 
 from __future__ import annotations
@@ -218,7 +218,9 @@ def task_ns(hw: Hardware, cfg: Config, kind: np.ndarray, flops: np.ndarray, nbyt
         # place: rows x H values of the plan's (nb + 4) bytes each): the task's own, timed in the
         # layers, where the preset has it, else copy_rows' alone
         rate = hw.copy_ns_per_byte
-        if hw.tile_combine_ns_per_byte and WEIGHTED_IN_TASK[cfg.dtype]:
+        if not WEIGHTED_IN_TASK[cfg.dtype]:
+            combine_fixed = hw.tile_combine_fixed_ns  # the bf16 task's mark alone, as timed in the layers
+        elif hw.tile_combine_ns_per_byte:
             returned = returned_bytes(cfg.tokens, cfg.top_k + cfg.shared_experts, cfg.hidden, cfg.dtype_bytes)
             rate, combine_fixed = tile_combine_ns_per_byte_at(hw, returned), hw.tile_combine_fixed_ns
         memory = np.where(combine, nbytes / (cfg.dtype_bytes + 4) * cfg.dtype_bytes * rate, memory)
@@ -558,18 +560,32 @@ def reduce_bytes(tokens: int, rows: float, hidden: int, dtype_bytes: int) -> flo
     return tokens * (rows * dtype_bytes * reduce_read_width(hidden, dtype_bytes) + Y_BYTES * hidden)
 
 
-def reduce_ns(hw: Hardware, cfg: Config, processors: int, rows: float | None = None) -> float:
-    """One processor's share of the final ordered combine: its tokens' `rows` returned rows each
-    (kept ones; default all k and the shared experts') read and the sums written (0 when the preset
-    does not model it), a fixed time + its bytes (reduce_bytes) at reduce_ns_per_byte_at."""
+def reduce_tokens(tokens: int, processors: int) -> np.ndarray:
+    """Per processor, the tokens the final combine charges it: its warps take token t in rounds of
+    processors x REDUCE_WARPS (t to processor t // REDUCE_WARPS mod processors, processor.cuh
+    combine_tokens), side by side, so a processor pays for its rounds, a whole round for its share of
+    the last partial one (one H200's layers: the processors of the extra round 1.2-1.5 times as long)."""
+    whole, rest = divmod(tokens, processors * REDUCE_WARPS)
+    return (whole + (np.arange(processors) * REDUCE_WARPS < rest)) * REDUCE_WARPS
+
+
+def reduce_block_ns(hw: Hardware, cfg: Config, processors: int, rows: float | None = None) -> np.ndarray:
+    """Per processor, its share of the final ordered combine: its tokens (reduce_tokens), `rows`
+    returned rows each (kept ones; default all k and the shared experts') read and the sums written
+    (0 when the preset does not model it), a fixed time + its bytes (reduce_bytes) at
+    reduce_ns_per_byte_at the bytes of all processors."""
     if not hw.reduce_ns_per_byte:
-        return 0.0
-    warps = processors * REDUCE_WARPS
-    tokens = math.ceil(cfg.tokens / warps) * REDUCE_WARPS
+        return np.zeros(processors)
     rows = cfg.top_k + cfg.shared_experts if rows is None else rows
     total = reduce_bytes(cfg.tokens, rows, cfg.hidden, cfg.dtype_bytes)
-    moved = reduce_bytes(tokens, rows, cfg.hidden, cfg.dtype_bytes)
+    moved = reduce_bytes(reduce_tokens(cfg.tokens, processors), rows, cfg.hidden, cfg.dtype_bytes)
     return hw.reduce_fixed_ns + moved * reduce_ns_per_byte_at(hw, total)
+
+
+def reduce_ns(hw: Hardware, cfg: Config, processors: int, rows: float | None = None) -> float:
+    """The busiest processor's share of the final combine (reduce_block_ns): what the microbenchmark
+    and the layers' busiest blocks time."""
+    return float(reduce_block_ns(hw, cfg, processors, rows).max())
 
 
 def reduce_ns_per_byte_at(hw: Hardware, total: float) -> float:

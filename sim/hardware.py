@@ -137,7 +137,7 @@ class Hardware:
     # the float32 kernel's per-tile combine task (one block weights a returned tile's rows in place,
     # beside the GEMMs): fixed + the tile's bytes x per byte, at the L2's rate for the share of the
     # layer's returned bytes it holds (tile_combine_knee_bytes of them), HBM's for the rest (0:
-    # copy_rows' rate alone)
+    # copy_rows' rate alone); the bf16 kernel's task only marks the tile's arrival: the fixed time alone
     tile_combine_fixed_ns: float
     tile_combine_ns_per_byte: float
     tile_combine_l2_ns_per_byte: float

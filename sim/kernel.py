@@ -567,13 +567,12 @@ class FusedKernel:
             self.final_combine(self.env.now + self.hw.stop_ns)
 
     def final_combine(self, start: float) -> None:
-        """Every processor sums its share of this GPU's tokens (when the preset models it), each
-        token's kept rows: the routed ones that came back (a dropped choice is skipped) and its
-        shared experts'."""
+        """Every processor sums its share of this GPU's tokens (costs.reduce_block_ns, when the preset
+        models it), each token's kept rows: the routed ones that came back (a dropped choice is
+        skipped) and its shared experts'."""
         p, cfg = self.plan, self.cfg
         routed = (p.chunk_src == self.rank) & (p.tile_expert[p.chunk_tile] < cfg.experts)
         rows = int(p.chunk_rows[routed].sum()) / cfg.tokens + cfg.shared_experts
-        d = costs.reduce_ns(self.hw, cfg, self.processors, rows)
-        if d > 0:
-            for lane in range(self.processors):
+        for lane, d in enumerate(costs.reduce_block_ns(self.hw, cfg, self.processors, rows)):
+            if d > 0:
                 self.rec.add(self.rank, self.node, lane, "processor", "combine", start, start + d)

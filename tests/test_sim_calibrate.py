@@ -208,6 +208,27 @@ def test_a_tiles_tasks_wait_wake_ns_and_the_final_combine_stop_ns():
     assert gap["slow"] == pytest.approx(9000.0)
 
 
+def test_each_processor_pays_for_its_own_rounds_of_the_final_combine():
+    # tokens in rounds of processors x 4 warps: the processors of the last, partial round pay one
+    # round more than the others, however few of its tokens they hold
+    for tokens, procs in ((1792, 131), (5888, 131), (1024, 263), (524, 131), (7, 3)):
+        got = costs.reduce_tokens(tokens, procs)
+        whole, rest = divmod(tokens, procs * costs.REDUCE_WARPS)
+        assert got.sum() >= tokens and set(got) <= {whole * 4, (whole + 1) * 4}
+        assert np.count_nonzero(got == (whole + 1) * 4) == -(-rest // costs.REDUCE_WARPS)
+        assert np.all(np.diff(got) <= 0)  # the first processors take the extra round
+    cfg = presets.get("flashmoe").replace(ranks=1, tokens=1792, precision="bfloat16", tile_n=128,
+                                          capacity_factor=None)  # every token's k rows come back
+    hw = hardware.PRESETS["h200-sxm"].replace(reduce_ns_per_byte=0.1, reduce_fixed_ns=700.0)
+    tr = sim.simulate(cfg, hardware=hw).trace
+    procs = int(tr.meta["processors"])
+    final = (tr["role"] == 0) & (tr["kind"] == 4) & (tr["tile"] < 0)
+    lanes, took = tr["lane"][final], (tr["end"] - tr["start"])[final]
+    assert sorted(lanes) == list(range(procs))
+    np.testing.assert_allclose(took, costs.reduce_block_ns(hw, cfg, procs)[lanes])
+    assert took.max() == pytest.approx(costs.reduce_ns(hw, cfg, procs)) and took.min() < took.max()
+
+
 def test_a_file_from_before_the_sharing_points_holds_the_weight_loads_in_the_fixed_cost(tmp_path):
     raw = synthetic()
     raw["gemm"] = [{k: v for k, v in g.items() if k not in ("tiles_per_expert", "weight_bytes")}

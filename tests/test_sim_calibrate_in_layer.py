@@ -13,6 +13,7 @@ from gpu import microbench
 from reference import presets
 from reference.plan import COMBINE, LOCAL, NVLINK
 from sim import calibrate, costs, hardware
+from sim.calibration import combine
 from sim.trace import KIND, ROLE, TraceBuilder
 
 KNEES = calibrate.KNEES
@@ -235,8 +236,23 @@ def test_the_per_tile_combine_is_fitted_in_the_layers_and_priced_for_float32_onl
     one = np.array([COMBINE]), np.array([1.0]), np.array([128 * 2048 * 8.0])  # a combine task of a 128-row tile
     ns = [costs.task_ns(hw, cfg, one[0], one[1], one[2])[0] for cfg in (small, large)]
     assert ns[0] < ns[1] == pytest.approx(hw.task_overhead_ns + tile_combine(hw, 16384)["tile_combine_ns"]["median"])
+    # the bf16 task only marks its tile's arrival: its fixed time alone, whatever the tile's bytes
     bf16 = large.replace(precision="bfloat16")
-    assert costs.task_ns(hw, bf16, one[0], one[1], np.array([128 * 2048 * 6.0]))[0] == hw.task_overhead_ns
+    marks = [costs.task_ns(hw, bf16, one[0], one[1], np.array([rows * 2048 * 6.0]))[0] for rows in (16, 128)]
+    assert marks == [hw.task_overhead_ns + hw.tile_combine_fixed_ns] * 2
+
+
+def test_the_bf16_mark_is_the_median_of_its_layers_tasks():
+    layers = [{"tokens": t, "experts": 64, "tile_combine_ns": _stat(ns), "tile_combine_bytes": _stat(2.0 ** 17)}
+              for t, ns in ((768, 1216.0), (3072, 944.0), (12288, 864.0))]
+    fit = combine.fit_tile_combine(layers, "bfloat16", "synthetic")
+    assert fit.values == {"tile_combine_fixed_ns": 944.0, "tile_combine_l2_ns_per_byte": 0.0,
+                          "tile_combine_ns_per_byte": 0.0, "tile_combine_knee_bytes": 0.0}
+    assert "only marks its tile's arrival" in fit.sources["tile_combine_fixed_ns"]
+    assert len(fit.residuals) == 3
+    fewer = combine.fit_tile_combine(layers[:2], "bfloat16", "synthetic")  # too few layers: not modelled
+    assert fewer.values["tile_combine_fixed_ns"] == 0.0 and "copy_rows' rate alone" in fewer.sources[
+        "tile_combine_fixed_ns"]
 
 
 def test_one_rate_is_kept_unless_a_knee_halves_the_residuals(tmp_path):

@@ -6,8 +6,6 @@ final combine falls back on its microbenchmark. Residual bounds: TILE_COMBINE_BO
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import costs
@@ -24,17 +22,25 @@ REDUCE = ("reduce_fixed_ns", "reduce_ns_per_byte", "reduce_l2_ns_per_byte", "red
 
 def fit_tile_combine(layers: list[dict], dtype: str, origin: str) -> Fit:
     """The per-tile combine's median time = fixed + its median tile bytes x (L2 rate x held + HBM
-    rate x (1 - held)), held = min(1, knee / the layer's returned bytes). Elsewhere (a bf16 build,
-    whose task only marks the tile's arrival, or a file without those layers) 0: the model prices
-    the task at copy_rows' rate alone."""
+    rate x (1 - held)), held = min(1, knee / the layer's returned bytes). A bf16 build's task only
+    marks its tile's arrival: its fixed time alone, the median of the layers' medians. A file
+    without those layers: 0, the model prices the task at copy_rows' rate alone."""
     f = Fit()
     timed = [c for c in layers if c.get("tile_combine_ns", {}).get("n")]
     weighted = costs.WEIGHTED_IN_TASK.get(dtype, True)
-    if not weighted or len(timed) < IN_LAYER_MIN:
-        why = ("the bf16 build's task only marks its tile's arrival" if not weighted
-               else "no per-tile combine timed in the layers (a file from before it)")
+    if len(timed) < IN_LAYER_MIN:
         for name in TILE_COMBINE:
-            f.set(name, 0.0, f"{origin}: 0, {why}: copy_rows' rate alone")
+            f.set(name, 0.0, f"{origin}: 0, no per-tile combine timed in the layers (a file from before it): "
+                             "copy_rows' rate alone")
+        return f
+    if not weighted:
+        mark = float(np.median([c["tile_combine_ns"]["median"] for c in timed]))
+        how = (f"{origin}: the bf16 build's task only marks its tile's arrival: the median of its tasks' medians "
+               f"inside the megakernel at {tokens_label(timed)} tokens (layers no measured run uses)")
+        for name in TILE_COMBINE:
+            f.set(name, mark if name == "tile_combine_fixed_ns" else 0.0, how)
+        for c in timed:
+            f.check(f"in layer: per-tile combine (a mark), {layer_label(c)} (ns)", c["tile_combine_ns"]["median"], mark)
         return f
     points = [(f"in layer: per-tile combine, {layer_label(c)}", c["tile_combine_bytes"]["median"],
                costs.returned_bytes(c["tokens"], c["top_k"], c["hidden"], c["bytes_per_value"]),
@@ -56,9 +62,9 @@ def _reduce_rows(points: list[dict]) -> list[tuple[str, float, float, float]]:
     """The ordered combine microbenchmark's (name, bytes a block moves, all blocks' bytes, time) rows."""
     rows = []
     for c in points:
-        warps = c["n_proc"] * costs.REDUCE_WARPS
         nb = c.get("bytes_per_value", 4)  # files before bf16 measured float32 rows only
-        moved = costs.reduce_bytes(math.ceil(c["tokens"] / warps) * costs.REDUCE_WARPS, c["top_k"], c["hidden"], nb)
+        busiest = int(costs.reduce_tokens(c["tokens"], c["n_proc"]).max())
+        moved = costs.reduce_bytes(busiest, c["top_k"], c["hidden"], nb)
         total = costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], nb)
         rows.append((f"microbenchmark: ordered combine of {c['tokens']} tokens, per block", moved, total,
                      c["ns_per_block"]["median"]))
