@@ -100,7 +100,11 @@ IN_LAYER_SHARING = dict(tokens=7168, experts=8)
 IN_LAYER_DEPTHS = (dict(tokens=5120, hidden=4096, ffn=1024), dict(tokens=6656, hidden=1536, ffn=7168),
                    dict(tokens=7936, hidden=1024, ffn=768), dict(tokens=9728, hidden=1280, ffn=512),
                    dict(tokens=4608, hidden=768, ffn=1408))
-IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING, *IN_LAYER_DEPTHS)
+# and layers of other top_k at the usual widths: the final combine reads k rows a token and the
+# dispatch sends k copies, where every other in-layer layer has k = 2 (a cost a token cannot be
+# told from one a row, nor the dispatch's knee on the tokens' bytes from one on the bytes sent)
+IN_LAYER_TOPK = (dict(tokens=6912, top_k=1), dict(tokens=3584, top_k=4), dict(tokens=1792, top_k=8))
+IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING, *IN_LAYER_DEPTHS, *IN_LAYER_TOPK)
 # on two GPUs, a layer whose GEMM1 tasks store half their tiles' rows into the peer (the tiles it
 # sent) and half into their own GPU: 6144 tokens a GPU, a size no measured run uses
 IN_LAYER_RETURN = dict(tokens=6144)
