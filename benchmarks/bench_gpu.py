@@ -28,10 +28,10 @@ lesser of that bound and the ceiling (roofline_share). Every point is timed besi
 layers of gpu/baseline.py (dropless with a grouped GEMM and with one matmul per expert, padded) and
 set against its roofline (sim.metrics.layer_roofline, at the measured ceiling, memory rate and
 NVLink rate of GPU 0 to its peers) and against the dropless layer's expert FFNs alone (torch's
-grouped GEMMs on the rows it routes, the slowest GPU's). `matrix`: the zoo's models (their kernel twins where the kernel
-lacks what they need, and the models in torch alone) at --tokens per GPU and FlashMoE's sweeps;
---estimate lists its points, the skipped ones with the reason, and a guess of its time, without a
-GPU; --compact writes the run as one small JSON and its table.
+grouped GEMMs on the rows it routes, the slowest GPU's). `matrix`: the zoo's models (their kernel
+twins where the kernel lacks what they need, and the models in torch alone) at --tokens per GPU
+and FlashMoE's sweeps; --estimate lists its points, the skipped ones with the reason, and a guess
+of its time, without a GPU; --compact writes the run as one small JSON and its table.
 Every result (and every bench trace's meta) carries the run's provenance: the commit
 ($MOELAB_COMMIT where the tree has no .git, else `git rev-parse HEAD`), the command line, the
 GPUs, driver, CUDA and library versions. Writes OUT_DIR/gpus-N/results.json and traces (named
@@ -429,8 +429,8 @@ def table_rows(all_results: list[dict], ceilings: dict[str, float], gbps: float 
     kernel's time over it, the dropless layer's expert FFNs alone on the rows it routes (its GEMMs at
     torch's grouped GEMM's rate: the fair bound where that rate is below the ceiling, as for
     fine-grained experts) and the kernel's time over theirs, its rate as a share of that dtype's
-    ceiling, the GEMM phase's rate (GEMM
-    FLOPs over the GEMM task time per processor block, from telemetry) as a share of it, the most
+    ceiling, the GEMM phase's rate (GEMM FLOPs over the GEMM task time per processor block, from
+    telemetry) as a share of it, the most
     the GPUs' memory allows it (weights_bound, at `gbps`; blank without) and the GEMM phase's share
     of the lesser of that and the ceiling (roofline_share), and FlashMoE's overlap efficiency
     T(2) / T(N) (sim.metrics.overlap_efficiency) where this run has the point on 2 GPUs too. A point

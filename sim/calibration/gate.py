@@ -51,11 +51,11 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> np.ndar
     active set (a figure the data want negative, such as the slot scans of the bf16 128 x 256 build,
     as many per unit at 8 as at 64 and 128 experts, rests at zero). Clipping a negative figure threw
     the others off by 20%; dropping every negative one at once could drop a needed one with it."""
-    scale = np.linalg.norm(a, axis=0)
-    scale[scale == 0] = 1.0
+    norms = np.linalg.norm(a, axis=0)
+    scale = np.where(norms > 0, norms, 1.0)
     s = a / scale  # unit columns, so one tolerance serves figures of every size
     tol = 1e-12 * max(1.0, float(np.abs(y).max()))
-    free = keep & (scale > 0)
+    free = keep & (norms > 0)
     x = np.zeros(a.shape[1])
     fitted = np.zeros(a.shape[1], bool)
     for _ in range(3 * a.shape[1]):
@@ -74,6 +74,8 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray, keep: np.ndarray) -> np.ndar
             step = np.min(x[low] / (x[low] - z[low]))
             x = x + step * (z - x)
             fitted &= x > tol
+            if not fitted.any():
+                break
     return x / scale
 
 
