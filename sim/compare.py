@@ -376,28 +376,53 @@ def table(c: Comparison) -> str:
 TASK_QUANTILES = (0.5, 0.9)  # the task durations `tasks` compares: median and 90th percentile
 
 
-def task_durations(trace: Trace, kind: str) -> np.ndarray:
-    """The durations (ns) of every processor task of phase `kind` in a trace."""
+def task_durations(trace: Trace, kind: str, part=None) -> np.ndarray:
+    """The durations (ns) of every processor task of phase `kind` in a trace (those `part` of the
+    trace selects, where given)."""
     sel = (trace["role"] == ROLE["processor"]) & (trace["kind"] == KIND[kind])
+    if part is not None:
+        sel &= part(trace)
     return trace["end"][sel] - trace["start"][sel]
+
+
+def task_parts(cfg: Config) -> dict[str, tuple[tuple[str, object], ...]]:
+    """The parts of a phase whose tasks differ in kind, each phase's own rows beside it: the
+    combine's per-tile tasks and its final sum (no tile); with shared experts, a GEMM phase's routed
+    and shared experts' tasks."""
+    parts = {"combine": (("per tile", lambda tr: tr["tile"] >= 0), ("final", lambda tr: tr["tile"] < 0))}
+    if cfg.shared_experts:
+        for ph in ("gemm0", "gemm1"):
+            parts[ph] = (("routed", lambda tr: tr["expert"] < cfg.experts),
+                         ("shared", lambda tr: tr["expert"] >= cfg.experts))
+    return parts
+
+
+def _task_row(name: str, pred: np.ndarray, meas: np.ndarray) -> dict:
+    row = {"phase": name, "predicted_tasks": int(len(pred)), "measured_tasks": int(len(meas))}
+    for q in TASK_QUANTILES:
+        for who, d in (("predicted", pred), ("measured", meas)):
+            row[f"{who}_p{round(100 * q)}_us"] = float(np.quantile(d, q)) / 1e3 if len(d) else None
+    mp, mm = row["predicted_p50_us"], row["measured_p50_us"]
+    row["median_error"] = (mp - mm) / mm if mp is not None and mm else None
+    return row
 
 
 def tasks(c: Comparison) -> list[dict]:
     """Per phase, the processors' tasks predicted and measured: how many, and the median and 90th
     percentile of their durations in us with the median's error: where a phase's busy time is off,
-    whether its tasks are too few or too short."""
+    whether its tasks are too few or too short; after a phase, its parts (task_parts) where both
+    hold tasks, named "phase: part"."""
     out = []
+    parts = task_parts(c.run.config)
     for ph in PHASES:
         pred, meas = task_durations(c.predicted, ph), task_durations(c.run.trace, ph)
         if not len(pred) and not len(meas):
             continue
-        row = {"phase": ph, "predicted_tasks": int(len(pred)), "measured_tasks": int(len(meas))}
-        for q in TASK_QUANTILES:
-            for name, d in (("predicted", pred), ("measured", meas)):
-                row[f"{name}_p{round(100 * q)}_us"] = float(np.quantile(d, q)) / 1e3 if len(d) else None
-        mp, mm = row["predicted_p50_us"], row["measured_p50_us"]
-        row["median_error"] = (mp - mm) / mm if mp is not None and mm else None
-        out.append(row)
+        out.append(_task_row(ph, pred, meas))
+        split = [(name, task_durations(c.predicted, ph, part), task_durations(c.run.trace, ph, part))
+                 for name, part in parts.get(ph, ())]
+        if sum(1 for _, p, m in split if len(p) or len(m)) > 1:
+            out.extend(_task_row(f"{ph}: {name}", p, m) for name, p, m in split)
     return out
 
 

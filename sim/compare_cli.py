@@ -133,7 +133,9 @@ def register(sub) -> None:
                         "status 1 until they are met")
     p.add_argument("--tasks", action="store_true",
                    help="also each phase's tasks, predicted against measured: their count and the median and 90th "
-                        "percentile of their durations (where a phase's busy time is off: too few tasks, or too short)")
+                        "percentile of their durations (where a phase's busy time is off: too few tasks, or too "
+                        "short), and the parts of a phase apart: the combine's per-tile tasks and final sum, a "
+                        "shared-expert layer's routed and shared GEMM tasks")
     p.add_argument("--no-fail", action="store_true", help="exit 0 even where a run misses a bound or a bar")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress messages")

@@ -366,6 +366,24 @@ def test_cli_tasks_are_each_phase_s_own(capsys):
     assert "median us pred / meas" in out and "layer latency (ms)" in out
 
 
+def test_tasks_split_the_combine_and_a_shared_experts_gemms_into_their_parts():
+    run = next(r for r in RUNS if r.config.shared_experts)
+    rows = {t["phase"]: t for t in compare.tasks(compare.compare(run, runs=RUNS))}
+    for ph, parts in (("combine", ("per tile", "final")), ("gemm0", ("routed", "shared")),
+                      ("gemm1", ("routed", "shared"))):
+        for who in ("predicted", "measured"):
+            assert sum(rows[f"{ph}: {p}"][f"{who}_tasks"] for p in parts) == rows[ph][f"{who}_tasks"] > 0
+    proc = run.trace["role"] == ROLE["processor"]
+    final = proc & (run.trace["kind"] == KIND["combine"]) & (run.trace["tile"] < 0)
+    assert rows["combine: final"]["measured_tasks"] == final.sum() == run.processors * run.config.ranks
+    shared = proc & (run.trace["kind"] == KIND["gemm1"]) & (run.trace["expert"] >= run.config.experts)
+    took = (run.trace["end"] - run.trace["start"])[shared]
+    assert rows["gemm1: shared"]["measured_p50_us"] == pytest.approx(np.median(took) / 1e3)
+    plain = next(r for r in RUNS if not r.config.shared_experts)
+    assert not any(t["phase"].startswith("gemm") and ":" in t["phase"]
+                   for t in compare.tasks(compare.compare(plain, runs=RUNS)))
+
+
 def test_cli_exits_non_zero_where_a_run_misses_a_bound(capsys):
     held = next(r for r in RUNS if not heldout.is_validation(r) and not any(k[0] == r.name for k in KNOWN_MISSES))
     missed = next(r for r in RUNS if (r.name, "layer") in KNOWN_MISSES)
