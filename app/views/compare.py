@@ -58,8 +58,8 @@ else:
     st.dataframe(error_table(c), hide_index=True)
     st.subheader("Tasks, predicted against measured")
     st.caption("Each phase's processor tasks: how many, and the median and 90th percentile of their durations "
-               "(us). Where a phase's busy time is off, this says whether the model has too few tasks or "
-               "too short ones.")
+               "(us), then a phase's parts apart (\"combine: final\", a shared-expert layer's \"gemm1: shared\"). "
+               "Where a phase's busy time is off, this says whether the model has too few tasks or too short ones.")
     st.dataframe(compare.tasks(c), hide_index=True)
     left, right = st.columns(2)
     with left:
