@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from reference import Config, presets
+from reference.plan import source_stride
 from sim.trace import KIND
 
 from . import build, cases, layout, spawn, tma
@@ -101,8 +102,9 @@ IN_LAYER_DEPTHS = (dict(tokens=5120, hidden=4096, ffn=1024), dict(tokens=6656, h
                    dict(tokens=7936, hidden=1024, ffn=768), dict(tokens=9728, hidden=1280, ffn=512),
                    dict(tokens=4608, hidden=768, ffn=1408))
 # and layers of other top_k at the usual widths: the final combine reads k rows a token and the
-# dispatch sends k copies, where every other in-layer layer has k = 2 (a cost a token cannot be
-# told from one a row, nor the dispatch's knee on the tokens' bytes from one on the bytes sent)
+# dispatch sends k copies, where every other in-layer layer has k = 2; the fits made at k = 2
+# predict them as checks (a cost a token against one a row, the dispatch's reads of a token's row
+# k times), their GEMM tasks are fitted
 IN_LAYER_TOPK = (dict(tokens=6912, top_k=1), dict(tokens=3584, top_k=4), dict(tokens=1792, top_k=8))
 IN_LAYERS = tuple(dict(tokens=t) for t in IN_LAYER_TOKENS) + (IN_LAYER_SHARING, *IN_LAYER_DEPTHS, *IN_LAYER_TOPK)
 # on two GPUs, a layer whose GEMM1 tasks store half their tiles' rows into the peer (the tiles it
@@ -582,20 +584,22 @@ def layer_returns(b: Bench) -> dict:
 
 
 def returns_by_source(cfg: Config, tr, rank: int, elem_bytes: int) -> dict:
-    """Rank `rank`'s GEMM tasks in trace `tr` by their tile's source (the trace's peer): a GEMM1
-    task stores its output rows into the source's memory, over NVLink for the peer's tiles, while
-    GEMM0 stores nothing away, so its two medians say how else the sources' tasks differ. The
-    tiles' rows: those this rank dispatched (the peer's are alike: the same routing of random
-    tokens)."""
+    """Rank `rank`'s GEMM tasks in trace `tr` by their tile's source (the trace's peer: its window's
+    first), tiles of one source only: a GEMM1 task stores its output rows into the source's memory,
+    over NVLink for the peer's tiles, while GEMM0 stores nothing away, so its two medians say how
+    else the sources' tasks differ. A window reaching into the next source's slots (merged sources)
+    may hold rows of both and is left out. The tiles' rows: those this rank dispatched (the peer's
+    are alike: the same routing of random tokens)."""
     from sim.trace import KIND, ROLE
 
+    one_source = (tr["tile"] + 1) * cfg.tile_m <= (tr["peer"] + 1) * source_stride(cfg)
     proc = (tr["rank"] == rank) & (tr["role"] == ROLE["processor"])
     rows = dispatched_rows(cfg, tr, proc & (tr["kind"] == KIND["dispatch"]), elem_bytes)
     if not rows:
         raise RuntimeError(f"rank {rank}: no dispatch shares in the {cfg.tokens}-token layer's trace")
     by_source = {}
     for task in ("gemm0", "gemm1"):
-        sel = proc & (tr["kind"] == KIND[task])
+        sel = proc & (tr["kind"] == KIND[task]) & one_source
         d, far = tr["end"][sel] - tr["start"][sel], tr["peer"][sel] != rank
         if not far.any() or far.all():
             raise RuntimeError(f"rank {rank}: {task} tasks of {'no' if not far.any() else 'only'} peer tiles "

@@ -75,8 +75,9 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     f.merge(scheduler.fit_signal_seen(layers, origin))
     f.merge(combine.fit_tile_combine(layers, dtype, origin))
     f.merge(combine.fit_reduce(need(raw, "combine", "the final combine's time per block"), layers,
-                               f.values["l2_knee_bytes"], origin))
-    f.merge(combine.fit_return_store(raw, f.values["put_nvlink_ns_per_byte"], origin))
+                               f.values["l2_knee_bytes"], origin, one_gpu_layers(raw, other_k=True)))
+    f.merge(combine.fit_return_store(raw, f.values["put_nvlink_ns_per_byte"],
+                                     f.values.get("nvlink_latency_ns", hw.nvlink_latency_ns), origin))
     f.merge(gate.fit_gate(raw, blocks * wgs, wgs, origin))
     f.merge(scheduler.fit_scheduler(raw, hw, origin))
     return f.merge(scheduler.check_round_trips(raw, f.values))

@@ -384,12 +384,20 @@ def put_ns(hw: Hardware, link: int, nbytes: float, inflight: float | None = None
 
 def store_ns(hw: Hardware, link: int, nbytes: float) -> float:
     """A GEMM1 task's extra time to store its `nbytes` of output into the source GPU's memory: none
-    on its own GPU (the measured task stores its output there), over NVLink at the rate measured
-    for such stores in the layer (return_store_ns_per_byte: the bf16 tasks' stores beat one
-    block's put, in the two-H100 layers a peer's 128 x 256 tile took its tasks 2.3-3.7 us longer
-    than their own GPU's, where the put rate gives 6.8), none across nodes (the tile's last task
-    hands its put to the NIC or proxy, as put_ns says)."""
-    return nbytes * hw.return_store_ns_per_byte if link == NVLINK else 0.0
+    on its own GPU (the measured task stores its output there); over NVLink its bytes at the rate
+    measured for such stores in the layer (return_store_ns_per_byte), then its system-scope fence,
+    which waits for them to land before it signals the source (return_fence_ns); none across nodes
+    (the tile's last task hands its put to the NIC or proxy, as put_ns says)."""
+    if link != NVLINK or nbytes <= 0:
+        return 0.0
+    return nbytes * hw.return_store_ns_per_byte + return_fence_ns(hw)
+
+
+def return_fence_ns(hw: Hardware) -> float:
+    """A GEMM1 task's fence after storing rows into an NVLink peer: one NVLink round trip, once a
+    task however many of its chunks went there (processor.cuh; a peer's tile's tasks 2.2-3.6 us
+    longer than the GPU's own tiles' in the two- and four-H200 layers, a round trip 2.2)."""
+    return 2 * hw.nvlink_latency_ns
 
 
 def port_ns_per_byte(alone: float, concurrent: int, gbps: float) -> float:

@@ -85,15 +85,23 @@ def _reduce_from_microbenchmark(rows: list, points: list[dict], knee: float, ori
                                 "l2_knee_bytes / all blocks' bytes)")
 
 
-def fit_reduce(points: list[dict], layers: list[dict], l2_knee: float, origin: str) -> Fit:
+def _final_combines(layers: list[dict]) -> list[tuple[str, float, float, float]]:
+    """(name, the busiest blocks' bytes, all blocks' bytes, median time) of in-layer `layers`."""
+    return [(f"in layer: final combine of {c['tokens']} tokens" + (f" at k {c['top_k']}" if c["top_k"] != 2 else "")
+             + ", busiest blocks",
+             costs.reduce_bytes(c["combine_tokens_per_block"], c["top_k"], c["hidden"], c["bytes_per_value"]),
+             costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], c["bytes_per_value"]),
+             c["final_combine_ns"]["median"]) for c in layers]
+
+
+def fit_reduce(points: list[dict], layers: list[dict], l2_knee: float, origin: str,
+               checks: list[dict] = ()) -> Fit:
     """The final combine's time per block: from the megakernel's own layers (the rows GEMM1 just
     wrote), held = min(1, knee / all blocks' bytes), the knee searched; else from the
-    microbenchmark `points` with the copies' knee `l2_knee`."""
+    microbenchmark `points` with the copies' knee `l2_knee`. The in-layer `checks` (layers at
+    another k) are predicted, not fitted."""
     rows = _reduce_rows(points)
-    in_layer = [(f"in layer: final combine of {c['tokens']} tokens, busiest blocks",
-                 costs.reduce_bytes(c["combine_tokens_per_block"], c["top_k"], c["hidden"], c["bytes_per_value"]),
-                 costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], c["bytes_per_value"]),
-                 c["final_combine_ns"]["median"]) for c in layers]
+    in_layer = _final_combines(layers)
     if len(in_layer) >= IN_LAYER_MIN:
         knee, fixed, l2, hbm = fixed_and_rates(in_layer)
         how = (f"{origin}: the final combine inside the megakernel at {tokens_label(layers)} tokens (layers no "
@@ -107,17 +115,18 @@ def fit_reduce(points: list[dict], layers: list[dict], l2_knee: float, origin: s
     for name, v in zip(REDUCE, (fixed, hbm, l2, knee)):
         f.set(name, max(float(v), 0.0), how)
     hw = preset_with(f.values, REDUCE)
-    for point, moved, total, y in rows + in_layer:
+    for point, moved, total, y in rows + in_layer + _final_combines(checks):
         note = "" if any(point == r[0] for r in fitted) else "; not fitted"
         f.check(f"{point} (ns{note})", y, hw.reduce_fixed_ns + moved * costs.reduce_ns_per_byte_at(hw, total))
     return f
 
 
-def fit_return_store(raw: dict, put_nvlink_ns_per_byte: float, origin: str) -> Fit:
+def fit_return_store(raw: dict, put_nvlink_ns_per_byte: float, nvlink_latency_ns: float, origin: str) -> Fit:
     """A GEMM1 task's stores into the peer per byte of its output: the median of the tasks of the
-    peer's tiles over those of the GPU's own, less GEMM0's (the same tiles, nothing stored away),
-    on the in_layer layer of two GPUs; each of its tasks stores its tile's rows x its columns.
-    Files without that layer: one block's put rate."""
+    peer's tiles over those of the GPU's own, less GEMM0's (the same tiles, nothing stored away)
+    and less the task's fence after them (a round trip, costs.return_fence_ns), on the in_layer
+    layer of two GPUs; each of its tasks stores its tile's rows x its columns. Files without that
+    layer: one block's put rate."""
     f = Fit()
     layers = [c for c in raw.get("in_layer") or [] if c.get("world", 1) > 1 and c.get("gemm_by_source")]
     if not layers:
@@ -131,8 +140,9 @@ def fit_return_store(raw: dict, put_nvlink_ns_per_byte: float, origin: str) -> F
         return by[task]["peer"]["median"] - by[task]["home"]["median"]
 
     nbytes = c["tile_rows"]["median"] * c["tile_n"] * c["bytes_per_value"]
-    f.set("return_store_ns_per_byte", max(extra("gemm1") - extra("gemm0"), 0.0) / nbytes,
-          f"{origin}: GEMM1 tasks of the peer's tiles against the GPU's own, less GEMM0's difference, in the "
-          f"megakernel at {c['tokens']} tokens on {c['world']} GPUs (no measured run's size), over a task's "
-          f"{nbytes:.0f} B of output")
+    fence = 2 * nvlink_latency_ns
+    f.set("return_store_ns_per_byte", max(extra("gemm1") - extra("gemm0") - fence, 0.0) / nbytes,
+          f"{origin}: GEMM1 tasks of the peer's tiles against the GPU's own, less GEMM0's difference and the "
+          f"task's fence ({fence:.0f} ns, a round trip), in the megakernel at {c['tokens']} tokens on "
+          f"{c['world']} GPUs (no measured run's size), over a task's {nbytes:.0f} B of output")
     return f

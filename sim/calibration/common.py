@@ -68,15 +68,19 @@ def most_common(values: list):
     return max(set(values), key=values.count) if values else None
 
 
-def one_gpu_layers(raw: dict, any_width: bool = False) -> list[dict]:
+def one_gpu_layers(raw: dict, any_width: bool = False, other_k: bool = False) -> list[dict]:
     """The in_layer section's layers run on one GPU alone (entries from before `world` was
-    recorded: the file's world), of most layers' widths (hidden, ffn) unless `any_width`: the
+    recorded: the file's world), of most layers' widths (hidden, ffn) and k unless `any_width`: the
     layers of other widths are the tile GEMM's (its tasks' depths), and the other fits keep to the
-    widths they were made on."""
+    widths and the k they were made on. With `other_k`, the layers of those widths at another k
+    instead: the checks of how the rows a token reads and returns scale, never fitted."""
     layers = [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1]
     widths = [(c.get("hidden"), c.get("ffn")) for c in layers]
     usual = most_common(widths)
-    return [c for c, w in zip(layers, widths) if any_width or w == usual]
+    k = most_common([c.get("top_k") for c, w in zip(layers, widths) if w == usual])
+    if any_width:
+        return layers
+    return [c for c, w in zip(layers, widths) if w == usual and (c.get("top_k") != k) == other_k]
 
 
 def tokens_label(points: list[dict]) -> str:

@@ -35,13 +35,19 @@ def _world(raw: dict, d: dict):
     return d.get("world", raw.get("world"))
 
 
-def fit_store(pts: list[dict], layers: list[dict], hw, origin: str) -> Fit:
+def _shares(layers: list[dict]) -> list[tuple[str, float, float, float]]:
+    """(name, a share's mean bytes, the GPU's tokens' bytes, median time) of in-layer `layers`."""
+    return [(f"in layer: dispatch share, {layer_label(c)}, {c['inflight_bytes'] / 2 ** 20:.1f} MiB in flight",
+             c["inflight_bytes"] / c["first_round_shares"], c["tokens"] * c["hidden"] * c["bytes_per_value"],
+             c["dispatch_ns"]["median"]) for c in layers]
+
+
+def fit_store(pts: list[dict], layers: list[dict], hw, origin: str, checks: list[dict] = ()) -> Fit:
     """The store path's figures from the in-layer `layers` or the one-GPU store shares `pts`;
-    files with neither keep preset `hw`'s figures (a gather at the copy rate)."""
+    files with neither keep preset `hw`'s figures (a gather at the copy rate). The in-layer
+    `checks` (layers at another k) are predicted, not fitted."""
     f = Fit()
-    in_layer = [(f"in layer: dispatch share, {layer_label(c)}, {c['inflight_bytes'] / 2 ** 20:.1f} MiB in flight",
-                 c["inflight_bytes"] / c["first_round_shares"], c["tokens"] * c["hidden"] * c["bytes_per_value"],
-                 c["dispatch_ns"]["median"]) for c in layers]
+    in_layer = _shares(layers)
     if len(layers) >= IN_LAYER_MIN:
         knee, fixed, l2, hbm = fixed_and_rates(in_layer)
         how = (f"{origin}: the dispatch shares inside the megakernel at {tokens_label(layers)} tokens (layers no "
@@ -64,6 +70,8 @@ def fit_store(pts: list[dict], layers: list[dict], hw, origin: str) -> Fit:
     model = preset_with(f.values, NAMES)
     for point, nbytes, tokens, y in in_layer:
         f.check(f"{point} (ns)", y, costs.store_dispatch_ns(model, nbytes, tokens))
+    for point, nbytes, tokens, y in _shares(checks):
+        f.check(f"{point} (ns; not fitted)", y, costs.store_dispatch_ns(model, nbytes, tokens))
     return f
 
 
@@ -115,7 +123,7 @@ def fit_dispatch(raw: dict, hw, origin: str, given: dict) -> Fit:
     dispatches = raw.get("dispatch", [])
     layers = one_gpu_layers(raw)
     f = fit_store([d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"
-                   and _world(raw, d) == 1], layers, hw, origin)
+                   and _world(raw, d) == 1], layers, hw, origin, one_gpu_layers(raw, other_k=True))
     model = preset_with({**given, **f.values}, MOVE_FIGURES + NAMES)
     for d in dispatches:
         # files before the kernel stored dispatched rows timed packed and put tiles, one a block
