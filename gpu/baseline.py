@@ -374,7 +374,8 @@ class DroplessLayer(TorchMoE):
         """A call of this rank's expert FFNs alone, as forward computes them on the rows it routes
         (the routed experts' grouped GEMMs, and the shared experts' on every token): the layer's
         expert work at the rate of torch's GEMMs, without its routing, all-to-alls and combine.
-        Routes and dispatches once (collective); the call it returns is local."""
+        Routes and dispatches once (collective) on the current stream, which the call it returns
+        (local) must run on: its rows and counts are written there."""
         d = self.dispatch()
 
         def run():

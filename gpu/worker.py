@@ -412,8 +412,9 @@ def time_torch(session: Session, cfg: Config, inputs, case: dict, res: dict) -> 
             res[f"{key}_ms"] = float(np.median(bt))
             res[f"{key}_ms_all"] = bt.tolist()
             if kind == "dropless" and i == 0:
-                alone = b.experts_alone()
+                # routed on the stream it is timed on: its first call must see the dispatch's rows and counts
                 with torch.cuda.stream(session.torch_stream):
+                    alone = b.experts_alone()
                     et = max_over_ranks(session, timed(session, around(session.torch_stream, alone), warm, iters,
                                                        nccl_barrier))
                 res[f"torch_experts_{dt}_ms"] = float(np.median(et))
