@@ -140,7 +140,7 @@ def fit_return_store(raw: dict, put_nvlink_ns_per_byte: float, nvlink_latency_ns
         return by[task]["peer"]["median"] - by[task]["home"]["median"]
 
     nbytes = c["tile_rows"]["median"] * c["tile_n"] * c["bytes_per_value"]
-    fence = 2 * nvlink_latency_ns
+    fence = costs.return_fence_ns(preset_with({"nvlink_latency_ns": nvlink_latency_ns}, ("nvlink_latency_ns",)))
     f.set("return_store_ns_per_byte", max(extra("gemm1") - extra("gemm0") - fence, 0.0) / nbytes,
           f"{origin}: GEMM1 tasks of the peer's tiles against the GPU's own, less GEMM0's difference and the "
           f"task's fence ({fence:.0f} ns, a round trip), in the megakernel at {c['tokens']} tokens on "
