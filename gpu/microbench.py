@@ -489,9 +489,9 @@ def sec_scheduler(b: Bench) -> dict:
 
 
 def sec_in_layer(b: Bench) -> list[dict]:
-    """Rank 0's dispatch shares, GEMM tasks, per-tile and final combines in the megakernel on each
-    of IN_LAYERS (one GPU); on more GPUs, its GEMM tasks by their tiles' source on IN_LAYER_RETURN
-    (every rank runs the layer; rank 0's results are kept)."""
+    """Rank 0's gate phase, dispatch shares, GEMM tasks, per-tile and final combines in the
+    megakernel on each of IN_LAYERS (one GPU); on more GPUs, its GEMM tasks by their tiles' source
+    on IN_LAYER_RETURN (every rank runs the layer; rank 0's results are kept)."""
     from sim.trace import KIND, ROLE
 
     if b.s.world > 1:
@@ -502,6 +502,7 @@ def sec_in_layer(b: Bench) -> list[dict]:
         tokens = cfg.tokens
         proc = (tr["rank"] == 0) & (tr["role"] == ROLE["processor"])
         disp = proc & (tr["kind"] == KIND["dispatch"])
+        gate = proc & (tr["kind"] == KIND["gate"])  # the megakernel's gate phase, its start wait and barriers
         lanes, start, nbytes = tr["lane"][disp], tr["start"][disp], tr["bytes"][disp]
         dur = tr["end"][disp] - start
         # each processor's first share: the round that runs all at once
@@ -516,7 +517,8 @@ def sec_in_layer(b: Bench) -> list[dict]:
         most = held == held.max()
         out.append({"tokens": tokens, "experts": cfg.experts, "world": b.s.world, "n_proc": n_proc,
                     "top_k": cfg.top_k, "hidden": cfg.hidden, "ffn": cfg.ffn,
-                    "bytes_per_value": b.elem_bytes, "inflight_bytes": int(nbytes[first].sum()),
+                    "bytes_per_value": b.elem_bytes, "gate_ns": stats(tr["end"][gate] - tr["start"][gate]),
+                    "inflight_bytes": int(nbytes[first].sum()),
                     "first_round_shares": len(first), "share_bytes": stats(nbytes), "dispatch_ns": stats(dur),
                     "combine_tokens_per_block": int(held.max()),
                     "final_combine_ns": stats((tr["end"][final] - tr["start"][final])[most]),
