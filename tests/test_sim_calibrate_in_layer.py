@@ -114,7 +114,7 @@ def test_layers_at_another_k_are_predicted_not_fitted(tmp_path):
     fit = _fit(tmp_path, raw)
     for name, want in FIGURES.items():
         assert fit.values[name] == pytest.approx(want, rel=1e-6), name
-    checks = {p: (m, y) for p, m, y in fit.residuals if "dispatch share, T=1792" in p or "1792 tokens" in p}
+    checks = {p: (m, y) for p, m, y in fit.residuals if "dispatch share, T=1792" in p or "final combine, T=1792" in p}
     assert len(checks) == 2 and all("not fitted" in p for p in checks)
     share = costs.store_dispatch_ns(hw, other["inflight_bytes"] / other["first_round_shares"], 1792 * 2048 * 4)
     final = hw.reduce_fixed_ns + costs.reduce_bytes(other["combine_tokens_per_block"], 8, 2048, 4) * \

@@ -87,8 +87,7 @@ def _reduce_from_microbenchmark(rows: list, points: list[dict], knee: float, ori
 
 def _final_combines(layers: list[dict]) -> list[tuple[str, float, float, float]]:
     """(name, the busiest blocks' bytes, all blocks' bytes, median time) of in-layer `layers`."""
-    return [(f"in layer: final combine of {c['tokens']} tokens" + (f" at k {c['top_k']}" if c["top_k"] != 2 else "")
-             + ", busiest blocks",
+    return [(f"in layer: final combine, {layer_label(c)}, busiest blocks",
              costs.reduce_bytes(c["combine_tokens_per_block"], c["top_k"], c["hidden"], c["bytes_per_value"]),
              costs.reduce_bytes(c["tokens"], c["top_k"], c["hidden"], c["bytes_per_value"]),
              c["final_combine_ns"]["median"]) for c in layers]

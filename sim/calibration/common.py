@@ -75,11 +75,11 @@ def one_gpu_layers(raw: dict, any_width: bool = False, other_k: bool = False) ->
     widths and the k they were made on. With `other_k`, the layers of those widths at another k
     instead: the checks of how the rows a token reads and returns scale, never fitted."""
     layers = [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1]
+    if any_width:
+        return layers
     widths = [(c.get("hidden"), c.get("ffn")) for c in layers]
     usual = most_common(widths)
     k = most_common([c.get("top_k") for c, w in zip(layers, widths) if w == usual])
-    if any_width:
-        return layers
     return [c for c, w in zip(layers, widths) if w == usual and (c.get("top_k") != k) == other_k]
 
 
@@ -93,10 +93,10 @@ def tokens_label(points: list[dict]) -> str:
 
 
 def layer_label(c: dict) -> str:
-    """An in-layer entry's name in the fits' checks: its tokens, and its experts and widths where the
-    entry has them."""
+    """An in-layer entry's name in the fits' checks: its tokens, and its experts, k and widths where
+    the entry has them."""
     return (f"T={c['tokens']}" + (f" E={c['experts']}" if "experts" in c else "")
-            + (f" H={c['hidden']} I={c['ffn']}" if "ffn" in c else ""))
+            + (f" k={c['top_k']}" if "top_k" in c else "") + (f" H={c['hidden']} I={c['ffn']}" if "ffn" in c else ""))
 
 
 def fixed_and_rates(points: list[tuple[str, float, float, float]]) -> tuple[float, float, float, float]:
