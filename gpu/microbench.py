@@ -518,6 +518,7 @@ def sec_in_layer(b: Bench) -> list[dict]:
         out.append({"tokens": tokens, "experts": cfg.experts, "world": b.s.world, "n_proc": n_proc,
                     "top_k": cfg.top_k, "hidden": cfg.hidden, "ffn": cfg.ffn,
                     "bytes_per_value": b.elem_bytes, "gate_ns": stats(tr["end"][gate] - tr["start"][gate]),
+                    "select": layout.GATE_SELECT,
                     "inflight_bytes": int(nbytes[first].sum()),
                     "first_round_shares": len(first), "share_bytes": stats(nbytes), "dispatch_ns": stats(dur),
                     "combine_tokens_per_block": int(held.max()),

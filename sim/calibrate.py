@@ -14,7 +14,9 @@ names its figures, its microbenchmark and its residual bound):
 - `dispatch`: the store path's shares (dispatch_store_*), every dispatch entry checked, and a
   block's walk to its shares (deal_share_ns, deal_count_ns);
 - `combine`: tile_combine_*, reduce_*, return_store_ns_per_byte;
-- `gate`: gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns, gate_select_*;
+- `gate`: gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns, gate_select_*, gate_list_ns,
+  gate_weigh_ns, gate_logit_ns, and what the megakernel adds to the gate's code (gate_layer_ns, from the
+  in-layer layers' gate phase);
 - `scheduler`: handoff_ns, wake_ns, assign_ns, stop_ns, nvlink_latency_ns, and the subscriber's
   delay in seeing a landed tile (signal_seen_ns, signal_seen_ns_per_entry).
 

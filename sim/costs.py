@@ -339,10 +339,18 @@ def gate_weighs(tokens: int, top_k: int, grid: int) -> int:
     return gate_items_per_unit(tokens, grid) * top_k
 
 
-def gate_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:
-    """The megakernel's gate phase: the roofline or the kernel's work items, top-k selections (by
-    `select`, GATE_SELECTS), the choices' weights and slot scans, whichever is longer, and the
-    phase's fixed cost."""
+def gate_logit_reads(tokens: int, experts: int, grid: int) -> int:
+    """The logits one lane of the busiest of `grid` units handles for each gate item it selects, past
+    its selection's list: its every SELECT_LANES-th expert's, which the item's epilogue stored and
+    the lane reads back (for the softmax's max and sum where the gate takes one), whatever top_k."""
+    return gate_items_per_unit(tokens, grid) * math.ceil(experts / SELECT_LANES)
+
+
+def gate_kernel_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:
+    """The gate's code alone, as the microbenchmark times it (gate.cuh gate_phase and capacity_phase):
+    the roofline or the kernel's work items, top-k selections (by `select`, GATE_SELECTS), the
+    items' logits, the choices' weights and slot scans, whichever is longer, and the phase's fixed
+    cost."""
     roofline = gate_roofline_ns(hw, cfg)
     units = gate_units(hw)
     slots = slot_scan(cfg.tokens, cfg.top_k, cfg.experts, units)
@@ -352,9 +360,16 @@ def gate_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:
         smem, glob = gate_select_reads(cfg.tokens, cfg.top_k, cfg.experts, units)
         choose = smem * hw.gate_select_smem_ns + glob * hw.gate_select_global_ns
     kernel = (gate_work(cfg.tokens, cfg.hidden, cfg.experts, units) * hw.gate_item_ns_per_h + slots * hw.gate_slot_ns
-              + gate_weighs(cfg.tokens, cfg.top_k, units) * hw.gate_weigh_ns)
+              + gate_weighs(cfg.tokens, cfg.top_k, units) * hw.gate_weigh_ns
+              + gate_logit_reads(cfg.tokens, cfg.experts, units) * hw.gate_logit_ns)
     split = hw.gate_split_ns if gate_splits(cfg.tokens, cfg.hidden, units) > 1 else 0.0
     return max(roofline, kernel + choose) + hw.gate_fixed_ns + split
+
+
+def gate_ns(hw: Hardware, cfg: Config, select: str = "lists") -> float:
+    """The megakernel's gate phase: the gate's code and what the megakernel's gate event holds
+    beyond it (hw.gate_layer_ns)."""
+    return gate_kernel_ns(hw, cfg, select) + hw.gate_layer_ns
 
 
 def contended_ns_per_byte(alone: float, extra: float, half: float, inflight: float, knee: float = 0.0) -> float:

@@ -82,6 +82,12 @@ class Hardware:
     # a token's first lane weighing one of its choices (the choice, then its logit: dependent loads,
     # one choice after another; costs.gate_weighs), either selection
     gate_weigh_ns: float
+    # a selecting lane handling one logit of an item past its list (costs.gate_logit_reads: the
+    # epilogue's stores and the reads back, the softmax's max and sum), whatever top_k
+    gate_logit_ns: float
+    # the megakernel's gate event beyond the gate's code as the microbenchmark times it (measured on
+    # the megakernel's own layers against the microbenchmark's points; costs.gate_ns)
+    gate_layer_ns: float
     gemm_fixed_ns: float  # a tile GEMM task's cost however few its rows (its weight slice loads whole)
     # a task's multiply computes its tile's rows in whole groups of this many (0 or 1: each row),
     # a tile of one group or less in its warps' quarters of it (costs.grouped_rows): the float32
@@ -316,7 +322,7 @@ _H100 = {
     "subscriber_ns": (200.0, "estimate: decode a 64-bit arrival flag and enqueue a tile's tasks; " + _ESTIMATE),
     **{f: (0.0, _NOT_MODELED) for f in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns",
                                          "gate_select_smem_ns", "gate_select_global_ns", "gate_list_ns",
-                                         "gate_weigh_ns",
+                                         "gate_weigh_ns", "gate_logit_ns", "gate_layer_ns",
                                          "gemm_fixed_ns", "gemm_row_group",
                                          "weight_load_ns_per_byte", "weight_stream_ns_per_byte", "gemm_overlap_power",
                                          "l2_knee_bytes", "copy_ns_per_byte",

@@ -13,6 +13,7 @@ from moelab.cli import main
 from reference import presets
 from reference.plan import COMBINE, LOCAL, NVLINK
 from sim import calibrate, costs, hardware
+from sim.calibration import gate
 
 HALVES, KNEES = calibrate.HALVES, calibrate.KNEES  # the fit's grids
 TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task_overhead_ns=0.0,
@@ -22,7 +23,8 @@ TRUE = dict(blocks_per_sm=2, matrix_efficiency=0.5, gemm_fixed_ns=140000.0, task
             put_nvlink_ns_per_byte=0.1, copy_nvlink_ns_per_byte=0.06, nvlink_gbps=380.0, reduce_ns_per_byte=0.25,
             gate_item_ns_per_h=350.0,
             gate_slot_ns=2.0, gate_fixed_ns=20000.0, gate_split_ns=8000.0, gate_select_smem_ns=40.0,
-            gate_select_global_ns=300.0, gate_list_ns=6.0, gate_weigh_ns=700.0, handoff_ns=5000.0,
+            gate_select_global_ns=300.0, gate_list_ns=6.0, gate_weigh_ns=700.0, gate_logit_ns=150.0,
+            handoff_ns=5000.0,
             nvlink_latency_ns=1200.0, dispatch_store_fixed_ns=2500.0, dispatch_store_ns_per_byte=0.12,
             weight_load_ns_per_byte=0.03, wake_ns=4000.0, assign_ns=60.0, stop_ns=7000.0,
             gemm_row_group=0.0)
@@ -93,7 +95,8 @@ def synthetic(gpu="NVIDIA H200", t=TRUE, dtype="float32"):
                                        (8192, 64, 8), (6144, 128, 8), (12288, 128, 4)):
             cfg = presets.get("flashmoe").replace(tokens=tokens, experts=experts, top_k=top_k, precision=dtype)
             gate.append({"tokens": tokens, "experts": experts, "hidden": 2048, "top_k": top_k, "grid": blocks,
-                         "ns": costs.gate_ns(hw, cfg, select), **({"select": select} if select == "lists" else {})})
+                         "ns": costs.gate_kernel_ns(hw, cfg, select),
+                         **({"select": select} if select == "lists" else {})})
     tile_k = {"TILE_K": 32, "MOE_BF16": 1} if nb == 2 else {"TILE_K": 8}
     return {"meta": {"gpu": gpu, "commit": "abc"}, "sms": 132, "world": 2,
             "tile": {"TILE_M": 128, "TILE_N": 64, **tile_k},
@@ -436,11 +439,11 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
     for g in raw["gate"]:
         cfg = presets.get("flashmoe").replace(tokens=g["tokens"], experts=g["experts"], top_k=g["top_k"],
                                               precision="bfloat16")
-        g["ns"] = costs.gate_ns(two, cfg, g.get("select", "passes"))
+        g["ns"] = costs.gate_kernel_ns(two, cfg, g.get("select", "passes"))
     fit = calibrate.fit(raw, "h200-sxm", "synthetic", dtype="bfloat16")
     assert fit.values["warpgroups_per_block"] == 2
     for name in ("gate_item_ns_per_h", "gate_slot_ns", "gate_fixed_ns", "gate_split_ns", "gate_select_smem_ns",
-                 "gate_select_global_ns", "gate_list_ns", "gate_weigh_ns"):
+                 "gate_select_global_ns", "gate_list_ns", "gate_weigh_ns", "gate_logit_ns"):
         assert fit.values[name] == pytest.approx(TRUE_BF16[name], rel=1e-6), name
     # 8192 tokens are 256 items: one a unit on 132 blocks of two units, two a unit on 132 of one
     one_per_sm = two.replace(blocks_per_sm=1)
@@ -448,6 +451,31 @@ def test_a_block_of_two_warpgroups_runs_its_gate_on_both(tmp_path):
     assert costs.gate_work(8192, 2048, 64, costs.blocks(one_per_sm)) == 4096
     cfg = presets.get("flashmoe").replace(precision="bfloat16")
     assert costs.gate_ns(two, cfg) < costs.gate_ns(two.replace(warpgroups_per_block=1), cfg)
+
+
+def test_the_megakernels_own_gates_give_what_its_gate_event_adds(tmp_path):
+    """The in-layer layers' gate phase (one GPU, other widths and k) is the gate's code plus a fixed
+    time of the megakernel's: fitted beside the microbenchmark's points, which stay the code alone.
+    Without those layers the figure stays 0 and says why."""
+    raw = synthetic()
+    fitted = calibrate.fit(raw, "h200-sxm", "synthetic")
+    assert fitted.values["gate_layer_ns"] == 0.0 and "recorded the megakernel's gate" in fitted.sources["gate_layer_ns"]
+    hw = hardware.PRESETS["h200-sxm"].replace(**{k: v for k, v in TRUE.items() if k != "task_overhead_ns"},
+                                              gate_layer_ns=7000.0)
+    layers = []
+    for tokens, hidden, top_k in ((768, 2048, 2), (4608, 768, 2), (7936, 1024, 2), (5120, 4096, 2), (1792, 2048, 8),
+                                  (6912, 2048, 1)):
+        cfg = presets.get("flashmoe").replace(ranks=1, tokens=tokens, hidden=hidden, top_k=top_k)
+        layers.append({"tokens": tokens, "experts": 64, "world": 1, "hidden": hidden, "ffn": 2048, "top_k": top_k,
+                       "gate_ns": _stat(costs.gate_ns(hw, cfg)), "select": "lists"})
+    layers.append({"tokens": 512, "experts": 64, "world": 2, "hidden": 2048, "ffn": 2048, "top_k": 2,
+                   "gate_ns": _stat(1e9), "select": "lists"})  # two GPUs: its event waits for the peer's start
+    fitted = gate.fit_gate({**raw, "in_layer": layers}, costs.gate_units(hw), 1, "synthetic")
+    for name in ("gate_layer_ns", "gate_item_ns_per_h", "gate_logit_ns", "gate_list_ns"):
+        assert fitted.values[name] == pytest.approx(getattr(hw, name), rel=1e-6), name
+    assert sum("in layer" in p for p, _, _ in fitted.residuals) == 6
+    cfg = presets.get("flashmoe")
+    assert costs.gate_ns(hw, cfg) - costs.gate_kernel_ns(hw, cfg) == 7000.0
 
 
 def test_the_selection_is_fitted_only_where_the_gate_points_vary_top_k(tmp_path):
