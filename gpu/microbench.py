@@ -73,6 +73,15 @@ GATE_POINTS = ((8192, 64), (1024, 64), (4096, 64), (16384, 64), (8192, 8), (8192
 # and at fewer items than units (1-2K tokens, each item's H split), k 2 to 8: the cost of each choice
 GATE_TOPK_POINTS = ((8192, 64, 8), (4096, 64, 6), (6144, 128, 8), (12288, 128, 4),
                     (1152, 32, 2), (1152, 32, 8), (1664, 64, 6), (2176, 48, 4))
+# (tokens, experts, top_k, router): the gate alone with the zoo's other routers (reference.config
+# GATES), each next to a softmax point of the same (tokens, experts, top_k) above where there is one:
+# no softmax over E (gpt-oss), a sigmoid of every expert scored (DeepSeek-V3's selection bias), and the
+# group-limited routers, whose groups score every expert once more (DeepSeek-V2's and V3's)
+GATE_ROUTER_POINTS = ((8192, 64, 2, dict(gate="topk_softmax")), (8192, 64, 2, dict(gate="sigmoid_bias")),
+                      (6144, 128, 8, dict(gate="sigmoid_bias")), (4096, 64, 6, dict(n_group=8, topk_group=3)),
+                      (6144, 256, 8, dict(gate="sigmoid_bias", n_group=8, topk_group=4)),
+                      (3072, 128, 8, dict(gate="sigmoid_bias", n_group=8, topk_group=4)))
+ROUTER_FIELDS = ("gate", "n_group", "topk_group")  # what a gate point records of its router
 PUT_SIZES = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
 # blocks copying rows into the peer at once: one alone (a sender's own rate) to twice the staged senders
 COPY_NVLINK_BLOCKS = tuple(sorted({1, 2, 4, 8, layout.STAGED_BLOCKS, 2 * layout.STAGED_BLOCKS}))
@@ -129,6 +138,7 @@ def fit_layers(world: int, dtype: str) -> list[Config]:
     set (reference/validation_set.py) may hold."""
     changes = [dict(tokens=t, experts=e) for t, e in GATE_POINTS] + [SCHED_CONFIG, SCHED_SMALL, *IN_LAYERS]
     changes += [dict(tokens=t, experts=e, top_k=k) for t, e, k in GATE_TOPK_POINTS]
+    changes += [dict(tokens=t, experts=e, top_k=k, **router) for t, e, k, router in GATE_ROUTER_POINTS]
     return [flashmoe(world, dtype, **c) for c in changes + ([IN_LAYER_RETURN] if world > 1 else [])]
 
 
@@ -391,11 +401,15 @@ def tlog_events(layer: Layer, kind: int) -> list[tuple[int, float, int, int]]:
 
 
 def sec_layer_pieces(b: Bench, results: dict, save) -> None:
-    """Gate over GATE_POINTS and GATE_TOPK_POINTS; dispatch and combine on GATE_POINTS' 64-expert layers."""
+    """Gate over GATE_POINTS, GATE_TOPK_POINTS and GATE_ROUTER_POINTS; dispatch and combine on
+    GATE_POINTS' 64-expert layers."""
     s = b.s
     results["gate"], results["dispatch"], results["combine"] = [], [], []
-    for tokens, experts, top_k in [(t, e, None) for t, e in GATE_POINTS] + list(GATE_TOPK_POINTS):
-        cfg = flashmoe(s.world, b.dtype, tokens=tokens, experts=experts, **({"top_k": top_k} if top_k else {}))
+    points = ([(t, e, None, {}) for t, e in GATE_POINTS] + [(t, e, k, {}) for t, e, k in GATE_TOPK_POINTS]
+              + list(GATE_ROUTER_POINTS))
+    for tokens, experts, top_k, router in points:
+        cfg = flashmoe(s.world, b.dtype, tokens=tokens, experts=experts, **({"top_k": top_k} if top_k else {}),
+                       **router)
         pieces = top_k is None and experts == 64  # the dispatch and the combine at the FlashMoE default's k
         # the dispatch timed share by share, every chunk shared by the processors at once: the rate
         # the simulator's cost of a stored share is fitted to, whichever order a path gives them
@@ -404,7 +418,8 @@ def sec_layer_pieces(b: Bench, results: dict, save) -> None:
             results.setdefault("occupancy", {}).update(megakernel_grid=layer.grid, n_proc=layer.n_proc, sms=s.sms)
             ns, grid = gate_time(b, layer)
             results["gate"].append({"tokens": tokens, "experts": experts, "hidden": H, "top_k": cfg.top_k,
-                                    "grid": grid, "ns": ns, "select": layout.GATE_SELECT})
+                                    "grid": grid, "ns": ns, "select": layout.GATE_SELECT,
+                                    **{f: getattr(cfg, f) for f in ROUTER_FIELDS if f in router}})
             if pieces:
                 layer.run()  # routing, counts and rows in place for dispatch and combine
                 for _ in range(2):
