@@ -11,7 +11,10 @@ apart better than either alone (docs/notes/gate.md).
 Two sets of points: the gate microbenchmark's (the gate's code alone, at the FlashMoE default's
 H), and the megakernel's own gate phase on the in-layer layers run on one GPU (H 768 to 4096, k 1
 to 8), which also hold what the megakernel's gate event adds to that code (gate_layer_ns, a fixed
-time: costs.gate_ns). Residuals are relative: the points span 37 to 380 us. Residual bound: BOUND."""
+time: costs.gate_ns). Residuals are relative: the points span 37 to 380 us. The routers are priced
+alike: at one shape the zoo's other routers (gpu.microbench.GATE_ROUTER_POINTS, fitted as points
+like the rest) take -5% to +6% of the softmax router's time, within the fit's residuals
+(docs/notes/gate.md). Residual bound: BOUND."""
 
 from __future__ import annotations
 
@@ -97,8 +100,12 @@ def layer_gates(raw: dict) -> list[dict]:
 
 
 def point_label(g: dict) -> str:
-    return (f"gate T={g['tokens']} E={g['experts']} k={g['top_k']}" + (f" H={g['hidden']}" if g.get("layer") else "")
-            + (" lists" if selection(g) == "lists" else "") + (" in layer" if g.get("layer") else "") + " (ns)")
+    """A gate point's name in the fit's checks: its shape, router (where not the FlashMoE default's),
+    selection and whether the megakernel measured it."""
+    router = (f" {g['gate']}" if "gate" in g else "") + (f" {g['n_group']} groups" if g.get("n_group", 1) > 1 else "")
+    layer = g.get("layer", False)
+    return (f"gate T={g['tokens']} E={g['experts']} k={g['top_k']}" + (f" H={g['hidden']}" if layer else "")
+            + router + (" lists" if selection(g) == "lists" else "") + (" in layer" if layer else "") + " (ns)")
 
 
 def fit_gate(raw: dict, units: int, wgs: int, origin: str) -> Fit:
