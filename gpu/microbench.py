@@ -595,10 +595,16 @@ def signal_seen(cfg: Config, tr, disp: np.ndarray) -> dict:
 
 
 def layer_returns(b: Bench) -> dict:
-    """This rank's GEMM tasks on IN_LAYER_RETURN by their tile's source (returns_by_source)."""
+    """This rank's GEMM tasks on IN_LAYER_RETURN by their tile's source (returns_by_source), and the
+    walks of its staged senders to their shares into the peers (deal_walk: on two GPUs a sender's
+    list is the peer's experts in order, one count each, as one GPU's list is every expert)."""
+    from sim.trace import KIND, ROLE
+
     cfg, tr, n_proc = traced(b, IN_LAYER_RETURN)
+    proc = (tr["rank"] == b.s.rank) & (tr["role"] == ROLE["processor"])
+    into_peers = proc & (tr["kind"] == KIND["dispatch"]) & (tr["peer"] != b.s.rank)
     return {"tokens": cfg.tokens, "experts": cfg.experts, "world": b.s.world, "n_proc": n_proc,
-            **returns_by_source(cfg, tr, b.s.rank, b.elem_bytes)}
+            **returns_by_source(cfg, tr, b.s.rank, b.elem_bytes), "peer_deal_walk": deal_walk(tr, proc, into_peers)}
 
 
 def returns_by_source(cfg: Config, tr, rank: int, elem_bytes: int) -> dict:
