@@ -17,7 +17,8 @@ fails or a job cut short still leaves the others:
 - pingpong: put-with-signal and bare-signal round trips between two GPUs vs message size
   (put and pingpong move bytes whatever the dtype: the bf16 job leaves them to the float32 one);
 - gate: the gate phase (gate items, barrier, slots, barrier) over tokens and experts, and at GATE_TOPK_POINTS
-  over top_k too (the selection's k passes over the logits, from shared and from global memory);
+  over top_k too (the selection's k passes over the logits, from shared and from global memory), and at
+  GATE_ROUTER_POINTS with the zoo's other routers;
 - dispatch / combine: dispatch_tile over the routed tiles of the gate's 64-expert layers (1K to
   16K tokens: less or more than the L2 in flight; each share's world, since on two GPUs the
   local shares run beside the NVLink ones), and the per-token ordered combine of the FlashMoE
@@ -35,7 +36,9 @@ fails or a job cut short still leaves the others:
   final-combine times of the processors with the most tokens, its per-tile combine tasks' times
   and bytes, its blocks' walks to their shares by the row counts their deal read (deal_walk), the
   subscriber's delay in seeing a landed tile by the entries it watches (signal_seen),
-  and its GEMM tasks' times by kind, tile height and tiles per expert.
+  its megakernel gate phase (gate_ns) and its GEMM tasks' times by kind, tile height and tiles per
+  expert; on more GPUs, IN_LAYER_RETURN's GEMM tasks by their tiles' source and its staged
+  senders' walks to their shares into the peer (peer_deal_walk).
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
 configs size NVSHMEM's heap and give the dtype.
@@ -506,7 +509,8 @@ def sec_scheduler(b: Bench) -> dict:
 def sec_in_layer(b: Bench) -> list[dict]:
     """Rank 0's gate phase, dispatch shares, GEMM tasks, per-tile and final combines in the
     megakernel on each of IN_LAYERS (one GPU); on more GPUs, its GEMM tasks by their tiles' source
-    on IN_LAYER_RETURN (every rank runs the layer; rank 0's results are kept)."""
+    and its staged senders' walks on IN_LAYER_RETURN (every rank runs the layer; rank 0's results
+    are kept)."""
     from sim.trace import KIND, ROLE
 
     if b.s.world > 1:
