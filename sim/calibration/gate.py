@@ -32,9 +32,10 @@ HOW = ("time = H spanned per unit x a + slot scan x b + c + (H split over units)
        "lane handles past its list x i + j on the megakernel's own layers (costs.gate_work, costs.slot_scan, "
        "costs.gate_select_reads, costs.gate_list_steps, costs.gate_weighs, costs.gate_logit_reads), relative "
        "least squares")
-SELECTIONS = ((4, "shared"), (5, "global"))  # the passes selection's columns and the memory each reads from
-LISTS = 6  # the lists selection's column
-LAYER = 9  # the megakernel's own gate's column
+# the passes selection's columns and the memory each reads from
+SELECTIONS = ((NAMES.index("gate_select_smem_ns"), "shared"), (NAMES.index("gate_select_global_ns"), "global"))
+LISTS = NAMES.index("gate_list_ns")  # the lists selection's column
+LAYER = NAMES.index("gate_layer_ns")  # the megakernel's own gate's column
 
 
 def selection(g: dict) -> str:
