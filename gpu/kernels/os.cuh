@@ -41,10 +41,11 @@ __device__ int reserve(const Params& p, int n) {
 }
 
 // Publish reserved slots base.., their tasks written: the fence and the relaxed flags after it
-// make a release.
-__device__ void publish(const Params& p, int base, int n) {
+// make a release. A group of threads (Group below) publishes slot from, from + step, ... each, after
+// the barrier that follows all their tasks' stores, which the fence then covers.
+__device__ void publish(const Params& p, int base, int n, int from = 0, int step = 1) {
   __threadfence();
-  for (int i = 0; i < n; ++i) st_relaxed_gpu(p.queue_ready + base + i, 1);
+  for (int i = from; i < n; i += step) st_relaxed_gpu(p.queue_ready + base + i, 1);
 }
 
 // A tile's n tasks of one kind, one per column block
@@ -56,6 +57,28 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
   return true;
 }
 
+// The threads that write an expert's tasks together, all of them calling: one of the subscriber's
+// warps (converged) or a processor's block. `shared` is an int of the block's shared memory.
+struct WarpGroup {
+  __device__ int rank() const { return threadIdx.x % 32; }
+  __device__ int size() const { return 32; }
+  __device__ void sync() const { __syncwarp(); }
+  __device__ int from_first(int v) const { return __shfl_sync(0xffffffffu, v, 0); }
+};
+struct BlockGroup {
+  int* shared;
+  __device__ int rank() const { return threadIdx.x; }
+  __device__ int size() const { return blockDim.x; }
+  __device__ void sync() const { __syncthreads(); }
+  __device__ int from_first(int v) const {
+    if (threadIdx.x == 0) *shared = v;
+    __syncthreads();
+    v = *shared;
+    __syncthreads();
+    return v;
+  }
+};
+
 // Every tile of local expert le at once: once all have landed, their GEMM0 tasks (the subscriber),
 // and once every tile's GEMM0 tasks are done, their GEMM1 tasks (the processor ending the last), n
 // of a kind a tile, column block by column block, so that the tasks reading one weight slice sit
@@ -63,22 +86,29 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
 // tile, a peer's tiles ran after the slice had left the L2). The tiles are the windows that the
 // sources' rows touch, from their P counts: reserved slots hold back every later task until they
 // are published, and a walk over all W windows (one dependent load each, W = 64 or more on a
-// dropless layer) held them ~50 us a call (docs/notes/dispatch.md).
-template <int BM>
-__device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step) {
-  const int all = __ldcg(p.expert_tiles + le), base = reserve(p, all * n);
+// dropless layer) held them ~50 us a call (docs/notes/dispatch.md). The group's threads write the
+// (tile, column block) pairs in turn: one thread alone took ~22 ns a task, 20-30 us for an expert
+// of a thousand, while the processors waited for them (docs/notes/dispatch.md).
+template <int BM, class Group>
+__device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step, const Group& g) {
+  const int all = __ldcg(p.expert_tiles + le), base = g.from_first(g.rank() == 0 ? reserve(p, all * n) : 0);
   if (base < 0) return false;
   int4* task = p.queue + base;
-  int kg = 0, next = 0;  // the tiles so far, and the first window not yet taken
+  const int G = g.size();
+  int kg = 0, next = 0, dealt = 0;  // the tiles so far, the first window not yet taken, the pairs so far
   for (int s = 0; s < (int)p.P; ++s) {
     const int rows = __ldcg(p.in_count + s * p.L + le);
     if (rows == 0) continue;
-    const int last = last_window<BM>(p, s, rows);
-    for (int w = max(next, first_window<BM>(p, s)); w <= last; ++w, ++kg)
-      for (int c = 0; c < n; ++c) task[c * all + kg] = make_int4(kind, le, w, c * col_step);
+    const int last = last_window<BM>(p, s, rows), w0 = max(next, first_window<BM>(p, s));
+    const int tiles = max(0, last - w0 + 1);
+    for (int q = ((g.rank() - dealt) % G + G) % G; q < tiles * n; q += G)
+      task[q / tiles * all + kg + q % tiles] = make_int4(kind, le, w0 + q % tiles, q / tiles * col_step);
+    kg += tiles;
+    dealt += tiles * n;
     next = last + 1;
   }
-  publish(p, base, all * n);
+  g.sync();
+  publish(p, base, all * n, g.rank(), G);
   return true;
 }
 
@@ -176,19 +206,24 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
   __threadfence();  // the windows' rows, before the tasks that read them are published by any lane
   lanes_sync();
   if (sl == 0) *s_total = aborted(p) ? -1 : *s_acc;
-  if (aborted(p)) return;
   // 3. watch this lane's tiles and returned chunks until each has landed, keeping those still
-  // pending at the front of its list
+  // pending at the front of its list. A lane that sees an expert's last tile leaves the rest of its
+  // list for the next pass, and after the pass its warp writes that expert's tasks together (each
+  // warp's decisions to stop are its lanes' together, so that they stay converged for it).
+  if (__any_sync(0xffffffffu, aborted(p))) return;
   Waiter w;
-  while (watching > 0) {
-    int pending = 0;
+  const WarpGroup warp;
+  for (;;) {
+    int pending = 0, complete = -1;  // complete: a local expert whose tiles have all landed
     long long first_pending = -1;
+    bool failed = false;
     for (int k = 0; k < watching; ++k) {
       const int entry = p.watch[slot(k)];
       const long long it = entry / WATCH_CHUNKS;
+      const bool held = complete >= 0 || failed;
       if (it < D) {
         const int chunks = entry % WATCH_CHUNKS;
-        if (ld_acquire_sys(p.sig_tile + it) < (uint64_t)chunks) {
+        if (held || ld_acquire_sys(p.sig_tile + it) < (uint64_t)chunks) {
           p.watch[slot(pending++)] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
@@ -202,20 +237,18 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
         log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), window_first_source<BM>(p, tile),
                   p.window_rows[it], tile, 0);
         if (QUEUE_BY_EXPERT) {
-          // the lane that counts the expert's last tile enqueues them all; what each lane saw land
-          // (its acquire above) is ordered before its count by this fence, and before the tasks'
-          // publication by the counting lane's fence in publish
+          // the lane that counts the expert's last tile has its warp enqueue them all; what each
+          // lane saw land (its acquire above) is ordered before its count by this fence, and before
+          // the tasks' publication by the publishing lanes' fences
           __threadfence();
-          if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le) &&
-              !enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN))
-            return;
-        } else if (!enqueue(p, TASK_GEMM0, le, tile, n0, BN)) {
-          return;
+          if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le)) complete = le;
+        } else {
+          failed = !enqueue(p, TASK_GEMM0, le, tile, n0, BN);
         }
       } else {
         const long long r = it - D, e = r / p.CH;
         const int j = (int)(r % p.CH);
-        if (ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
+        if (held || ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
           p.watch[slot(pending++)] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
@@ -227,21 +260,25 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
         uint64_t t = now_ns();
         const Chunk c = own_chunk<BM>(p, e, j);
         log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), c.b - c.a, first + j, 1);  // col 1: a return
-        if (!enqueue(p, TASK_COMBINE, (int)e, j, 1, 0)) return;
+        failed = !enqueue(p, TASK_COMBINE, (int)e, j, 1, 0);
       }
     }
     watching = pending;
-    if (pending == 0) return;
-    bool gave_up;
-    if (first_pending < D) {
+    for (unsigned ready = __ballot_sync(0xffffffffu, complete >= 0); ready != 0; ready &= ready - 1) {
+      const int le = __shfl_sync(0xffffffffu, complete, __ffs(ready) - 1);
+      failed |= !enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN, warp);
+    }
+    if (__any_sync(0xffffffffu, failed) || __all_sync(0xffffffffu, pending == 0)) return;
+    bool gave_up = false;
+    if (pending > 0 && first_pending < D) {
       gave_up = w.expired(p, WAIT_TILE, 0, first_pending / p.W, first_pending % p.W,
                           (long long)ld_acquire_sys(p.sig_tile + first_pending), p.window_chunks[first_pending]);
-    } else {
+    } else if (pending > 0) {
       const long long r = first_pending - D;
       gave_up = w.expired(p, WAIT_RETURN, r / p.CH / p.L, r / p.CH, r % p.CH,
                           (long long)ld_acquire_sys(p.sig_comb + r), n1);
     }
-    if (gave_up) return;
+    if (__any_sync(0xffffffffu, gave_up)) return;
   }
 }
 
