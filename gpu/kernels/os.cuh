@@ -17,6 +17,7 @@ constexpr int SUBSCRIBER_LANES = 96;
 constexpr int SCHED_GROUPS = 12;  // the scheduler warp serves at most 32 x 12 processors (the host caps the grid;
                                   // 16 made ptxas spill the bf16 kernel at its 255 registers)
 constexpr int READY_BATCH = 8;    // queue flags a scheduler lane reads at once
+constexpr int POLL_BATCH = 8;     // watched entries a subscriber lane reads at once
 constexpr int MAILBOX_SLOTS = 2;  // tasks a processor may hold: the one it runs and the next
 constexpr int WATCH_CHUNKS = MAX_TILE_SOURCES + 1;  // a watched item's entry: it x WATCH_CHUNKS + a tile's chunks
 // The bf16 build queues an expert's dispatched tiles together (enqueue_expert): its tensor-core tasks
@@ -217,50 +218,63 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
     int pending = 0, complete = -1;  // complete: a local expert whose tiles have all landed
     long long first_pending = -1;
     bool failed = false;
-    for (int k = 0; k < watching; ++k) {
-      const int entry = p.watch[slot(k)];
-      const long long it = entry / WATCH_CHUNKS;
-      const bool held = complete >= 0 || failed;
-      if (it < D) {
-        const int chunks = entry % WATCH_CHUNKS;
-        if (held || ld_acquire_sys(p.sig_tile + it) < (uint64_t)chunks) {
+    for (int k0 = 0; k0 < watching; k0 += POLL_BATCH) {
+      // a batch of entries' counts read relaxed, all in flight at once, and what landed made an
+      // acquire by one fence (an acquire load waits for the one before: ~1 us an entry)
+      int entries[POLL_BATCH];
+      uint64_t counts[POLL_BATCH];
+      unsigned landed = 0;
+#pragma unroll
+      for (int u = 0; u < POLL_BATCH; ++u) entries[u] = k0 + u < watching ? p.watch[slot(k0 + u)] : -1;
+#pragma unroll
+      for (int u = 0; u < POLL_BATCH; ++u) {
+        const long long it = entries[u] / WATCH_CHUNKS;
+        counts[u] = entries[u] < 0 ? 0 : ld_relaxed_sys(it < D ? p.sig_tile + it : p.sig_comb + (it - D));
+      }
+#pragma unroll
+      for (int u = 0; u < POLL_BATCH; ++u) {
+        const long long it = entries[u] / WATCH_CHUNKS;
+        const uint64_t wanted = it < D ? (uint64_t)(entries[u] % WATCH_CHUNKS) : (uint64_t)n1;
+        if (entries[u] >= 0 && counts[u] >= wanted) landed |= 1u << u;
+      }
+      if (landed) fence_acq_rel_sys();
+#pragma unroll 1
+      for (int u = 0; u < POLL_BATCH && k0 + u < watching; ++u) {
+        const int entry = entries[u];
+        const long long it = entry / WATCH_CHUNKS;
+        if (complete >= 0 || failed || !(landed >> u & 1u)) {
           p.watch[slot(pending++)] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
         }
-        // every chunk has landed; the count starts again from 0 for the next call, whose adds all
-        // come after every rank's kernel of that call has started, after this one has ended
-        p.sig_tile[it] = 0;
         w.restart();
-        uint64_t t = now_ns();
-        const int le = (int)(it / p.W), tile = (int)(it % p.W);
-        log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), window_first_source<BM>(p, tile),
-                  p.window_rows[it], tile, 0);
-        if (QUEUE_BY_EXPERT) {
-          // the lane that counts the expert's last tile has its warp enqueue them all; what each
-          // lane saw land (its acquire above) is ordered before its count by this fence, and before
-          // the tasks' publication by the publishing lanes' fences
-          __threadfence();
-          if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le)) complete = le;
+        const uint64_t t = now_ns();
+        if (it < D) {
+          // every chunk has landed; the count starts again from 0 for the next call, whose adds all
+          // come after every rank's kernel of that call has started, after this one has ended
+          p.sig_tile[it] = 0;
+          const int le = (int)(it / p.W), tile = (int)(it % p.W);
+          log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), window_first_source<BM>(p, tile),
+                    p.window_rows[it], tile, 0);
+          if (QUEUE_BY_EXPERT) {
+            // the lane that counts the expert's last tile has its warp enqueue them all; what each
+            // lane saw land (its acquire above) is ordered before its count by this fence, and before
+            // the tasks' publication by the publishing lanes' fences
+            __threadfence();
+            if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le)) complete = le;
+          } else {
+            failed = !enqueue(p, TASK_GEMM0, le, tile, n0, BN);
+          }
         } else {
-          failed = !enqueue(p, TASK_GEMM0, le, tile, n0, BN);
+          // every column block has landed; the count starts again from 0 for the next call, whose
+          // adds all come after this rank has dispatched again
+          const long long r = it - D, e = r / p.CH;
+          const int j = (int)(r % p.CH);
+          p.sig_comb[r] = 0;
+          const Chunk c = own_chunk<BM>(p, e, j);
+          log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), c.b - c.a, first + j, 1);  // col 1: a return
+          failed = !enqueue(p, TASK_COMBINE, (int)e, j, 1, 0);
         }
-      } else {
-        const long long r = it - D, e = r / p.CH;
-        const int j = (int)(r % p.CH);
-        if (held || ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
-          p.watch[slot(pending++)] = entry;
-          if (first_pending < 0) first_pending = it;
-          continue;
-        }
-        // every column block has landed; the count starts again from 0 for the next call, whose
-        // adds all come after this rank has dispatched again
-        p.sig_comb[r] = 0;
-        w.restart();
-        uint64_t t = now_ns();
-        const Chunk c = own_chunk<BM>(p, e, j);
-        log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), c.b - c.a, first + j, 1);  // col 1: a return
-        failed = !enqueue(p, TASK_COMBINE, (int)e, j, 1, 0);
       }
     }
     watching = pending;
@@ -269,14 +283,13 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
       failed |= !enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN, warp);
     }
     if (__any_sync(0xffffffffu, failed) || __all_sync(0xffffffffu, pending == 0)) return;
-    bool gave_up = false;
-    if (pending > 0 && first_pending < D) {
-      gave_up = w.expired(p, WAIT_TILE, 0, first_pending / p.W, first_pending % p.W,
-                          (long long)ld_acquire_sys(p.sig_tile + first_pending), p.window_chunks[first_pending]);
-    } else if (pending > 0) {
+    const bool gave_up = pending > 0 && w.spent(p);  // the error's figures read only then
+    if (gave_up && first_pending < D) {
+      w.record(p, WAIT_TILE, 0, first_pending / p.W, first_pending % p.W,
+               (long long)ld_acquire_sys(p.sig_tile + first_pending), p.window_chunks[first_pending]);
+    } else if (gave_up) {
       const long long r = first_pending - D;
-      gave_up = w.expired(p, WAIT_RETURN, r / p.CH / p.L, r / p.CH, r % p.CH,
-                          (long long)ld_acquire_sys(p.sig_comb + r), n1);
+      w.record(p, WAIT_RETURN, r / p.CH / p.L, r / p.CH, r % p.CH, (long long)ld_acquire_sys(p.sig_comb + r), n1);
     }
     if (__any_sync(0xffffffffu, gave_up)) return;
   }
