@@ -65,12 +65,6 @@ __device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
   return v;
 }
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 // a relaxed store: after one fence, a run of them publishes what the fence ordered (a release store is
 // a fence of its own, MEMBAR.ALL.GPU in the SASS: a thread's run of them waits a memory round trip each)
 __device__ __forceinline__ void st_relaxed_gpu(int* p, int v) {
@@ -122,13 +116,8 @@ struct Waiter {
   __device__ bool expired(const Params& p, int what, long long a, long long b, long long c,
                           long long value, long long expected) {
     if (!spent(p)) return false;
-    record(p, what, a, b, c, value, expected);
-    return true;
-  }
-  // the error of a wait that spent() found spent: for a loop whose error's figures cost loads
-  __device__ void record(const Params& p, int what, long long a, long long b, long long c, long long value,
-                         long long expected) {
     if (!aborted(p)) record_error(p, what, a, b, c, value, expected, (long long)(now_ns() - start));
+    return true;
   }
   // true once the budget is spent or another thread has aborted, recording nothing: for a loop that
   // must call nothing (the bf16 tile GEMM's, whose accumulators would be spilled around the call),

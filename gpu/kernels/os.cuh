@@ -17,7 +17,6 @@ constexpr int SUBSCRIBER_LANES = 96;
 constexpr int SCHED_GROUPS = 12;  // the scheduler warp serves at most 32 x 12 processors (the host caps the grid;
                                   // 16 made ptxas spill the bf16 kernel at its 255 registers)
 constexpr int READY_BATCH = 8;    // queue flags a scheduler lane reads at once
-constexpr int POLL_BATCH = 8;     // watched entries a subscriber lane reads at once
 constexpr int MAILBOX_SLOTS = 2;  // tasks a processor may hold: the one it runs and the next
 constexpr int WATCH_CHUNKS = MAX_TILE_SOURCES + 1;  // a watched item's entry: it x WATCH_CHUNKS + a tile's chunks
 // The bf16 build queues an expert's dispatched tiles together (enqueue_expert): its tensor-core tasks
@@ -42,11 +41,10 @@ __device__ int reserve(const Params& p, int n) {
 }
 
 // Publish reserved slots base.., their tasks written: the fence and the relaxed flags after it
-// make a release. A group of threads (Group below) publishes slot from, from + step, ... each, after
-// the barrier that follows all their tasks' stores, which the fence then covers.
-__device__ void publish(const Params& p, int base, int n, int from = 0, int step = 1) {
+// make a release.
+__device__ void publish(const Params& p, int base, int n) {
   __threadfence();
-  for (int i = from; i < n; i += step) st_relaxed_gpu(p.queue_ready + base + i, 1);
+  for (int i = 0; i < n; ++i) st_relaxed_gpu(p.queue_ready + base + i, 1);
 }
 
 // A tile's n tasks of one kind, one per column block
@@ -58,28 +56,6 @@ __device__ bool enqueue(const Params& p, int kind, int block, int tile, int n, i
   return true;
 }
 
-// The threads that write an expert's tasks together, all of them calling: one of the subscriber's
-// warps (converged) or a processor's block. `shared` is an int of the block's shared memory.
-struct WarpGroup {
-  __device__ int rank() const { return threadIdx.x % 32; }
-  __device__ int size() const { return 32; }
-  __device__ void sync() const { __syncwarp(); }
-  __device__ int from_first(int v) const { return __shfl_sync(0xffffffffu, v, 0); }
-};
-struct BlockGroup {
-  int* shared;
-  __device__ int rank() const { return threadIdx.x; }
-  __device__ int size() const { return blockDim.x; }
-  __device__ void sync() const { __syncthreads(); }
-  __device__ int from_first(int v) const {
-    if (threadIdx.x == 0) *shared = v;
-    __syncthreads();
-    v = *shared;
-    __syncthreads();
-    return v;
-  }
-};
-
 // Every tile of local expert le at once: once all have landed, their GEMM0 tasks (the subscriber),
 // and once every tile's GEMM0 tasks are done, their GEMM1 tasks (the processor ending the last), n
 // of a kind a tile, column block by column block, so that the tasks reading one weight slice sit
@@ -87,29 +63,22 @@ struct BlockGroup {
 // tile, a peer's tiles ran after the slice had left the L2). The tiles are the windows that the
 // sources' rows touch, from their P counts: reserved slots hold back every later task until they
 // are published, and a walk over all W windows (one dependent load each, W = 64 or more on a
-// dropless layer) held them ~50 us a call (docs/notes/dispatch.md). The group's threads write the
-// (tile, column block) pairs in turn: one thread alone took ~22 ns a task, 20-30 us for an expert
-// of a thousand, while the processors waited for them (docs/notes/dispatch.md).
-template <int BM, class Group>
-__device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step, const Group& g) {
-  const int all = __ldcg(p.expert_tiles + le), base = g.from_first(g.rank() == 0 ? reserve(p, all * n) : 0);
+// dropless layer) held them ~50 us a call (docs/notes/dispatch.md).
+template <int BM>
+__device__ bool enqueue_expert(const Params& p, int kind, int le, int n, int col_step) {
+  const int all = __ldcg(p.expert_tiles + le), base = reserve(p, all * n);
   if (base < 0) return false;
   int4* task = p.queue + base;
-  const int G = g.size();
-  int kg = 0, next = 0, dealt = 0;  // the tiles so far, the first window not yet taken, the pairs so far
+  int kg = 0, next = 0;  // the tiles so far, and the first window not yet taken
   for (int s = 0; s < (int)p.P; ++s) {
     const int rows = __ldcg(p.in_count + s * p.L + le);
     if (rows == 0) continue;
-    const int last = last_window<BM>(p, s, rows), w0 = max(next, first_window<BM>(p, s));
-    const int tiles = max(0, last - w0 + 1);
-    for (int q = ((g.rank() - dealt) % G + G) % G; q < tiles * n; q += G)
-      task[q / tiles * all + kg + q % tiles] = make_int4(kind, le, w0 + q % tiles, q / tiles * col_step);
-    kg += tiles;
-    dealt += tiles * n;
+    const int last = last_window<BM>(p, s, rows);
+    for (int w = max(next, first_window<BM>(p, s)); w <= last; ++w, ++kg)
+      for (int c = 0; c < n; ++c) task[c * all + kg] = make_int4(kind, le, w, c * col_step);
     next = last + 1;
   }
-  g.sync();
-  publish(p, base, all * n, g.rank(), G);
+  publish(p, base, all * n);
   return true;
 }
 
@@ -207,91 +176,72 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
   __threadfence();  // the windows' rows, before the tasks that read them are published by any lane
   lanes_sync();
   if (sl == 0) *s_total = aborted(p) ? -1 : *s_acc;
+  if (aborted(p)) return;
   // 3. watch this lane's tiles and returned chunks until each has landed, keeping those still
-  // pending at the front of its list. A lane that sees an expert's last tile leaves the rest of its
-  // list for the next pass, and after the pass its warp writes that expert's tasks together (each
-  // warp's decisions to stop are its lanes' together, so that they stay converged for it).
-  if (__any_sync(0xffffffffu, aborted(p))) return;
+  // pending at the front of its list
   Waiter w;
-  const WarpGroup warp;
-  for (;;) {
-    int pending = 0, complete = -1;  // complete: a local expert whose tiles have all landed
+  while (watching > 0) {
+    int pending = 0;
     long long first_pending = -1;
-    bool failed = false;
-    for (int k0 = 0; k0 < watching; k0 += POLL_BATCH) {
-      // a batch of entries' counts read relaxed, all in flight at once, and what landed made an
-      // acquire by one fence (an acquire load waits for the one before: ~1 us an entry)
-      int entries[POLL_BATCH];
-      uint64_t counts[POLL_BATCH];
-      unsigned landed = 0;
-#pragma unroll
-      for (int u = 0; u < POLL_BATCH; ++u) entries[u] = k0 + u < watching ? p.watch[slot(k0 + u)] : -1;
-#pragma unroll
-      for (int u = 0; u < POLL_BATCH; ++u) {
-        const long long it = entries[u] / WATCH_CHUNKS;
-        counts[u] = entries[u] < 0 ? 0 : ld_relaxed_sys(it < D ? p.sig_tile + it : p.sig_comb + (it - D));
-      }
-#pragma unroll
-      for (int u = 0; u < POLL_BATCH; ++u) {
-        const long long it = entries[u] / WATCH_CHUNKS;
-        const uint64_t wanted = it < D ? (uint64_t)(entries[u] % WATCH_CHUNKS) : (uint64_t)n1;
-        if (entries[u] >= 0 && counts[u] >= wanted) landed |= 1u << u;
-      }
-      if (landed) fence_acq_rel_sys();
-#pragma unroll 1
-      for (int u = 0; u < POLL_BATCH && k0 + u < watching; ++u) {
-        const int entry = entries[u];
-        const long long it = entry / WATCH_CHUNKS;
-        if (complete >= 0 || failed || !(landed >> u & 1u)) {
+    for (int k = 0; k < watching; ++k) {
+      const int entry = p.watch[slot(k)];
+      const long long it = entry / WATCH_CHUNKS;
+      if (it < D) {
+        const int chunks = entry % WATCH_CHUNKS;
+        if (ld_acquire_sys(p.sig_tile + it) < (uint64_t)chunks) {
           p.watch[slot(pending++)] = entry;
           if (first_pending < 0) first_pending = it;
           continue;
         }
+        // every chunk has landed; the count starts again from 0 for the next call, whose adds all
+        // come after every rank's kernel of that call has started, after this one has ended
+        p.sig_tile[it] = 0;
         w.restart();
-        const uint64_t t = now_ns();
-        if (it < D) {
-          // every chunk has landed; the count starts again from 0 for the next call, whose adds all
-          // come after every rank's kernel of that call has started, after this one has ended
-          p.sig_tile[it] = 0;
-          const int le = (int)(it / p.W), tile = (int)(it % p.W);
-          log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), window_first_source<BM>(p, tile),
-                    p.window_rows[it], tile, 0);
-          if (QUEUE_BY_EXPERT) {
-            // the lane that counts the expert's last tile has its warp enqueue them all; what each
-            // lane saw land (its acquire above) is ordered before its count by this fence, and before
-            // the tasks' publication by the publishing lanes' fences
-            __threadfence();
-            if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le)) complete = le;
-          } else {
-            failed = !enqueue(p, TASK_GEMM0, le, tile, n0, BN);
-          }
-        } else {
-          // every column block has landed; the count starts again from 0 for the next call, whose
-          // adds all come after this rank has dispatched again
-          const long long r = it - D, e = r / p.CH;
-          const int j = (int)(r % p.CH);
-          p.sig_comb[r] = 0;
-          const Chunk c = own_chunk<BM>(p, e, j);
-          log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), c.b - c.a, first + j, 1);  // col 1: a return
-          failed = !enqueue(p, TASK_COMBINE, (int)e, j, 1, 0);
+        uint64_t t = now_ns();
+        const int le = (int)(it / p.W), tile = (int)(it % p.W);
+        log_event(p, tel, log, EV_SIGNAL, t, t, (int)(p.rank * p.L + le), window_first_source<BM>(p, tile),
+                  p.window_rows[it], tile, 0);
+        if (QUEUE_BY_EXPERT) {
+          // the lane that counts the expert's last tile enqueues them all; what each lane saw land
+          // (its acquire above) is ordered before its count by this fence, and before the tasks'
+          // publication by the counting lane's fence in publish
+          __threadfence();
+          if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le) &&
+              !enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN))
+            return;
+        } else if (!enqueue(p, TASK_GEMM0, le, tile, n0, BN)) {
+          return;
         }
+      } else {
+        const long long r = it - D, e = r / p.CH;
+        const int j = (int)(r % p.CH);
+        if (ld_acquire_sys(p.sig_comb + r) < (uint64_t)n1) {
+          p.watch[slot(pending++)] = entry;
+          if (first_pending < 0) first_pending = it;
+          continue;
+        }
+        // every column block has landed; the count starts again from 0 for the next call, whose
+        // adds all come after this rank has dispatched again
+        p.sig_comb[r] = 0;
+        w.restart();
+        uint64_t t = now_ns();
+        const Chunk c = own_chunk<BM>(p, e, j);
+        log_event(p, tel, log, EV_SIGNAL, t, t, (int)e, (int)(e / p.L), c.b - c.a, first + j, 1);  // col 1: a return
+        if (!enqueue(p, TASK_COMBINE, (int)e, j, 1, 0)) return;
       }
     }
     watching = pending;
-    for (unsigned ready = __ballot_sync(0xffffffffu, complete >= 0); ready != 0; ready &= ready - 1) {
-      const int le = __shfl_sync(0xffffffffu, complete, __ffs(ready) - 1);
-      failed |= !enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN, warp);
-    }
-    if (__any_sync(0xffffffffu, failed) || __all_sync(0xffffffffu, pending == 0)) return;
-    const bool gave_up = pending > 0 && w.spent(p);  // the error's figures read only then
-    if (gave_up && first_pending < D) {
-      w.record(p, WAIT_TILE, 0, first_pending / p.W, first_pending % p.W,
-               (long long)ld_acquire_sys(p.sig_tile + first_pending), p.window_chunks[first_pending]);
-    } else if (gave_up) {
+    if (pending == 0) return;
+    bool gave_up;
+    if (first_pending < D) {
+      gave_up = w.expired(p, WAIT_TILE, 0, first_pending / p.W, first_pending % p.W,
+                          (long long)ld_acquire_sys(p.sig_tile + first_pending), p.window_chunks[first_pending]);
+    } else {
       const long long r = first_pending - D;
-      w.record(p, WAIT_RETURN, r / p.CH / p.L, r / p.CH, r % p.CH, (long long)ld_acquire_sys(p.sig_comb + r), n1);
+      gave_up = w.expired(p, WAIT_RETURN, r / p.CH / p.L, r / p.CH, r % p.CH,
+                          (long long)ld_acquire_sys(p.sig_comb + r), n1);
     }
-    if (__any_sync(0xffffffffu, gave_up)) return;
+    if (gave_up) return;
   }
 }
 

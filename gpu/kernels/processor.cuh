@@ -455,7 +455,6 @@ template <int BM, int BN, int BK>
 __device__ void processor(const Params& p, int tel, void* smem) {
   __shared__ int4 task, next;
   __shared__ int task_seq, next_seq, last;
-  __shared__ int complete, scratch;  // a local expert whose GEMM0 tasks this task ended, -1: none; BlockGroup's
   __shared__ bool ahead;  // `next` was taken during the task before it: nothing to wait for
   // a GEMM1 task's destinations: each source's rows in its combox where that is load/store
   // reachable (this GPU or an NVLink peer), so no block spends a task putting the rows afterwards;
@@ -572,17 +571,16 @@ __device__ void processor(const Params& p, int tel, void* smem) {
     const long long tile_id = shared ? p.L * p.W + (le - p.L) * p.WS + tile : le * p.W + tile;
     if (tid == 0) {
       __threadfence();
-      complete = -1;
       if (tk.x == TASK_GEMM0) {
         last = atomicAdd(p.tile_done0 + tile_id, 1) == n0 - 1;
         if (last && shared) {
           enqueue(p, TASK_GEMM1, le, tile, n1, BN);
         } else if (last && QUEUE_BY_EXPERT) {
           // the tile's GEMM0 tasks (seen done by the count) before the expert's count: the task
-          // ending the expert's last tile sees every tile's hidden rows written, and its block
-          // enqueues the expert's GEMM1 tasks below
+          // ending the expert's last tile sees every tile's hidden rows written
           __threadfence();
-          if (atomicAdd(p.expert_tiles + 2 * p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le)) complete = le;
+          if (atomicAdd(p.expert_tiles + 2 * p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le))
+            enqueue_expert<BM>(p, TASK_GEMM1, le, n1, BN);
         } else if (last) {
           enqueue(p, TASK_GEMM1, le, tile, n1, BN);
         }
@@ -591,7 +589,6 @@ __device__ void processor(const Params& p, int tel, void* smem) {
       }
     }
     __syncthreads();
-    if (complete >= 0) enqueue_expert<BM>(p, TASK_GEMM1, complete, n1, BN, BlockGroup{&scratch});
     if (tk.x == TASK_GEMM1 && !shared) {
       // each chunk's source counts GEMM1 column blocks: its combine task starts once all n1 have
       // landed. A stored chunk counts this task in; a chunk in outbuf is put home by the last task.
