@@ -35,10 +35,12 @@ fails or a job cut short still leaves the others:
   layer's share times and sizes, the shares and bytes its first round has in flight, the
   final-combine times of the processors with the most tokens, its per-tile combine tasks' times
   and bytes, its blocks' walks to their shares by the row counts their deal read (deal_walk), the
-  subscriber's delay in seeing a landed tile by the entries it watches (signal_seen),
+  subscriber's delay in seeing a landed tile by the entries it watches (signal_seen), its
+  enqueues of an expert's GEMM0 tasks by their number (enqueues, the bf16 build),
   its megakernel gate phase (gate_ns) and its GEMM tasks' times by kind, tile height and tiles per
-  expert; on more GPUs, IN_LAYER_RETURN's GEMM tasks by their tiles' source and its staged
-  senders' walks to their shares into the peer (peer_deal_walk).
+  expert; on more GPUs, IN_LAYER_RETURN's GEMM tasks by their tiles' source, its staged
+  senders' walks to their shares into the peer (peer_deal_walk) and its enqueues, each expert's
+  tiles from both sources.
 
 Job: {"cases": [{"name", "config"}], "sections": [names] (optional: only these)}; the cases'
 configs size NVSHMEM's heap and give the dtype.
@@ -546,8 +548,18 @@ def sec_in_layer(b: Bench) -> list[dict]:
                     "tile_combine_bytes": stats(tr["bytes"][weighting]),
                     "deal_walk": deal_walk(tr, proc, disp),
                     "signal_seen": signal_seen(cfg, tr, disp),
+                    "enqueues": enqueues(tr, 0),
                     "gemm": layer_gemm_tasks(b, cfg, tr, proc, disp, n_proc)})
     return out
+
+
+def enqueues(tr, rank: int) -> list[list[float]]:
+    """[tasks, ns] of each expert's GEMM0 tasks queued together on `rank` by the subscriber lane that saw
+    its last tile land (os.cuh enqueue_expert; the bf16 build queues by expert, the others log none)."""
+    from sim.trace import KIND, ROLE
+
+    m = (tr["rank"] == rank) & (tr["role"] == ROLE["subscriber"]) & (tr["kind"] == KIND["wait"])
+    return [[int(n), float(e - s)] for n, s, e in zip(tr["tile"][m], tr["start"][m], tr["end"][m])]
 
 
 def deal_walk(tr, proc: np.ndarray, disp: np.ndarray) -> dict:
@@ -608,7 +620,8 @@ def layer_returns(b: Bench) -> dict:
     proc = (tr["rank"] == b.s.rank) & (tr["role"] == ROLE["processor"])
     into_peers = proc & (tr["kind"] == KIND["dispatch"]) & (tr["peer"] != b.s.rank)
     return {"tokens": cfg.tokens, "experts": cfg.experts, "world": b.s.world, "n_proc": n_proc,
-            **returns_by_source(cfg, tr, b.s.rank, b.elem_bytes), "peer_deal_walk": deal_walk(tr, proc, into_peers)}
+            **returns_by_source(cfg, tr, b.s.rank, b.elem_bytes), "peer_deal_walk": deal_walk(tr, proc, into_peers),
+            "enqueues": enqueues(tr, b.s.rank)}
 
 
 def returns_by_source(cfg: Config, tr, rank: int, elem_bytes: int) -> dict:

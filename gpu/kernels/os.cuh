@@ -206,9 +206,13 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
           // (its acquire above) is ordered before its count by this fence, and before the tasks'
           // publication by the counting lane's fence in publish
           __threadfence();
-          if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == __ldcg(p.expert_tiles + le) &&
-              !enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN))
-            return;
+          const int tiles = __ldcg(p.expert_tiles + le);
+          if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == tiles) {
+            const uint64_t tq = now_ns();
+            if (!enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN)) return;
+            // its span, for the calibration (gpu.microbench.enqueues): the local expert in the peer field, its tasks in the tile's
+            log_event(p, tel, log, EV_WAIT, tq, now_ns(), -1, le, 0, tiles * n0, 0);
+          }
         } else if (!enqueue(p, TASK_GEMM0, le, tile, n0, BN)) {
           return;
         }
