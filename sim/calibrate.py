@@ -17,8 +17,9 @@ names its figures, its microbenchmark and its residual bound):
 - `gate`: gate_item_ns_per_h, gate_slot_ns, gate_fixed_ns, gate_split_ns, gate_select_*, gate_list_ns,
   gate_weigh_ns, gate_logit_ns, and what the megakernel adds to the gate's code (gate_layer_ns, from the
   in-layer layers' gate phase);
-- `scheduler`: handoff_ns, wake_ns, assign_ns, stop_ns, nvlink_latency_ns, and the subscriber's
-  delay in seeing a landed tile (signal_seen_ns, signal_seen_ns_per_entry).
+- `scheduler`: handoff_ns, wake_ns, assign_ns, stop_ns, nvlink_latency_ns, the subscriber's
+  delay in seeing a landed tile (signal_seen_ns, signal_seen_ns_per_entry), and one thread's enqueue
+  of an expert's tasks (enqueue_ns, enqueue_source_ns, enqueue_task_ns).
 
 The file's top level is the float32 kernel build's microbenchmarks; its "bfloat16" section (when
 measured) the bf16 build's, fitted the same way: the matrix rate against the BF16 peak, rows of
@@ -81,7 +82,8 @@ def fit(raw: dict, base: str, origin: str, dtype: str = "float32") -> Fit:
     f.merge(combine.fit_return_store(raw, f.values["put_nvlink_ns_per_byte"],
                                      f.values.get("nvlink_latency_ns", hw.nvlink_latency_ns), origin))
     f.merge(gate.fit_gate(raw, blocks * wgs, wgs, origin))
-    f.merge(scheduler.fit_scheduler(raw, hw, origin))
+    f.merge(scheduler.fit_enqueue(raw, origin))
+    f.merge(scheduler.fit_scheduler(raw, hw, origin, {k: f.values[k] for k in scheduler.ENQUEUE_NAMES}))
     return f.merge(scheduler.check_round_trips(raw, f.values))
 
 

@@ -466,6 +466,12 @@ def signal_seen_ns(hw: Hardware, cfg: Config, plan, rank: int) -> float:
     return hw.signal_seen_ns + hw.signal_seen_ns_per_entry * watched_entries(cfg, plan, rank)
 
 
+def enqueue_ns(hw: Hardware, cfg: Config, tasks: int) -> float:
+    """One thread queueing an expert's `tasks` together (os.cuh enqueue_expert): it reads every source
+    rank's row count for the expert, then writes and flags each task."""
+    return hw.enqueue_ns + hw.enqueue_source_ns * cfg.ranks + hw.enqueue_task_ns * tasks
+
+
 def dispatch_slots(cfg: Config) -> int:
     """Dispatch slots per (source, expert) block times the experts: the kernel's one slot per
     chunk a block can be cut into (plan.chunk_slots, from C = Config.slots)."""

@@ -140,6 +140,12 @@ class Hardware:
     # chunks, one acquire each): fixed + per entry the GPU watches
     signal_seen_ns: float
     signal_seen_ns_per_entry: float
+    # an expert's tasks queued together (os.cuh enqueue_expert, the bf16 build) by the one thread that
+    # saw its last tile land (GEMM0) or ended its last GEMM0 task (GEMM1): fixed + a row count read per
+    # source rank + a task written and flagged
+    enqueue_ns: float
+    enqueue_source_ns: float
+    enqueue_task_ns: float
     # the float32 kernel's per-tile combine task (one block weights a returned tile's rows in place,
     # beside the GEMMs): fixed + the tile's bytes x per byte, at the L2's rate for the share of the
     # layer's returned bytes it holds (tile_combine_knee_bytes of them), HBM's for the rest (0:
@@ -334,6 +340,7 @@ _H100 = {
                                          "dispatch_store_ns_per_byte", "dispatch_store_l2_ns_per_byte",
                                          "dispatch_store_knee_bytes", "deal_first_ns", "deal_share_ns", "deal_count_ns",
                                          "signal_seen_ns", "signal_seen_ns_per_entry",
+                                         "enqueue_ns", "enqueue_source_ns", "enqueue_task_ns",
                                          "tile_combine_fixed_ns",
                                          "tile_combine_ns_per_byte", "tile_combine_l2_ns_per_byte",
                                          "tile_combine_knee_bytes", "reduce_fixed_ns", "reduce_ns_per_byte",

@@ -33,8 +33,10 @@ tiles into tasks for the scheduler warp, which hands them to processor blocks in
   gives it 0).
 A processor is free again `handoff_ns` after its task ends (the scheduler sees it idle and mails
 the next task); a landed tile's or returned chunk's tasks can start `wake_ns` after the
-subscriber's turn, a burst of tasks goes out one each `assign_ns`, and the final combine starts
-`stop_ns` after the last task.
+subscriber's turn, an expert's tasks queued together (the bf16 build's queue) the time one thread
+takes to write them later (costs.enqueue_ns: after the subscriber's turn for GEMM0, after the
+expert's last GEMM0 task for GEMM1), a burst of tasks goes out one each `assign_ns`, and the final
+combine starts `stop_ns` after the last task.
 
 The scheduler is a FIFO ready queue served by identical processors, two mailbox slots each: a
 task goes to an idle processor, else into the lowest busy one's free second slot, else to the one
@@ -479,10 +481,10 @@ class FusedKernel:
         """Tile `t` has all its rows here: its GEMM0 tasks are queued `wake` from now (with the
         rest of its expert's tiles where the queue policy gathers them)."""
         if self.variant.queue in costs.BY_EXPERT:
-            # the expert's tiles wait for its last, then go into the queue together
+            # the expert's tiles wait for its last, then go into the queue together, written by one thread
             tiles = self.expert_complete(self.expert_waiting, t)
             if tiles:
-                self.env.call_in(wake, self.enqueue_expert, tiles, GEMM0)
+                self.env.call_in(wake + self.enqueue_ns(tiles, GEMM0), self.enqueue_expert, tiles, GEMM0)
         else:
             self.env.call_in(wake, self.enqueue, t, GEMM0)
 
@@ -501,6 +503,10 @@ class FusedKernel:
         tiles = gathered.setdefault(e, [])
         tiles.append(t)
         return sorted(tiles) if len(tiles) == self.expert_tiles[e] else None
+
+    def enqueue_ns(self, tiles: list[int], kind: int) -> float:
+        """The time one thread takes to queue the tasks of phase `kind` of an expert's `tiles` together."""
+        return costs.enqueue_ns(self.hw, self.cfg, sum(len(self.phases.tasks[t][kind]) for t in tiles))
 
     def enqueue_expert(self, tiles: list[int], kind: int) -> None:
         """An expert's tiles' tasks of one GEMM phase, column block by column block (os.cuh
@@ -554,7 +560,10 @@ class FusedKernel:
         if kind == GEMM0 and self.variant.queue == "expert-both":
             # the processor ending the expert's last tile's GEMM0 queues every tile's GEMM1 tasks
             tiles = self.expert_complete(self.expert_gemm0_done, u)
-            if tiles:
+            queued = self.enqueue_ns(tiles, GEMM1) if tiles else 0.0
+            if queued:
+                self.env.call_in(queued, self.enqueue_expert, tiles, GEMM1)
+            elif tiles:  # a preset that does not model it: at once, in this event
                 self.enqueue_expert(tiles, GEMM1)
         elif kind == GEMM0:
             self.enqueue(u, GEMM1)

@@ -211,6 +211,21 @@ def test_a_tiles_tasks_wait_wake_ns_and_the_final_combine_stop_ns():
     assert gap["slow"] == pytest.approx(9000.0)
 
 
+def test_an_experts_tasks_wait_for_one_thread_to_queue_them():
+    # bf16 queues an expert's tiles together: its GEMM0 tasks go out once one thread has written them
+    cfg = presets.get("flashmoe").replace(ranks=1, tokens=1024, precision="bfloat16", tile_n=128)
+    base = hardware.PRESETS["h200-sxm"].replace(reduce_ns_per_byte=0.1)
+    slow = base.replace(enqueue_ns=2000.0, enqueue_source_ns=1000.0, enqueue_task_ns=50.0)
+    first = {}
+    for name, hw in (("base", base), ("slow", slow)):
+        tr = sim.simulate(cfg, hardware=hw).trace
+        proc = tr["role"] == 0
+        first[name] = [tr["start"][proc & (tr["kind"] == kind)].min() for kind in (2, 3)]
+    tasks = 2048 // 128  # every expert one tile (32 rows on average), GEMM0 in 16 column blocks
+    assert first["slow"][0] - first["base"][0] == pytest.approx(2000.0 + 1000.0 + 50.0 * tasks)
+    assert first["slow"][1] - first["base"][1] >= 2000.0 + 1000.0 + 50.0 * tasks  # and GEMM1's after its own
+
+
 def test_each_processor_pays_for_its_own_rounds_of_the_final_combine():
     # tokens in rounds of processors x 4 warps: the processors of the last, partial round pay one
     # round more than the others, however few of its tokens they hold

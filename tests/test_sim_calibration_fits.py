@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_sim_calibrate import TRUE, synthetic
 
+from reference import presets
 from sim import calibrate, costs, hardware
 from sim.calibration import combine, dispatch, gate, gemm, moves, scheduler
 from sim.calibration.common import one_gpu_layers
@@ -129,6 +130,36 @@ def test_scheduler_figures_are_the_measured_medians():
         assert f.values[name] == pytest.approx(TRUE[name]), name
 
 
+def test_enqueue_recovers_its_fixed_source_and_task_costs(rng):
+    true = dict(enqueue_ns=1200.0, enqueue_source_ns=1900.0, enqueue_task_ns=23.0)
+
+    def layer(world, tasks):  # an in-layer layer's enqueues of its experts' tasks
+        ns = [true["enqueue_ns"] + world * true["enqueue_source_ns"] + n * true["enqueue_task_ns"] for n in tasks]
+        return {"tokens": 1536, "experts": 64, "top_k": 2, "hidden": 2048, "ffn": 2048, "world": world,
+                "enqueues": [[n, v * (1.0 + rng.uniform(-NOISE, NOISE))] for n, v in zip(tasks, ns)]}
+
+    raw = {"world": 2, "in_layer": [layer(1, (8, 16, 48)), layer(1, (24, 96)), layer(2, (24, 48))]}
+    f = scheduler.fit_enqueue(raw, "synthetic")
+    for name, want in true.items():
+        assert f.values[name] == pytest.approx(want, rel=0.05), name
+    assert len(f.residuals) == 3 and "2 on 2 GPU(s)" in f.sources["enqueue_ns"]
+    # a file from before them, or with one GPU's alone (the source ranks' cost unknown): not modelled
+    for old in ({"in_layer": []}, {"world": 1, "in_layer": [layer(1, (8, 16))]}):
+        f = scheduler.fit_enqueue(old, "old")
+        assert all(f.values[k] == 0.0 and "not modelled" in f.sources[k] for k in true)
+
+
+def test_wake_is_the_first_tasks_wait_beyond_its_experts_enqueue():
+    raw = synthetic()
+    idle = raw["scheduler"]["idle_one_gpu"]
+    # 48 rows an expert on average: one tile, GEMM0's 2048 columns in 8 blocks of 256
+    idle["config"] = presets.get("flashmoe").replace(ranks=1, tokens=1536, tile_n=256).to_dict()
+    enqueue = dict(enqueue_ns=1000.0, enqueue_source_ns=2000.0, enqueue_task_ns=20.0)
+    f = scheduler.fit_scheduler(raw, H200, "synthetic", enqueue)
+    assert f.values["wake_ns"] == pytest.approx(TRUE["wake_ns"] - (1000.0 + 2000.0 + 8 * 20.0))
+    assert "its expert's enqueue (3160 ns)" in f.sources["wake_ns"]
+
+
 def _committed():
     """(gpu, build) of every build section in the committed calibration files."""
     out = []
@@ -159,7 +190,8 @@ def committed_fits():
             combine: [(combine.TILE_COMBINE_BOUND, combine.fit_tile_combine(layers, build, gpu)),
                       (combine.REDUCE_BOUND, combine.fit_reduce(rows["combine"], layers, v["l2_knee_bytes"], gpu))],
             gate: [(gate.BOUND, gate.fit_gate(rows, blocks * wgs, wgs, gpu))],
-            scheduler: [(scheduler.SEEN_BOUND, scheduler.fit_signal_seen(layers, gpu))],
+            scheduler: [(scheduler.SEEN_BOUND, scheduler.fit_signal_seen(layers, gpu)),
+                        (scheduler.ENQUEUE_BOUND, scheduler.fit_enqueue(rows, gpu))],
             "whole": whole}
     return out
 

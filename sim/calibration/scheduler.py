@@ -6,17 +6,28 @@ GPUs, with the put-with-signal round trips checked against it. Each figure is on
 
 `fit_signal_seen`: signal_seen_ns and signal_seen_ns_per_entry, least squares of the in-layer
 layers' median delay from a tile's last dispatch share to the subscriber's signal against the
-entries the GPU's subscriber watches (one GPU); residual bound: SEEN_BOUND."""
+entries the GPU's subscriber watches (one GPU); residual bound: SEEN_BOUND.
+
+`fit_enqueue`: enqueue_ns, enqueue_source_ns and enqueue_task_ns, least squares of every in-layer
+layer's enqueues of an expert's tasks (one GPU's layers and the two-GPU return layer: one and two
+source ranks) against its source ranks and its tasks; wake_ns is then what the small scheduler
+layer's first task waits beyond its expert's enqueue. Residual bound: ENQUEUE_BOUND."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from reference import Config
 
 from .common import CalibrationError, Fit, layer_label, need, tokens_label
 
 IDLE_NEEDS = ("first_task_ns", "assign_ns_per_task", "stop_ns")
 SEEN_NAMES = ("signal_seen_ns", "signal_seen_ns_per_entry")
 SEEN_BOUND = (1.1, 4.5)  # (mean, largest) over the layers' medians: at 128 entries they spread 0.8-6.5 us
+ENQUEUE_NAMES = ("enqueue_ns", "enqueue_source_ns", "enqueue_task_ns")
+ENQUEUE_BOUND = (0.15, 0.5)  # (mean, largest) over the layers' medians: 4-112 tasks, the most 32% under the line
 
 
 def fit_signal_seen(layers: list[dict], origin: str) -> Fit:
@@ -46,6 +57,33 @@ def fit_signal_seen(layers: list[dict], origin: str) -> Fit:
     return f
 
 
+def fit_enqueue(raw: dict, origin: str) -> Fit:
+    """One thread's enqueue of an expert's tasks (os.cuh enqueue_expert) from the in-layer layers'
+    `enqueues` ([tasks, ns] each, on `world` source ranks); files or builds without them: 0 (not
+    modelled)."""
+    f = Fit()
+    layers = [c for c in raw.get("in_layer") or [] if c.get("enqueues")]
+    pts = np.array([(c.get("world", raw.get("world")), n, ns) for c in layers for n, ns in c["enqueues"]], np.float64)
+    if not len(pts) or len(np.unique(pts[:, 0])) < 2 or len(np.unique(pts[:, 1])) < 2:
+        for name in ENQUEUE_NAMES:
+            f.set(name, 0.0, f"{origin}: an expert's enqueue not timed on one and two GPUs (a file from before "
+                  "it, or a build that queues a tile's tasks as it lands): not modelled")
+        return f
+    x = np.column_stack([np.ones(len(pts)), pts[:, 0], pts[:, 1]])
+    fitted, *_ = np.linalg.lstsq(x, pts[:, 2], rcond=None)
+    how = (f"{origin}: the megakernel's enqueues of an expert's tasks in its in-layer layers ({len(pts)}: "
+           f"{', '.join(f'{int((pts[:, 0] == w).sum())} on {int(w)} GPU(s)' for w in np.unique(pts[:, 0]))}, "
+           f"{int(pts[:, 1].min())}-{int(pts[:, 1].max())} tasks), least squares of time = fixed + source ranks x "
+           "per source + tasks x per task")
+    for name, v in zip(ENQUEUE_NAMES, fitted):
+        f.set(name, max(float(v), 0.0), how)
+    for c in layers:
+        world, (n, ns) = c.get("world", raw.get("world")), np.median(np.array(c["enqueues"], np.float64), axis=0)
+        f.check(f"in layer: an expert's enqueue, {layer_label(c)}, {world} GPU(s), median {n:.0f} tasks (ns)", ns,
+                f.values["enqueue_ns"] + world * f.values["enqueue_source_ns"] + n * f.values["enqueue_task_ns"])
+    return f
+
+
 def fit_latency(raw: dict, origin: str) -> Fit:
     """The NVLink latency, before the moves' fits (a share stored into the peer ends with a round trip)."""
     f = Fit()
@@ -70,7 +108,7 @@ def check_round_trips(raw: dict, given: dict) -> Fit:
     return f
 
 
-def fit_scheduler(raw: dict, hw, origin: str) -> Fit:
+def fit_scheduler(raw: dict, hw, origin: str, enqueue: dict[str, float] | None = None) -> Fit:
     s = need(raw, "scheduler", "the megakernel's task gaps")
     if not s.get("gap_ns"):
         raise CalibrationError("scheduler", sorted(s), "gap_ns")
@@ -84,10 +122,22 @@ def fit_scheduler(raw: dict, hw, origin: str) -> Fit:
         # subscriber's turn it made the model's subscriber warps the bottleneck of every large layer
         f.check("a tile's arrival to its first task, shortest (ns; not fitted)", delay["min"],
                 f.values["handoff_ns"] + hw.subscriber_ns)
-    return f.merge(fit_idle(raw, s, hw, f.values["handoff_ns"], origin))
+    return f.merge(fit_idle(raw, s, hw, f.values["handoff_ns"], origin, enqueue or {}))
 
 
-def fit_idle(raw: dict, s: dict, hw, handoff_ns: float, origin: str) -> Fit:
+def first_enqueue_ns(config: dict, enqueue: dict[str, float]) -> float:
+    """The enqueue of the small scheduler layer's first expert (`enqueue`'s figures): the tasks of a
+    mean expert's tiles, the column blocks of its GEMM0 each (a gated one's gate and up columns)."""
+    if not any(enqueue.values()):
+        return 0.0
+    cfg = Config.from_dict(config)
+    rows = math.ceil(cfg.tokens * cfg.top_k / cfg.experts)
+    tiles, blocks = math.ceil(rows / cfg.tile_m), math.ceil(cfg.ffn * (2 if cfg.gated else 1) / cfg.tile_n)
+    return (enqueue.get("enqueue_ns", 0.0) + cfg.ranks * enqueue.get("enqueue_source_ns", 0.0)
+            + tiles * blocks * enqueue.get("enqueue_task_ns", 0.0))
+
+
+def fit_idle(raw: dict, s: dict, hw, handoff_ns: float, origin: str, enqueue: dict[str, float]) -> Fit:
     """The latencies around idle processors, from the small scheduler layer on one GPU (on two, the
     peer's late row counts hold back the first tasks: its figures are printed beside the model's).
     Files from before it: no wake or pace, the final combine a hand-off after the last task."""
@@ -99,8 +149,10 @@ def fit_idle(raw: dict, s: dict, hw, handoff_ns: float, origin: str) -> Fit:
         f.set("stop_ns", handoff_ns, f"{origin}: not measured: the hand-off")
         return f
     where = f"{origin}: the small scheduler layer ({idle['config']['tokens']} tokens, one GPU)"
-    f.set("wake_ns", max(idle["first_task_ns"] - hw.subscriber_ns, 0.0),
-          f"{where}: its first task's start after its tile's signal, less the subscriber's turn")
+    queued = first_enqueue_ns(idle["config"], enqueue)
+    f.set("wake_ns", max(idle["first_task_ns"] - hw.subscriber_ns - queued, 0.0),
+          f"{where}: its first task's start after its tile's signal, less the subscriber's turn"
+          + (f" and its expert's enqueue ({queued:.0f} ns)" if queued else ""))
     f.set("assign_ns", idle["assign_ns_per_task"], f"{where}: the first round of tasks once every processor has "
           "dispatched, from first start to last over their number")
     f.set("stop_ns", idle["stop_ns"]["median"], f"{where}: median over processors of the final combine's start "
@@ -108,7 +160,7 @@ def fit_idle(raw: dict, s: dict, hw, handoff_ns: float, origin: str) -> Fit:
     other = s.get("idle") if s.get("idle_one_gpu") else None
     if other and all(k in other for k in IDLE_NEEDS):
         f.check("small layer, two GPUs: signal to first task (ns; not fitted)", other["first_task_ns"],
-                f.values["wake_ns"] + hw.subscriber_ns)
+                f.values["wake_ns"] + hw.subscriber_ns + first_enqueue_ns(other["config"], enqueue))
         f.check("small layer, two GPUs: first round, per task (ns; not fitted)", other["assign_ns_per_task"],
                 f.values["assign_ns"])
         f.check("small layer, two GPUs: last task to final combine (ns; not fitted)", other["stop_ns"]["median"],
