@@ -4,7 +4,8 @@ One row per interval: on GPU `rank` (on `node`), actor `lane` of `role` (a proce
 scheduler or subscriber warp, a node's proxy thread, a NIC, a link), doing `kind` of work from
 `start` to `end` nanoseconds, about `expert`, `tile` and `peer` (-1 where none), moving `bytes`.
 `lane` numbers the actors of one role on one rank (processor block 0.., subscriber warp 0..,
-link lane = peer rank). Saved as `.npz` columns plus a JSON `meta` (who produced it, config,
+link lane = peer rank). The kernel's subscriber "wait" event is one expert's enqueue: its local
+expert in `peer`, the tasks it queued in `tile`. Saved as `.npz` columns plus a JSON `meta` (who produced it, config,
 preset: the versioned schema below, which both producers fill and readers check); exported to
 Chrome/Perfetto JSON (`ph: "X"`, microseconds) for ui.perfetto.dev.
 """

@@ -210,7 +210,8 @@ __device__ void subscriber(const Params& p, uint64_t epoch, int tel, volatile in
           if (atomicAdd(p.expert_tiles + p.L + le, 1) + 1 == tiles) {
             const uint64_t tq = now_ns();
             if (!enqueue_expert<BM>(p, TASK_GEMM0, le, n0, BN)) return;
-            // its span, for the calibration (gpu.microbench.enqueues): the local expert in the peer field, its tasks in the tile's
+            // its span, for the calibration (gpu.microbench.enqueues): the local expert in the peer
+            // field, its tasks in the tile field
             log_event(p, tel, log, EV_WAIT, tq, now_ns(), -1, le, 0, tiles * n0, 0);
           }
         } else if (!enqueue(p, TASK_GEMM0, le, tile, n0, BN)) {
