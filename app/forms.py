@@ -121,9 +121,8 @@ def config_sidebar(form: str = "cfg", preset: str = DEFAULT_PRESET, sim_options:
         bar.selectbox("dispatch", [KERNEL_DISPATCH, *DISPATCH_PATHS], key="sim.dispatch",
                       help="how dispatched rows reach their expert's GPU: staged (a few blocks send the peers' "
                            "chunks one local expert after another, so experts complete in waves), store (every "
-                           "block shares every chunk at once: the kernel's from top_k "
-                           f"{costs.FLAT_DISPATCH_TOP_K} on one node, else staged), or put (one block packs and "
-                           "puts each chunk)")
+                           "block shares every chunk at once), or put (one block packs and puts each chunk); the "
+                           f"kernel's: {costs.DEFAULT_DISPATCH}")
         bar.number_input("staged senders", key="sim.staged_blocks", min_value=1, step=1,
                          max_value=hardware.get(st.session_state["sim.hardware"]).processors - 1,
                          disabled=st.session_state["sim.dispatch"] not in ("staged", KERNEL_DISPATCH),

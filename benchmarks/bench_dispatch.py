@@ -1,6 +1,6 @@
 """Zoo layers' kernels on each dispatch path side by side, in one job on the same GPUs: the staged
-dispatch at each sender count given, then the flat store path (sim.costs.dispatch_path picks one of
-them by default). Each point is checked against the dropless torch layer and timed alone (median
+dispatch at each sender count given, then the flat store path (sim.costs.DEFAULT_DISPATCH is the
+kernel's default). Each point is checked against the dropless torch layer and timed alone (median
 of its launches, no torch timing).
 
     python benchmarks/bench_dispatch.py --layers qwen3-30b-a3b gpt-oss-120b --tokens 4096 16384 --gpus 2 \

@@ -266,7 +266,7 @@ class Layer:
         import torch
 
         layout.check_supported(cfg)
-        dispatch = costs.dispatch_path(cfg) if dispatch is None else dispatch  # None: the kernel's own choice
+        dispatch = costs.DEFAULT_DISPATCH if dispatch is None else dispatch  # None: the kernel's own choice
         if cfg.ranks != session.world:
             raise layout.UnsupportedConfig("ranks", cfg.ranks, f"the number of processes, {session.world}")
         if dispatch not in DISPATCH_PATHS:

@@ -32,7 +32,7 @@ import numpy as np
 
 from reference import Config, golden, routing, weights
 from reference.numerics import compute_dtype
-from sim.costs import dispatch_path
+from sim.costs import DEFAULT_DISPATCH
 
 from . import baseline, errors, telemetry
 from .cases import baseline_precision, tie_experts
@@ -455,7 +455,7 @@ def run_case(session: Session, case: dict, out_dir: Path) -> dict:
     import torch
 
     cfg = Config.from_dict(case["config"])
-    dispatch = case.get("dispatch") or dispatch_path(cfg)
+    dispatch = case.get("dispatch") or DEFAULT_DISPATCH
     res: dict = {"name": case["name"], "config": cfg.to_dict(), "gpu": session.name, **case.get("meta", {}),
                  "dispatch": dispatch, "staged_blocks": case.get("staged_blocks", STAGED_BLOCKS)}
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ from reference import budget, presets
 from reference.cli import Progress, add_config_args, config_from_args, format_table, path_ending, positive_int
 from reference.files import check_output
 
-from .costs import FLAT_DISPATCH_TOP_K, QUEUE_POLICIES, STAGED_BLOCKS
+from .costs import DEFAULT_DISPATCH, QUEUE_POLICIES, STAGED_BLOCKS
 from .hardware import DEFAULT, PRESETS, HardwareError
 from .network import TRANSPORTS
 from .trace import DISPATCH_PATHS
@@ -155,8 +155,7 @@ def register(sub) -> None:
                         f"staged (the peers' chunks stored by {STAGED_BLOCKS} blocks one after another, local expert "
                         "by local expert, this GPU's own by the rest), store (every chunk shared by up to 4 blocks "
                         "at once), or put (each chunk packed and put by one block, the kernel's path where a peer "
-                        f"is not reachable); default: as the kernel does, store from top_k {FLAT_DISPATCH_TOP_K} "
-                        "on one node, else staged")
+                        f"is not reachable); default: as the kernel does, {DEFAULT_DISPATCH}")
     p.add_argument("--staged-blocks", type=positive_int, default=STAGED_BLOCKS, metavar="N",
                    help=f"the processors that send the peers' chunks on the staged dispatch, 1 to the hardware's "
                         f"processor blocks but one (default: the kernel's {STAGED_BLOCKS})")

@@ -25,8 +25,7 @@ alone, slower as the bytes all blocks copy at once outgrow the L2; a dispatched 
 tile's rows of one source) are gathered straight into the owner's inbox (its GPU, or an NVLink peer
 at the block's copy rate on the whole rounds and passes its copy loop takes, copied_bytes, and the
 port's share, then its fence: SHARE_FENCES), by one of STAGED_BLOCKS processors for a peer and by
-one of the others for this GPU (the "staged" path, the kernel's default below FLAT_DISPATCH_TOP_K
-choices a token or FLAT_DISPATCH_RANKS GPUs on one node), or shared by up to 4 processors when the
+one of the others for this GPU (the "staged" path, the kernel's default), or shared by up to 4 processors when the
 dispatch slots are fewer than they (the "store" path, and the staged one on one GPU), or, across
 nodes and on the kernel's "put" path, packed by one block and put by its threads, slowed the same
 way by the bytes in flight; a GEMM1 task stores its output of each chunk straight into the chunk's
@@ -70,10 +69,10 @@ SELECT_ROUND = SELECT_LISTS[-1]
 # another, local expert by local expert, the other processors storing their own GPU's chunks
 # (the host hands the kernel this count: gpu/layout.py)
 STAGED_BLOCKS = 16
-# the top-k and GPU count from which the kernel dispatches a one-node layer flat ("store", dispatch_path):
-# k times the rows to three or more peers outgrow the staged senders, and the other processors wait for
-# them; to one peer the staged senders keep up (docs/notes/dispatch.md)
-FLAT_DISPATCH_TOP_K, FLAT_DISPATCH_RANKS = 8, 4
+# the dispatch path the kernel takes unless told another (sim.trace.DISPATCH_PATHS; on one GPU the staged
+# path is the flat one): on four H200s it beat the flat "store" path by 7-27% on the top-8 zoo layers
+# (docs/notes/dispatch.md)
+DEFAULT_DISPATCH = "staged"
 # when a tile's GEMM tasks are queued (queue_policy): "expert-both", its GEMM0 tasks with the rest of
 # its expert's tiles, from every source, once the last has landed, and its GEMM1 tasks with theirs
 # once every tile's GEMM0 tasks are done (os.cuh enqueue_expert); "expert", its GEMM0 tasks so and
@@ -118,14 +117,6 @@ def block_flops_per_ns(hw: Hardware, dtype: str) -> float:
 
 def block_bytes_per_ns(hw: Hardware) -> float:
     return hw.hbm_gbps / blocks(hw)
-
-
-def dispatch_path(cfg: Config) -> str:
-    """The dispatch path the kernel takes for cfg unless told another (sim.trace.DISPATCH_PATHS):
-    "store", every chunk shared by the processors at once, on one node of FLAT_DISPATCH_RANKS or more
-    GPUs where each token sends FLAT_DISPATCH_TOP_K or more rows (measured there); else "staged"."""
-    flat = cfg.top_k >= FLAT_DISPATCH_TOP_K and cfg.ranks >= FLAT_DISPATCH_RANKS and cfg.nodes == 1
-    return "store" if flat else "staged"
 
 
 def queue_policy(cfg: Config) -> str:

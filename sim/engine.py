@@ -73,7 +73,7 @@ def simulate(cfg: Config, hardware: str | Hardware = "h100-sxm", transport: str 
     if not isinstance(baseline, bool):
         raise SimError("baseline", baseline, "true or false")
     hw = get_hardware(hardware).for_config(cfg)  # the figures of the cfg's kernel build
-    variant = Variant(costs.dispatch_path(cfg) if dispatch is None else dispatch,
+    variant = Variant(costs.DEFAULT_DISPATCH if dispatch is None else dispatch,
                       costs.queue_policy(cfg) if queue is None else queue, staged_blocks, deal, share_fences, select)
     bad = variant.invalid(hw)
     if bad:

@@ -3,8 +3,8 @@
 The work is the tile plan's (reference.plan): a tile is a window of an expert's slots at its
 owner, made of chunks, each the rows of one source rank. Every block runs the gate, then the
 processor blocks move this GPU's outgoing chunks, each for this GPU or an NVLink peer gathered
-straight into the owner's inbox: on the kernel's "staged" path (its default, but from
-costs.FLAT_DISPATCH_TOP_K choices a token on one node) 16 blocks send the peers' chunks one after another, local
+straight into the owner's inbox: on the kernel's "staged" path (its default, costs.DEFAULT_DISPATCH) 16
+blocks send the peers' chunks one after another, local
 expert by local expert, while the others store this GPU's own
 (`staged_shares`); on its "store" path up to 4 blocks share each chunk (all processors busy when
 the dispatch slots are fewer) and the last one signals; a chunk across nodes, or every chunk on

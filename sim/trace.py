@@ -29,7 +29,7 @@ COLUMNS = {
 }
 ROLE = {name: i for i, name in enumerate(ROLES)}
 # meta "dispatch": how the kernel moved dispatched rows (gpu/kernels/processor.cuh dispatch_chunks):
-# "staged" (the kernel's default, but from sim.costs.FLAT_DISPATCH_TOP_K choices on one node) stores this GPU's own
+# "staged" (the kernel's default, sim.costs.DEFAULT_DISPATCH) stores this GPU's own
 # chunks from most processors while a few send the peers' chunks local expert by local expert,
 # "store" shares every chunk among the processors at once, "put" packs each chunk and puts it from
 # one block (the path where a peer is not reachable)

@@ -170,16 +170,10 @@ def test_unknown_dispatch_path(capsys):
     assert "'0' is not allowed: a whole number of at least 1" in capsys.readouterr().err
 
 
-def test_the_kernels_dispatch_is_flat_from_top_8_on_4_gpus_and_the_simulator_follows_it():
+def test_the_kernels_dispatch_is_staged_and_the_simulator_follows_it():
     rng = np.random.default_rng()
     k, p = int(rng.integers(1, 9)), int(rng.choice([1, 2, 4, 8]))
     cfg = presets.get("tiny-deepseek").replace(top_k=k, experts=16, ranks=p)
-    want = "store" if k >= costs.FLAT_DISPATCH_TOP_K and p >= costs.FLAT_DISPATCH_RANKS else "staged"
-    assert costs.dispatch_path(cfg) == want
-    assert sim.simulate(cfg).trace.meta["dispatch"] == want  # unless told another
-    other = "staged" if want == "store" else "store"
-    assert sim.simulate(cfg, dispatch=other).trace.meta["dispatch"] == other
-    assert [costs.dispatch_path(presets.ZOO[m]) for m in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")] == [
-        "store", "store", "staged"]
-    assert costs.dispatch_path(presets.ZOO["qwen3-30b-a3b"].replace(ranks=2)) == "staged"  # measured on two GPUs
-    assert costs.dispatch_path(sim.with_nodes(presets.ZOO["qwen3-30b-a3b"], 2)) == "staged"  # measured on one node
+    assert sim.simulate(cfg).trace.meta["dispatch"] == costs.DEFAULT_DISPATCH == "staged"  # unless told another
+    assert sim.simulate(cfg, dispatch="store").trace.meta["dispatch"] == "store"
+    assert sim.simulate(sim.with_nodes(cfg.replace(ranks=4), 2)).trace.meta["dispatch"] == "staged"  # across nodes too
