@@ -68,13 +68,18 @@ def most_common(values: list):
     return max(set(values), key=values.count) if values else None
 
 
+def entry_world(raw: dict, entry: dict):
+    """An entry's GPUs (files from before the entries said theirs: the file's world)."""
+    return entry.get("world", raw.get("world"))
+
+
 def one_gpu_layers(raw: dict, any_width: bool = False, other_k: bool = False) -> list[dict]:
     """The in_layer section's layers run on one GPU alone (entries from before `world` was
     recorded: the file's world), of most layers' widths (hidden, ffn) and k unless `any_width`: the
     layers of other widths are the tile GEMM's (its tasks' depths), and the other fits keep to the
     widths and the k they were made on. With `other_k`, the layers of those widths at another k
     instead: the checks of how the rows a token reads and returns scale, never fitted."""
-    layers = [c for c in raw.get("in_layer") or [] if c.get("world", raw.get("world")) == 1]
+    layers = [c for c in raw.get("in_layer") or [] if entry_world(raw, c) == 1]
     if any_width:
         return layers
     widths = [(c.get("hidden"), c.get("ffn")) for c in layers]

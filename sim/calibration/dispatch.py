@@ -20,7 +20,16 @@ import numpy as np
 from reference.plan import LOCAL, NVLINK
 
 from .. import costs
-from .common import IN_LAYER_MIN, Fit, fixed_and_rates, layer_label, one_gpu_layers, preset_with, tokens_label
+from .common import (
+    IN_LAYER_MIN,
+    Fit,
+    entry_world,
+    fixed_and_rates,
+    layer_label,
+    one_gpu_layers,
+    preset_with,
+    tokens_label,
+)
 from .moves import MOVE_FIGURES
 
 BOUND = (0.10, 0.20)  # (mean, largest) |model - measured| / measured over the fitted dispatch shares
@@ -28,11 +37,6 @@ NAMES = ("dispatch_store_fixed_ns", "dispatch_store_l2_ns_per_byte", "dispatch_s
          "dispatch_store_knee_bytes")
 DEAL_NAMES = ("deal_first_ns", "deal_share_ns", "deal_count_ns")
 DEAL_BOUND = (0.15, 0.35)  # (mean, largest) over the walks' medians (a single share's turnaround is ~2 us)
-
-
-def _world(raw: dict, d: dict):
-    """An entry's GPUs (files from before the entries said theirs: the file's world)."""
-    return d.get("world", raw.get("world"))
 
 
 def _shares(layers: list[dict]) -> list[tuple[str, float, float, float]]:
@@ -123,20 +127,25 @@ def fit_dispatch(raw: dict, hw, origin: str, given: dict) -> Fit:
     dispatches = raw.get("dispatch", [])
     layers = one_gpu_layers(raw)
     f = fit_store([d for d in dispatches if d.get("path") == "store" and d["peer"] == "self"
-                   and _world(raw, d) == 1], layers, hw, origin, one_gpu_layers(raw, other_k=True))
+                   and entry_world(raw, d) == 1], layers, hw, origin, one_gpu_layers(raw, other_k=True))
     model = preset_with({**given, **f.values}, MOVE_FIGURES + NAMES)
+
+    def layer_of(d: dict) -> tuple:  # the dispatch an entry belongs to: its tokens, GPUs and path
+        return d.get("tokens"), entry_world(raw, d), d.get("path")
+
     for d in dispatches:
         # files before the kernel stored dispatched rows timed packed and put tiles, one a block
         n, link, path = d["concurrent_blocks"], LOCAL if d["peer"] == "self" else NVLINK, d.get("path", "put")
         nbytes = d["rows"]["median"] * d["bytes_per_row"]
         # the shares over each link in the same layer's dispatch (its other entry, on two GPUs)
         over = {LOCAL if e["peer"] == "self" else NVLINK: e.get("shares", e.get("tiles")) for e in dispatches
-                if (e.get("tokens"), _world(raw, e), e.get("path")) == (d.get("tokens"), _world(raw, d), d.get("path"))}
+                if layer_of(e) == layer_of(d)}
         tokens = d["tokens"] * d["bytes_per_row"] if "tokens" in d else None
         ns = costs.dispatch_ns(model, nbytes, link, path, n * nbytes, over, tokens) - model.task_overhead_ns
         layer = f"T={d['tokens']}, " if "tokens" in d else ""
-        fitted = path == "store" and link == LOCAL and _world(raw, d) == 1 and not layers and \
+        world = entry_world(raw, d)
+        fitted = path == "store" and link == LOCAL and world == 1 and not layers and \
             f.values["dispatch_store_ns_per_byte"]
-        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{_world(raw, d)} GPU(s), "
+        f.check(f"dispatch ({path}) of {d['rows']['median']:.0f} rows to {d['peer']}, {layer}{world} GPU(s), "
                 f"{n} blocks (ns{'' if fitted else '; not fitted'})", d["ns_per_tile"]["median"], ns)
     return f

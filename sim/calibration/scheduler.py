@@ -21,7 +21,7 @@ import numpy as np
 
 from reference import Config
 
-from .common import CalibrationError, Fit, layer_label, need, tokens_label
+from .common import CalibrationError, Fit, entry_world, layer_label, need, tokens_label
 
 IDLE_NEEDS = ("first_task_ns", "assign_ns_per_task", "stop_ns")
 SEEN_NAMES = ("signal_seen_ns", "signal_seen_ns_per_entry")
@@ -62,8 +62,8 @@ def fit_enqueue(raw: dict, origin: str) -> Fit:
     `enqueues` ([tasks, ns] each, on `world` source ranks); files or builds without them: 0 (not
     modelled)."""
     f = Fit()
-    layers = [c for c in raw.get("in_layer") or [] if c.get("enqueues")]
-    pts = np.array([(c.get("world", raw.get("world")), n, ns) for c in layers for n, ns in c["enqueues"]], np.float64)
+    layers = [(c, entry_world(raw, c)) for c in raw.get("in_layer") or [] if c.get("enqueues")]
+    pts = np.array([(world, n, ns) for c, world in layers for n, ns in c["enqueues"]], np.float64)
     if not len(pts) or len(np.unique(pts[:, 0])) < 2 or len(np.unique(pts[:, 1])) < 2:
         for name in ENQUEUE_NAMES:
             f.set(name, 0.0, f"{origin}: an expert's enqueue not timed on one and two GPUs (a file from before "
@@ -77,8 +77,8 @@ def fit_enqueue(raw: dict, origin: str) -> Fit:
            "per source + tasks x per task")
     for name, v in zip(ENQUEUE_NAMES, fitted):
         f.set(name, max(float(v), 0.0), how)
-    for c in layers:
-        world, (n, ns) = c.get("world", raw.get("world")), np.median(np.array(c["enqueues"], np.float64), axis=0)
+    for c, world in layers:
+        n, ns = np.median(np.array(c["enqueues"], np.float64), axis=0)
         f.check(f"in layer: an expert's enqueue, {layer_label(c)}, {world} GPU(s), median {n:.0f} tasks (ns)", ns,
                 f.values["enqueue_ns"] + world * f.values["enqueue_source_ns"] + n * f.values["enqueue_task_ns"])
     return f
